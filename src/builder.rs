@@ -1,0 +1,116 @@
+//! Building an [`Elector`].
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use prometheus::Registry;
+
+use crate::elector::{Elector, Settings};
+use crate::metrics::{DEFAULT_GAUGE_NAME, LeaderGauge};
+use crate::{Error, LockKey};
+
+/// The default check interval: 5 s.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The smallest check interval `build` accepts.
+pub const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The largest check interval `build` accepts: 4 × interval must fit `idle_session_timeout`
+/// (at most 2³¹ − 1 ms).
+pub const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(i32::MAX as u64 / 4);
+
+/// Configures an [`Elector`]; made by [`Elector::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use pg_elector::{Elector, LockKey};
+///
+/// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
+/// let registry = prometheus::Registry::new();
+/// let elector = Elector::builder(pool, LockKey::new(0x7377_6570, 1))
+///     .check_interval(Duration::from_secs(2))
+///     .registry(&registry)
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+#[derive(Debug)]
+pub struct ElectorBuilder {
+    pool: Pool,
+    key: LockKey,
+    check_interval: Duration,
+    registry: Option<Registry>,
+    gauge_name: String,
+}
+
+impl ElectorBuilder {
+    pub(crate) fn new(pool: Pool, key: LockKey) -> Self {
+        Self {
+            pool,
+            key,
+            check_interval: DEFAULT_CHECK_INTERVAL,
+            registry: None,
+            gauge_name: DEFAULT_GAUGE_NAME.to_owned(),
+        }
+    }
+
+    /// The one interval I that drives the election (default 5 s; zero means the default).
+    ///
+    /// A standby tries the lock every I; the leader checks its session every I and each check
+    /// may take at most I; the lock session's `idle_session_timeout` is 4·I. Smaller intervals
+    /// give faster takeover and cost one query per I per replica.
+    ///
+    /// [`build`](Self::build) rejects an interval below 10 ms or above 2³¹ − 1 ms / 4.
+    pub fn check_interval(mut self, every: Duration) -> Self {
+        self.check_interval = if every.is_zero() {
+            DEFAULT_CHECK_INTERVAL
+        } else {
+            every
+        };
+        self
+    }
+
+    /// Registers the leader gauge (default name `pg_elector_leader`) in `registry`.
+    ///
+    /// Default: no gauge. Electors given the same registry share one series, which counts the
+    /// electors of this process that lead (0 or 1 for one key); registering twice is not an
+    /// error.
+    pub fn registry(mut self, registry: &Registry) -> Self {
+        self.registry = Some(registry.clone());
+        self
+    }
+
+    /// The leader gauge's name (default `pg_elector_leader`).
+    pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
+        self.gauge_name = name.into();
+        self
+    }
+
+    /// Checks the configuration and makes the elector. It does nothing until
+    /// [`Elector::run`] is called.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IntervalTooSmall`] and [`Error::IntervalTooLarge`] for an interval out of
+    /// range; [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    pub fn build(self) -> Result<Elector, Error> {
+        let interval = self.check_interval;
+        if interval < MIN_CHECK_INTERVAL {
+            return Err(Error::IntervalTooSmall { interval });
+        }
+        if interval > MAX_CHECK_INTERVAL {
+            return Err(Error::IntervalTooLarge { interval });
+        }
+        let gauge = self
+            .registry
+            .as_ref()
+            .map(|registry| LeaderGauge::register(registry, &self.gauge_name))
+            .transpose()?;
+        Ok(Elector::from_settings(Settings {
+            pool: self.pool,
+            key: self.key,
+            interval,
+            gauge,
+        }))
+    }
+}

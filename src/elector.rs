@@ -1,0 +1,264 @@
+//! The elector handle: who leads, terms, and gated work.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio_util::sync::CancellationToken;
+
+use crate::builder::ElectorBuilder;
+use crate::lease::Lease;
+use crate::metrics::LeaderGauge;
+use crate::term::{Term, TermEnd, lock};
+use crate::{Error, LockKey};
+
+/// One replica's part in the election: a cheap, cloneable handle.
+///
+/// Build it once per process with [`Elector::builder`], start the election with
+/// [`run`](Elector::run) (usually as a background task), and gate background work with
+/// [`do_work`](Elector::do_work), [`term`](Elector::term) or [`is_leader`](Elector::is_leader).
+/// Clones share one election.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use pg_elector::{Elector, LockKey};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn example(pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+/// let elector = Elector::builder(pool, LockKey::new(0x7377_6570, 1)).build()?;
+/// let shutdown = CancellationToken::new();
+/// let election = tokio::spawn({
+///     let (elector, shutdown) = (elector.clone(), shutdown.clone());
+///     async move { elector.run(shutdown).await }
+/// });
+///
+/// let mut every = tokio::time::interval(Duration::from_secs(30));
+/// for _ in 0..10 {
+///     every.tick().await;
+///     // Runs on the leader only; a standby gets Ok(None).
+///     let swept = elector
+///         .do_work(|term| async move {
+///             // ... one sweep, which may watch `term.token()` to stop early ...
+///             Ok::<_, std::io::Error>(42)
+///         })
+///         .await?;
+///     println!("swept {swept:?}");
+/// }
+///
+/// shutdown.cancel(); // the leader unlocks, and a standby takes over within one interval
+/// election.await??;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Elector {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// What `build` settles.
+pub(crate) struct Settings {
+    pub(crate) pool: Pool,
+    pub(crate) key: LockKey,
+    pub(crate) interval: Duration,
+    pub(crate) gauge: Option<LeaderGauge>,
+}
+
+/// The state every clone of an elector shares.
+pub(crate) struct Shared {
+    pub(crate) pool: Pool,
+    pub(crate) key: LockKey,
+    pub(crate) interval: Duration,
+    gauge: Option<LeaderGauge>,
+    /// Leading and not expired (E11, E18).
+    lease: Arc<Lease>,
+    /// The current term; a standby's ended term while not leading.
+    term: Mutex<Term>,
+    /// One `run` at a time (E8).
+    running: AtomicBool,
+    /// The missing `idle_session_timeout` has been warned about.
+    warned_no_idle_session_timeout: AtomicBool,
+}
+
+impl Elector {
+    /// Starts configuring an elector that competes for `key` with connections from `pool`.
+    ///
+    /// The pool is used for the standby's tries, which borrow a connection for one query and
+    /// give it back. The connection that wins the lock is taken out of the pool for good, so
+    /// the pool's recycling and lifetime limits never close it.
+    pub fn builder(pool: Pool, key: LockKey) -> ElectorBuilder {
+        ElectorBuilder::new(pool, key)
+    }
+
+    pub(crate) fn from_settings(settings: Settings) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                pool: settings.pool,
+                key: settings.key,
+                interval: settings.interval,
+                gauge: settings.gauge,
+                lease: Arc::new(Lease::default()),
+                term: Mutex::new(Term::not_leader()),
+                running: AtomicBool::new(false),
+                warned_no_idle_session_timeout: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The key this elector competes for.
+    pub fn key(&self) -> LockKey {
+        self.shared.key
+    }
+
+    /// The check interval I.
+    pub fn check_interval(&self) -> Duration {
+        self.shared.interval
+    }
+
+    /// Whether this replica leads now: one atomic load, plus a clock read on the leader for
+    /// its local lease (E18). Callable from any thread, inside or outside a runtime.
+    #[inline]
+    pub fn is_leader(&self) -> bool {
+        self.shared.lease.is_live()
+    }
+
+    /// The current term: live on the leader, ended with [`TermEnd::NotLeader`] on a standby.
+    pub fn term(&self) -> Term {
+        if !self.is_leader() {
+            return Term::not_leader();
+        }
+        lock(&self.shared.term).clone()
+    }
+
+    /// Like [`term`](Self::term), but the returned term also ends (with
+    /// [`TermEnd::ParentCancelled`]) when `parent` is cancelled.
+    pub fn term_with(&self, parent: &CancellationToken) -> Term {
+        self.term().linked_to(parent)
+    }
+
+    /// Runs one unit of background work on the leader only (E10).
+    ///
+    /// | replica | `f` called | result |
+    /// |---|---|---|
+    /// | standby | no | `Ok(None)` |
+    /// | leader, still leading when `f` returns | yes | `Ok(Some(v))` or `Err(e)` from `f` |
+    /// | leader, leadership lost while `f` ran | yes | `Ok(None)`, logged at INFO |
+    ///
+    /// `f` receives the term, so it can stop early when leadership ends; `do_work` never
+    /// aborts it. A demotion is never reported as a failed tick.
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error, when `f` fails while this replica still leads.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `f`'s future; the election is not affected.
+    pub async fn do_work<T, E, F, Fut>(&self, f: F) -> Result<Option<T>, E>
+    where
+        F: FnOnce(Term) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let term = self.term();
+        if !term.is_leader() {
+            return Ok(None);
+        }
+        let outcome = f(term.clone()).await;
+        if term.is_leader() {
+            return outcome.map(Some);
+        }
+        tracing::info!(
+            key = %self.shared.key,
+            end = ?term.end(),
+            failed = outcome.is_err(),
+            "leadership ended while work ran; its outcome is dropped"
+        );
+        Ok(None)
+    }
+
+    /// Takes part in the election until `shutdown` is cancelled; see the crate docs for the
+    /// rules it follows.
+    ///
+    /// Database failures are not errors here: they are logged at WARN, the replica stays a
+    /// standby (or is demoted), and the election goes on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AlreadyRunning`] at once when another `run` of this elector is in progress.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future (an aborted task, a lost `select!`) ends the term with
+    /// [`TermEnd::LeadershipLost`] and closes the lock connection without unlocking; the server
+    /// frees the lock with the session. `run` may be called again afterwards.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        crate::election::run(&self.shared, shutdown).await
+    }
+}
+
+impl Shared {
+    /// Claims the single `run` slot (E8); the returned guard frees it.
+    pub(crate) fn claim_run(&self) -> Result<RunSlot<'_>, Error> {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Err(Error::AlreadyRunning);
+        }
+        Ok(RunSlot(self))
+    }
+
+    /// PostgreSQL 13 and older have no `idle_session_timeout`: said once per elector.
+    pub(crate) fn warn_no_idle_session_timeout(&self) {
+        if !self
+            .warned_no_idle_session_timeout
+            .swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                key = %self.key,
+                "the server has no idle_session_timeout (PostgreSQL 13 or older): a leader that vanishes without closing its connection keeps the lock until TCP gives up on it"
+            );
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Starts a new term. The lease must be set by the caller first.
+    pub(crate) fn promote(&self) {
+        let term = Term::leading(Some(self.lease.clone()));
+        *lock(&self.term) = term;
+        if let Some(gauge) = &self.gauge {
+            gauge.set(true);
+        }
+    }
+
+    /// Ends the current term with `end`. The lease goes first, so that whoever is woken by
+    /// the term's token already reads `is_leader() == false`.
+    pub(crate) fn demote(&self, end: TermEnd) {
+        self.lease.clear();
+        let term = std::mem::replace(&mut *lock(&self.term), Term::not_leader());
+        term.finish(end);
+        if let Some(gauge) = &self.gauge {
+            gauge.set(false);
+        }
+    }
+}
+
+/// The claim on `run`; dropping it lets `run` be called again.
+pub(crate) struct RunSlot<'a>(&'a Shared);
+
+impl Drop for RunSlot<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+    }
+}
+
+impl std::fmt::Debug for Elector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("key", &self.shared.key)
+            .field("check_interval", &self.shared.interval)
+            .field("is_leader", &self.is_leader())
+            .finish_non_exhaustive()
+    }
+}

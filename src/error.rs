@@ -1,0 +1,48 @@
+//! The crate's error type.
+
+use std::time::Duration;
+
+/// What can go wrong when building or running an [`Elector`](crate::Elector).
+///
+/// Failures of the database while the election runs are not errors of [`run`](crate::Elector::run):
+/// they are logged, the replica stays (or becomes) a standby, and the election goes on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// [`run`](crate::Elector::run) was called while another call on the same elector (or a
+    /// clone of it) is still running.
+    #[error("the elector is already running: one run at a time")]
+    AlreadyRunning,
+
+    /// The check interval is so large that the lock session's `idle_session_timeout`
+    /// (4 × interval) does not fit PostgreSQL's maximum of 2³¹ − 1 ms.
+    #[error(
+        "check interval {interval:?} is too large: 4 × interval must fit idle_session_timeout (at most 2147483647 ms)"
+    )]
+    IntervalTooLarge {
+        /// The interval that was asked for.
+        interval: Duration,
+    },
+
+    /// The check interval is below the smallest supported one (10 ms).
+    #[error("check interval {interval:?} is too small: it must be at least 10 ms")]
+    IntervalTooSmall {
+        /// The interval that was asked for.
+        interval: Duration,
+    },
+
+    /// The registry already holds a metric of this name that is not a `pg-elector` leader
+    /// gauge (another collector type, or a gauge of the application's own).
+    #[error(
+        "metric {name:?} is already registered by a collector that is not a pg-elector leader gauge"
+    )]
+    MetricClash {
+        /// The metric name.
+        name: String,
+    },
+
+    /// The registry refused the leader gauge (an invalid name, or the same name with other
+    /// help text or labels).
+    #[error("cannot register the leader gauge")]
+    Metric(#[source] prometheus::Error),
+}

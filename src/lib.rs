@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod builder;
+mod election;
+mod elector;
+mod error;
+mod key;
+mod lease;
+mod lock_session;
+mod metrics;
+mod term;
+
+pub use builder::{DEFAULT_CHECK_INTERVAL, ElectorBuilder, MAX_CHECK_INTERVAL, MIN_CHECK_INTERVAL};
+pub use elector::Elector;
+pub use error::Error;
+pub use key::LockKey;
+pub use metrics::DEFAULT_GAUGE_NAME;
+pub use term::{Term, TermEnd};

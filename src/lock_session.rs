@@ -1,0 +1,214 @@
+//! The database side of the election: the try on a borrowed connection, and the session that
+//! holds the lock once it is granted.
+
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
+use tokio::time::timeout;
+
+use crate::LockKey;
+use crate::lease::now_ms;
+
+/// The try (E1, E3), which also refuses on a server in recovery (E16): a hot standby keeps its
+/// own advisory locks, so a lock granted there proves nothing. NULL means "in recovery".
+const TRY_LOCK: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+     ELSE pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) END";
+
+/// The leader check (E5): the session answers, and it still holds the lock.
+const HOLDS_LOCK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+     WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
+     AND granted AND pid = pg_catalog.pg_backend_pid() \
+     AND database = (SELECT oid FROM pg_catalog.pg_database \
+                     WHERE datname = pg_catalog.current_database()))";
+
+const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
+
+/// How often the leader looks at its connection between checks (F2): a closed socket is
+/// noticed within this time rather than at the next check.
+const CLOSED_POLL: Duration = Duration::from_millis(20);
+
+/// Why a try or a check failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SessionError {
+    #[error("no pool connection within {0:?}")]
+    PoolTimeout(Duration),
+    #[error("{0}")]
+    Pool(#[source] PoolError),
+    #[error("{0}")]
+    Query(#[source] tokio_postgres::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// What a try found.
+pub(crate) enum Attempt {
+    /// The lock is ours, on this session; `sent_at` is when the try was sent ([`now_ms`]).
+    Granted { session: LockSession, sent_at: u64 },
+    /// Another session holds the lock.
+    Refused,
+    /// The server is a hot standby (or recovering): it must never yield leadership.
+    InRecovery,
+}
+
+/// What setting up a granted session found.
+pub(crate) struct Setup {
+    /// The server does not know `idle_session_timeout` (PostgreSQL 13 and older).
+    pub(crate) no_idle_session_timeout: bool,
+}
+
+/// Tries the lock once on a connection borrowed from `pool`, waiting at most `wait` for the
+/// connection and `bound` for the query.
+///
+/// A refused try gives the connection back to the pool unchanged. A granted one takes it out
+/// of the pool for good. Any other outcome (an error, a timeout, or this future being dropped
+/// mid-way) closes the connection instead of returning it, because the lock may have been
+/// granted on it without our hearing of it.
+pub(crate) async fn try_acquire(
+    pool: &Pool,
+    key: LockKey,
+    wait: Duration,
+    bound: Duration,
+) -> Result<Attempt, SessionError> {
+    let object = timeout(wait, pool.get())
+        .await
+        .map_err(|_| SessionError::PoolTimeout(wait))?
+        .map_err(SessionError::Pool)?;
+    let borrowed = Borrowed(Some(object));
+    let sent_at = now_ms();
+    let granted: Option<bool> = bounded(bound, async {
+        let client = borrowed.client();
+        let statement = client.prepare_cached(TRY_LOCK).await?;
+        let row = client
+            .query_one(&statement, &[&key.class(), &key.object()])
+            .await?;
+        row.try_get(0)
+    })
+    .await?;
+    Ok(match granted {
+        Some(true) => Attempt::Granted {
+            session: LockSession {
+                client: Object::take(borrowed.keep()),
+                key,
+            },
+            sent_at,
+        },
+        Some(false) => {
+            borrowed.give_back();
+            Attempt::Refused
+        }
+        None => {
+            borrowed.give_back();
+            Attempt::InRecovery
+        }
+    })
+}
+
+/// The connection that holds the lock, out of the pool. Dropping it closes the connection,
+/// and the server frees the lock with the session.
+pub(crate) struct LockSession {
+    client: ClientWrapper,
+    key: LockKey,
+}
+
+impl LockSession {
+    /// Sets up the session for leading: `idle_session_timeout` (E13).
+    pub(crate) async fn set_up(
+        &self,
+        idle_session_timeout: Duration,
+        bound: Duration,
+    ) -> Result<Setup, SessionError> {
+        let sql = format!(
+            "SET idle_session_timeout = {}",
+            idle_session_timeout.as_millis()
+        );
+        match timeout(bound, self.client.batch_execute(&sql)).await {
+            Err(_) => Err(SessionError::Timeout(bound)),
+            Ok(Ok(())) => Ok(Setup {
+                no_idle_session_timeout: false,
+            }),
+            Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {
+                Ok(Setup {
+                    no_idle_session_timeout: true,
+                })
+            }
+            Ok(Err(e)) => Err(SessionError::Query(e)),
+        }
+    }
+
+    /// The leader check (E5): `Ok(true)` while the session is alive and holds the lock.
+    pub(crate) async fn holds_lock(&self, bound: Duration) -> Result<bool, SessionError> {
+        bounded(bound, async {
+            let statement = self.client.prepare_cached(HOLDS_LOCK).await?;
+            let row = self
+                .client
+                .query_one(&statement, &[&self.key.class_oid(), &self.key.object_oid()])
+                .await?;
+            row.try_get(0)
+        })
+        .await
+    }
+
+    /// Gives the lock up (E6): `Ok(true)` when it was held.
+    pub(crate) async fn unlock(&self, bound: Duration) -> Result<bool, SessionError> {
+        bounded(bound, async {
+            let row = self
+                .client
+                .query_one(UNLOCK, &[&self.key.class(), &self.key.object()])
+                .await?;
+            row.try_get(0)
+        })
+        .await
+    }
+
+    /// Completes when the connection has closed (F2).
+    ///
+    /// tokio-postgres notices a FIN or RST as soon as it arrives, because its connection task
+    /// always reads; the client only exposes that as a flag, so it is polled.
+    pub(crate) async fn closed(&self) {
+        while !self.client.is_closed() {
+            tokio::time::sleep(CLOSED_POLL).await;
+        }
+    }
+}
+
+async fn bounded<T>(
+    bound: Duration,
+    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, SessionError> {
+    timeout(bound, query)
+        .await
+        .map_err(|_| SessionError::Timeout(bound))?
+        .map_err(SessionError::Query)
+}
+
+/// A pooled connection on which a try is in flight. Unless it is given back or kept, dropping
+/// it closes the connection: its lock state is unknown.
+struct Borrowed(Option<Object>);
+
+impl Borrowed {
+    fn client(&self) -> &Object {
+        self.0
+            .as_ref()
+            .expect("a borrowed connection is present until it is let go")
+    }
+
+    /// Back to the pool, unchanged.
+    fn give_back(mut self) {
+        drop(self.0.take());
+    }
+
+    /// Out of the guard, to be taken from the pool.
+    fn keep(mut self) -> Object {
+        self.0
+            .take()
+            .expect("a borrowed connection is present until it is let go")
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        if let Some(object) = self.0.take() {
+            drop(Object::take(object));
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Helpers shared by the integration tests: replicas, polling, and looking at `pg_locks`.
+#![allow(dead_code, unused_imports, unreachable_pub)]
+
+use std::future::Future;
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use pg_elector::{Elector, Error, LockKey};
+pub use pg_elector_harness::{FaultProxy, PgServer, TestDb, serial};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The short interval most tests use.
+pub const I: Duration = Duration::from_millis(200);
+
+pub fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "pg_elector=debug".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// A fresh database on the process's shared server.
+pub async fn fresh_db() -> TestDb {
+    init_tracing();
+    let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+    server
+        .create_database()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One replica: an elector whose `run` is a task.
+pub struct Replica {
+    pub elector: Elector,
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<Result<(), Error>>,
+}
+
+impl Replica {
+    pub fn start(pool: Pool, key: LockKey, interval: Duration) -> Self {
+        let elector = Elector::builder(pool, key)
+            .check_interval(interval)
+            .build()
+            .expect("valid elector");
+        Self::run(elector)
+    }
+
+    pub fn run(elector: Elector) -> Self {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        });
+        Self {
+            elector,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Cancels the shutdown token and waits for `run` to return.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.task.await.expect("run does not panic")
+    }
+}
+
+/// Polls `cond` every 2 ms until it holds or `limit` passes; returns how long it took.
+pub async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Like [`wait_for`], with an async condition.
+pub async fn wait_for_async<F: Future<Output = bool>>(
+    limit: Duration,
+    mut cond: impl FnMut() -> F,
+) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Indices of the replicas that say they lead.
+pub fn leaders(replicas: &[Replica]) -> Vec<usize> {
+    replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.elector.is_leader())
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Waits until exactly one replica leads; returns its index.
+pub async fn one_leader(replicas: &[Replica], limit: Duration) -> usize {
+    wait_for(limit, || leaders(replicas).len() == 1)
+        .await
+        .unwrap_or_else(|| panic!("no single leader within {limit:?}: {:?}", leaders(replicas)));
+    leaders(replicas)[0]
+}
+
+/// The backends that hold `key` (two-int4 form) in this database, per `pg_locks`.
+pub async fn holders(client: &tokio_postgres::Client, key: LockKey) -> Vec<i32> {
+    client
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objid = $2 AND objsubid = 2 \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&(key.class() as u32), &(key.object() as u32)],
+        )
+        .await
+        .expect("pg_locks query")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// The gauge's value in `registry`.
+pub fn gauge(registry: &prometheus::Registry, name: &str) -> Option<i64> {
+    registry
+        .gather()
+        .iter()
+        .find(|family| family.name() == name)
+        .map(|family| family.get_metric()[0].get_gauge().value() as i64)
+}

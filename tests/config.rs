@@ -1,0 +1,94 @@
+//! E17: bad configuration is a clear error from `build()`.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, Pool};
+use pg_elector::{DEFAULT_CHECK_INTERVAL, Elector, Error, LockKey, MAX_CHECK_INTERVAL};
+
+const KEY: LockKey = LockKey::new(1, 2);
+
+/// A pool that is never used: building an elector opens no connection.
+fn pool() -> Pool {
+    let config: tokio_postgres::Config = "host=127.0.0.1 port=1 user=nobody".parse().unwrap();
+    Pool::builder(Manager::new(config, tokio_postgres::NoTls))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn e17_an_interval_whose_four_times_overflows_idle_session_timeout_is_rejected() {
+    // 4 × 536 870 912 ms = 2^31 ms, one more than idle_session_timeout's maximum.
+    let interval = Duration::from_millis(536_870_912);
+    match Elector::builder(pool(), KEY)
+        .check_interval(interval)
+        .build()
+    {
+        Err(Error::IntervalTooLarge { interval: got }) => assert_eq!(got, interval),
+        other => panic!("expected IntervalTooLarge, got {other:?}"),
+    }
+    let err = Elector::builder(pool(), KEY)
+        .check_interval(Duration::from_secs(u64::MAX))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("idle_session_timeout"), "{err}");
+}
+
+#[test]
+fn e17_the_largest_interval_that_fits_is_accepted() {
+    assert_eq!(MAX_CHECK_INTERVAL, Duration::from_millis(536_870_911));
+    let elector = Elector::builder(pool(), KEY)
+        .check_interval(MAX_CHECK_INTERVAL)
+        .build()
+        .unwrap();
+    assert_eq!(elector.check_interval(), MAX_CHECK_INTERVAL);
+}
+
+#[test]
+fn e17_zero_means_the_default_interval() {
+    let elector = Elector::builder(pool(), KEY)
+        .check_interval(Duration::ZERO)
+        .build()
+        .unwrap();
+    assert_eq!(elector.check_interval(), DEFAULT_CHECK_INTERVAL);
+    assert_eq!(DEFAULT_CHECK_INTERVAL, Duration::from_secs(5));
+    let elector = Elector::builder(pool(), KEY).build().unwrap();
+    assert_eq!(elector.check_interval(), Duration::from_secs(5));
+}
+
+#[test]
+fn e17_an_interval_below_ten_milliseconds_is_rejected() {
+    match Elector::builder(pool(), KEY)
+        .check_interval(Duration::from_micros(9_999))
+        .build()
+    {
+        Err(Error::IntervalTooSmall { .. }) => {}
+        other => panic!("expected IntervalTooSmall, got {other:?}"),
+    }
+}
+
+#[test]
+fn e17_a_metric_name_taken_by_another_collector_type_is_rejected() {
+    let registry = prometheus::Registry::new();
+    let counter = prometheus::IntCounter::new("pg_elector_leader", "a counter").unwrap();
+    registry.register(Box::new(counter)).unwrap();
+    match Elector::builder(pool(), KEY).registry(&registry).build() {
+        Err(Error::MetricClash { name }) => assert_eq!(name, "pg_elector_leader"),
+        other => panic!("expected MetricClash, got {other:?}"),
+    }
+    // Under another name it is fine.
+    Elector::builder(pool(), KEY)
+        .registry(&registry)
+        .gauge_name("sweeper_leader")
+        .build()
+        .unwrap();
+}
+
+#[test]
+fn public_handles_are_send_sync_clone_and_static() {
+    fn check<T: Send + Sync + Clone + 'static>() {}
+    check::<Elector>();
+    check::<pg_elector::Term>();
+    check::<LockKey>();
+    fn error<T: std::error::Error + Send + Sync + 'static>() {}
+    error::<Error>();
+}

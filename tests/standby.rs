@@ -1,0 +1,214 @@
+//! E3 and E4: the standby's tries, and a leader that never stacks the lock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pg_elector::{Elector, LockKey};
+
+async fn futures_join_all<F: std::future::Future>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut out = Vec::new();
+    let handles: Vec<_> = futures.collect();
+    for f in handles {
+        out.push(f.await);
+    }
+    out
+}
+
+/// Transactions committed in the database: every try is one.
+async fn commits(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_ten_thousand_refused_tries_open_no_new_backend() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(3, 10_000);
+    let leader = Replica::start(db.pool(1), key, I);
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("a leader");
+
+    // Forty standbys at the smallest interval share one pool of eight connections, and
+    // every connection they use goes through the proxy, which counts them.
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let pool = db.pool_via(proxy.addr(), 8);
+    // Open the pool's eight connections first: a connection still being opened when a try's
+    // 10 ms wait runs out is dropped half-made, which is churn of the pool, not of the tries.
+    let warm: Vec<_> = futures_join_all((0..8).map(|_| pool.get())).await;
+    drop(warm);
+    let standbys: Vec<_> = (0..40)
+        .map(|_| Replica::start(pool.clone(), key, Duration::from_millis(10)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let opened = proxy.accepted();
+    assert_eq!(opened, 8, "{opened} connections for a pool of 8");
+
+    let client = db.connect().await.unwrap();
+    let start = commits(&client).await;
+    wait_for_async(Duration::from_secs(90), || async {
+        client
+            .query("SELECT pg_stat_clear_snapshot()", &[])
+            .await
+            .unwrap();
+        commits(&client).await - start >= 10_000
+    })
+    .await
+    .expect("10 000 tries within 90 s");
+
+    assert_eq!(
+        leaders(&standbys),
+        Vec::<usize>::new(),
+        "every try was refused"
+    );
+    assert!(leader.elector.is_leader());
+    assert_eq!(
+        proxy.accepted(),
+        opened,
+        "10 000 refused tries opened no new backend"
+    );
+    let status = pool.status();
+    assert_eq!(
+        status.size, 8,
+        "refused tries gave their connections back: {status:?}"
+    );
+    // (A try cut off by shutdown closes its connection instead: its lock state is unknown.)
+    for standby in standbys {
+        standby.stop().await.unwrap();
+    }
+    leader.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_an_unreachable_server_leaves_the_replica_standby_and_it_leads_once_back() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    proxy.blackhole();
+    let replica = Replica::start(db.pool_via(proxy.addr(), 2), LockKey::new(3, 1), I);
+
+    tokio::time::sleep(4 * I).await;
+    assert!(!replica.elector.is_leader());
+    assert!(
+        !replica.task.is_finished(),
+        "run goes on through failed tries"
+    );
+
+    proxy.pass();
+    // The next try starts within one I; a try cut off by the blackhole may still wait out
+    // its own bound (I for the connection, I for the query) first.
+    wait_for(3 * I + I / 2, || replica.elector.is_leader())
+        .await
+        .expect("leads once the server is reachable");
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_an_exhausted_pool_leaves_the_replica_standby_and_it_leads_once_a_connection_is_free() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let pool = db.pool(1);
+    let hog = pool.get().await.unwrap();
+    let replica = Replica::start(pool.clone(), LockKey::new(3, 2), I);
+
+    tokio::time::sleep(4 * I).await;
+    assert!(!replica.elector.is_leader());
+    assert!(
+        !replica.task.is_finished(),
+        "run goes on through an exhausted pool"
+    );
+
+    drop(hog);
+    wait_for(2 * I + I / 2, || replica.elector.is_leader())
+        .await
+        .expect("leads once the pool has a connection");
+    // The winning connection left the pool for good; the pool may open another.
+    assert_eq!(pool.status().size, 0, "{:?}", pool.status());
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e4_a_leader_never_tries_again_on_its_session_so_one_unlock_frees_the_lock() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let server = PgServer::shared().unwrap();
+    let log = server
+        .log_file()
+        .expect(
+            "E4 reads the server log: run it against the harness's own server (unset DATABASE_URL)",
+        )
+        .to_owned();
+    let admin = db.connect().await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET log_statement = 'all'",
+            db.name()
+        ))
+        .await
+        .unwrap();
+
+    let key = LockKey::new(4, 4);
+    let interval = Duration::from_millis(20);
+    let elector = Elector::builder(db.pool(1), key)
+        .check_interval(interval)
+        .build()
+        .unwrap();
+    let replica = Replica::run(elector);
+    wait_for(10 * interval, || replica.elector.is_leader())
+        .await
+        .expect("a leader");
+    let pid = holders(&admin, key).await[0];
+    tokio::time::sleep(Duration::from_secs(1)).await; // some 50 leader checks
+    let term = replica.elector.term();
+    replica.stop().await.unwrap();
+    assert_eq!(term.end(), Some(pg_elector::TermEnd::Shutdown));
+
+    let tag = format!("[{pid}]");
+    let lines: Vec<String> = wait_for_log(&log, &tag, "pg_advisory_unlock").await;
+    let count = |needle: &str| {
+        lines
+            .iter()
+            .filter(|line| line.contains(needle) && line.contains("execute"))
+            .count()
+    };
+    assert_eq!(
+        count("pg_try_advisory_lock"),
+        1,
+        "one try on the lock session"
+    );
+    assert!(count("pg_locks") >= 20, "{} checks", count("pg_locks"));
+    assert_eq!(count("pg_advisory_unlock"), 1);
+    assert!(holders(&admin, key).await.is_empty());
+}
+
+/// The log lines of one backend, once `last` shows among them.
+async fn wait_for_log(path: &std::path::Path, tag: &str, last: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    wait_for(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        lines = text
+            .lines()
+            .filter(|line| line.contains(tag))
+            .map(str::to_owned)
+            .collect();
+        lines.iter().any(|line| line.contains(last))
+    })
+    .await
+    .unwrap_or_else(|| panic!("the server log shows no {last:?} for {tag}"));
+    lines
+}

@@ -1,0 +1,241 @@
+//! E9, E10, E11 and E12: terms, do_work, is_leader and the gauge.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use pg_elector::{Elector, LockKey, TermEnd};
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// Terminates the backend that holds `key`.
+async fn terminate_holder(db: &TestDb, key: LockKey) {
+    let admin = db.connect().await.unwrap();
+    let pid = holders(&admin, key).await[0];
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e9_terms_on_a_standby_are_born_ended_and_on_the_leader_live_until_leadership_ends() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(9, 1);
+    let a = Replica::start(db.pool(2), key, I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = Replica::start(db.pool(2), key, I);
+    tokio::time::sleep(I).await;
+
+    // Standby: ended at birth, whatever the parent.
+    let standby = b.elector.term();
+    assert!(!standby.is_leader());
+    assert!(standby.token().is_cancelled());
+    assert_eq!(standby.end(), Some(TermEnd::NotLeader));
+    let standby = b.elector.term_with(&CancellationToken::new());
+    assert_eq!(standby.end(), Some(TermEnd::NotLeader));
+    tokio::time::timeout(Duration::from_millis(10), standby.cancelled())
+        .await
+        .expect("a standby's term is already cancelled");
+
+    // Leader: live; term_with ends with its parent, and the term itself goes on.
+    let term = a.elector.term();
+    assert!(term.is_leader());
+    assert_eq!(term.end(), None);
+    let parent = CancellationToken::new();
+    let child = a.elector.term_with(&parent);
+    let survivor = a.elector.term_with(&CancellationToken::new());
+    assert!(child.is_leader());
+    parent.cancel();
+    assert_eq!(child.end(), Some(TermEnd::ParentCancelled));
+    assert!(!child.is_leader());
+    assert_eq!(term.end(), None);
+
+    // Leadership lost: the term and every term_with of it end with LeadershipLost.
+    terminate_holder(&db, key).await;
+    tokio::time::timeout(2 * I, term.cancelled())
+        .await
+        .expect("the term ends");
+    assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+    assert_eq!(survivor.end(), Some(TermEnd::LeadershipLost));
+    assert_eq!(
+        child.end(),
+        Some(TermEnd::ParentCancelled),
+        "the first cause stays"
+    );
+
+    // Whoever leads next does so in a fresh, live term.
+    let replicas = [a, b];
+    let next = one_leader(&replicas, 3 * I).await;
+    let fresh = replicas[next].elector.term();
+    assert!(fresh.is_leader());
+    assert!(!term.is_leader(), "an ended term stays ended");
+    for replica in replicas {
+        replica.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e9_a_leaders_term_ends_with_shutdown_and_term_with_too() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let a = Replica::start(db.pool(2), LockKey::new(9, 2), I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let term = a.elector.term();
+    let linked = a.elector.term_with(&CancellationToken::new());
+    a.stop().await.unwrap();
+    assert_eq!(term.end(), Some(TermEnd::Shutdown));
+    assert_eq!(linked.end(), Some(TermEnd::Shutdown));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e10_do_work_on_a_standby_does_not_call_f() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(10, 1);
+    let a = Replica::start(db.pool(2), key, I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = Replica::start(db.pool(2), key, I);
+    tokio::time::sleep(I).await;
+
+    let called = AtomicBool::new(false);
+    let got: Result<Option<u32>, &str> = b
+        .elector
+        .do_work(|_| async {
+            called.store(true, Ordering::SeqCst);
+            Ok(1)
+        })
+        .await;
+    assert_eq!(got, Ok(None));
+    assert!(
+        !called.load(Ordering::SeqCst),
+        "f is not called on a standby"
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e10_do_work_on_the_leader_returns_fs_result() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let a = Replica::start(db.pool(2), LockKey::new(10, 2), I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+
+    // f may borrow from its caller: no 'static bound.
+    let mut swept = Vec::new();
+    let got: Result<Option<usize>, String> = a
+        .elector
+        .do_work(|term| {
+            let swept = &mut swept;
+            async move {
+                assert!(term.is_leader(), "f gets the live term");
+                swept.push(1);
+                Ok(swept.len())
+            }
+        })
+        .await;
+    assert_eq!(got, Ok(Some(1)));
+    assert_eq!(swept, vec![1]);
+
+    let got: Result<Option<()>, String> = a
+        .elector
+        .do_work(|_| async { Err("tick failed".to_owned()) })
+        .await;
+    assert_eq!(got, Err("tick failed".to_owned()));
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
+    let _serial = serial();
+    for f_fails in [false, true] {
+        let db = fresh_db().await;
+        let key = LockKey::new(10, 3);
+        let a = Replica::start(db.pool(2), key, I);
+        wait_for(3 * I, || a.elector.is_leader())
+            .await
+            .expect("a leads");
+
+        let got: Result<Option<&str>, &str> = a
+            .elector
+            .do_work(|term| {
+                let db = &db;
+                async move {
+                    terminate_holder(db, key).await;
+                    // Finish only once the term has ended.
+                    term.cancelled().await;
+                    if f_fails { Err("failed") } else { Ok("done") }
+                }
+            })
+            .await;
+        assert_eq!(got, Ok(None), "f_fails = {f_fails}");
+        a.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e11_is_leader_is_callable_from_any_thread() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let a = Replica::start(db.pool(2), LockKey::new(11, 1), I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let elector = a.elector.clone();
+    let seen = std::thread::spawn(move || (0..1000).all(|_| elector.is_leader()))
+        .join()
+        .unwrap();
+    assert!(seen, "a plain thread, outside the runtime, sees the leader");
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e12_the_gauge_reads_one_on_the_leader_and_zero_after_shutdown() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(12, 1);
+    let registry = Registry::new();
+    let build = || {
+        Elector::builder(db.pool(2), key)
+            .check_interval(I)
+            .registry(&registry)
+            .build()
+            .unwrap()
+    };
+    let a = Replica::run(build());
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    assert_eq!(gauge(&registry, "pg_elector_leader"), Some(1));
+
+    // A second elector on the same registry: one series, still 1.
+    let b = Replica::run(build());
+    tokio::time::sleep(I).await;
+    assert_eq!(registry.gather().len(), 1, "one family");
+    assert_eq!(registry.gather()[0].get_metric().len(), 1, "one series");
+    assert_eq!(gauge(&registry, "pg_elector_leader"), Some(1));
+
+    a.stop().await.unwrap();
+    wait_for(2 * I, || b.elector.is_leader())
+        .await
+        .expect("b leads");
+    assert_eq!(
+        gauge(&registry, "pg_elector_leader"),
+        Some(1),
+        "b took over"
+    );
+    b.stop().await.unwrap();
+    assert_eq!(gauge(&registry, "pg_elector_leader"), Some(0));
+}
