@@ -5,7 +5,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use prometheus::Registry;
 
-use crate::elector::{Elector, Settings};
+use crate::elector::{Elector, Mode, PgSettings};
 use crate::metrics::{DEFAULT_GAUGE_NAME, LeaderGauge};
 use crate::{Error, LockKey};
 
@@ -106,11 +106,13 @@ impl ElectorBuilder {
             .as_ref()
             .map(|registry| LeaderGauge::register(registry, &self.gauge_name))
             .transpose()?;
-        Ok(Elector::from_settings(Settings {
-            pool: self.pool,
-            key: self.key,
-            interval,
+        Ok(Elector::from_mode(
+            Mode::Postgres(PgSettings {
+                pool: self.pool,
+                key: self.key,
+                interval,
+            }),
             gauge,
-        }))
+        ))
     }
 }

@@ -6,10 +6,13 @@ use tokio::time::{Interval, MissedTickBehavior, interval, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::elector::Shared;
+use crate::elector::{PgSettings, Shared};
 use crate::lease::{deadline_after, now_ms};
-use crate::lock_session::{Attempt, LockSession, SessionError, try_acquire};
+use crate::lock_session::{Attempt, Check, LockSession, SessionError, try_acquire};
 use crate::term::TermEnd;
+
+/// What the logs say when a transaction-mode pooler is detected (E16).
+const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
 
 /// How long the unlock at shutdown may take (E6).
 pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
@@ -20,31 +23,36 @@ pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
 /// healthy round trip, and the try still waits at most I for a pool connection.
 const MIN_TRY_BOUND: Duration = Duration::from_secs(1);
 
-pub(crate) async fn run(shared: &Shared, shutdown: CancellationToken) -> Result<(), Error> {
+pub(crate) async fn run(
+    shared: &Shared,
+    pg: &PgSettings,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let _slot = shared.claim_run()?;
-    let mut ticks = interval(shared.interval);
+    let mut ticks = interval(pg.interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut held = Held {
         shared,
+        pg,
         session: None,
     };
     loop {
-        let Some(session) = standby(shared, &shutdown, &mut ticks).await else {
+        let Some(session) = standby(shared, pg, &shutdown, &mut ticks).await else {
             return Ok(());
         };
         let session = held.session.insert(session);
         ticks.reset();
-        match lead(shared, &shutdown, &mut ticks, session).await {
+        match lead(shared, pg, &shutdown, &mut ticks, session).await {
             Led::Shutdown => {
                 if let Some(session) = held.session.take() {
-                    release(shared, session).await;
+                    release(shared, pg, session).await;
                 }
                 return Ok(());
             }
             Led::Lost(cause) => {
                 shared.demote(TermEnd::LeadershipLost);
                 drop(held.session.take());
-                tracing::warn!(key = %shared.key, %cause, "leadership lost: {cause}");
+                tracing::warn!(key = %pg.key, %cause, "leadership lost: {cause}");
             }
         }
     }
@@ -53,6 +61,7 @@ pub(crate) async fn run(shared: &Shared, shutdown: CancellationToken) -> Result<
 /// Tries the lock every tick until it is granted (`Some`) or `shutdown` is cancelled (`None`).
 async fn standby(
     shared: &Shared,
+    pg: &PgSettings,
     shutdown: &CancellationToken,
     ticks: &mut Interval,
 ) -> Option<LockSession> {
@@ -66,10 +75,10 @@ async fn standby(
             biased;
             () = shutdown.cancelled() => return None,
             attempt = try_acquire(
-                &shared.pool,
-                shared.key,
-                shared.interval,
-                shared.interval.max(MIN_TRY_BOUND),
+                &pg.pool,
+                pg.key,
+                pg.interval,
+                pg.interval.max(MIN_TRY_BOUND),
             ) => attempt,
         };
         match attempt {
@@ -77,34 +86,38 @@ async fn standby(
                 let set_up = tokio::select! {
                     biased;
                     () = shutdown.cancelled() => return None,
-                    set_up = session.set_up(4 * shared.interval, shared.interval) => set_up,
+                    set_up = session.set_up(4 * pg.interval, pg.interval) => set_up,
                 };
                 match set_up {
                     Ok(setup) => {
                         if setup.no_idle_session_timeout {
-                            shared.warn_no_idle_session_timeout();
+                            shared.warn_no_idle_session_timeout(pg.key);
                         }
                         shared
                             .lease()
-                            .hold_until(deadline_after(sent_at, lease_length(shared.interval)));
+                            .hold_until(deadline_after(sent_at, lease_length(pg.interval)));
                         shared.promote();
-                        tracing::info!(key = %shared.key, "leadership acquired");
+                        tracing::info!(key = %pg.key, "leadership acquired");
                         return Some(session);
                     }
                     // Dropping the session closes it, which frees the lock.
                     Err(e) => {
-                        tracing::warn!(key = %shared.key, error = %e, "acquire lock connection: {e}")
+                        tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}")
                     }
                 }
             }
             Ok(Attempt::Refused) => {
-                tracing::trace!(key = %shared.key, "lock held by another session")
+                tracing::trace!(key = %pg.key, "lock held by another session")
             }
             Ok(Attempt::InRecovery) => tracing::error!(
-                key = %shared.key,
+                key = %pg.key,
                 "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary"
             ),
-            Err(e) => tracing::warn!(key = %shared.key, error = %e, "acquire lock connection: {e}"),
+            Ok(Attempt::SharedSession) => tracing::error!(
+                key = %pg.key,
+                "{POOLER}: this try ran on a server session that another elector holds the lock on; this replica stays standby"
+            ),
+            Err(e) => tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}"),
         }
     }
 }
@@ -117,6 +130,7 @@ enum Led {
 /// Checks the session every tick (E5) until leadership is lost or `shutdown` is cancelled.
 async fn lead(
     shared: &Shared,
+    pg: &PgSettings,
     shutdown: &CancellationToken,
     ticks: &mut Interval,
     session: &LockSession,
@@ -137,13 +151,17 @@ async fn lead(
         let check = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            check = session.holds_lock(shared.interval) => check,
+            check = session.check(pg.interval) => check,
         };
         match check {
-            Ok(true) => shared
+            Ok(Check::Holds) => shared
                 .lease()
-                .hold_until(deadline_after(sent_at, lease_length(shared.interval))),
-            Ok(false) => return Led::Lost("the session no longer holds the lock".into()),
+                .hold_until(deadline_after(sent_at, lease_length(pg.interval))),
+            Ok(Check::Lost) => return Led::Lost("the session no longer holds the lock".into()),
+            Ok(Check::SharedSession) => {
+                tracing::error!(key = %pg.key, "{POOLER}: the leader check ran on a server session that is not the lock session, or that another elector's try reached");
+                return Led::Lost(POOLER.into());
+            }
             Err(SessionError::Timeout(bound)) => {
                 return Led::Lost(format!("the leader check got no answer within {bound:?}"));
             }
@@ -154,19 +172,19 @@ async fn lead(
 
 /// Gives the lock up at shutdown (E6). The term ends first, so that no instant has two
 /// leaders: a standby can only take the lock after the unlock.
-async fn release(shared: &Shared, session: LockSession) {
+async fn release(shared: &Shared, pg: &PgSettings, session: LockSession) {
     shared.demote(TermEnd::Shutdown);
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
-        Ok(Ok(true)) => tracing::info!(key = %shared.key, "leadership released"),
+        Ok(Ok(true)) => tracing::info!(key = %pg.key, "leadership released"),
         Ok(Ok(false)) => {
-            tracing::warn!(key = %shared.key, "unlock at shutdown found the lock not held")
+            tracing::warn!(key = %pg.key, "unlock at shutdown found the lock not held")
         }
         Ok(Err(e)) => {
-            tracing::warn!(key = %shared.key, error = %e, "unlock at shutdown failed; closing the session frees the lock")
+            tracing::warn!(key = %pg.key, error = %e, "unlock at shutdown failed; closing the session frees the lock")
         }
         Err(_) => {
-            tracing::warn!(key = %shared.key, "unlock at shutdown timed out; closing the session frees the lock")
+            tracing::warn!(key = %pg.key, "unlock at shutdown timed out; closing the session frees the lock")
         }
     }
     drop(session);
@@ -182,6 +200,7 @@ fn lease_length(interval: Duration) -> Duration {
 /// session is closed without an unlock, since it may be mid-query (E7).
 struct Held<'a> {
     shared: &'a Shared,
+    pg: &'a PgSettings,
     session: Option<LockSession>,
 }
 
@@ -190,7 +209,7 @@ impl Drop for Held<'_> {
         if let Some(session) = self.session.take() {
             self.shared.demote(TermEnd::LeadershipLost);
             drop(session);
-            tracing::warn!(key = %self.shared.key, "lock abandoned: run was dropped or panicked while leading; closing its session frees the lock");
+            tracing::warn!(key = %self.pg.key, "lock abandoned: run was dropped or panicked while leading; closing its session frees the lock");
         }
     }
 }

@@ -57,19 +57,24 @@ pub struct Elector {
     pub(crate) shared: Arc<Shared>,
 }
 
-/// What `build` settles.
-pub(crate) struct Settings {
+/// Who decides leadership.
+pub(crate) enum Mode {
+    /// The advisory-lock election.
+    Postgres(PgSettings),
+    /// Local modes (B6): leader from the start, or promoted and demoted by hand.
+    Local,
+}
+
+/// What the election on PostgreSQL runs with.
+pub(crate) struct PgSettings {
     pub(crate) pool: Pool,
     pub(crate) key: LockKey,
     pub(crate) interval: Duration,
-    pub(crate) gauge: Option<LeaderGauge>,
 }
 
 /// The state every clone of an elector shares.
 pub(crate) struct Shared {
-    pub(crate) pool: Pool,
-    pub(crate) key: LockKey,
-    pub(crate) interval: Duration,
+    pub(crate) mode: Mode,
     gauge: Option<LeaderGauge>,
     /// Leading and not expired (E11, E18).
     lease: Arc<Lease>,
@@ -91,13 +96,11 @@ impl Elector {
         ElectorBuilder::new(pool, key)
     }
 
-    pub(crate) fn from_settings(settings: Settings) -> Self {
+    pub(crate) fn from_mode(mode: Mode, gauge: Option<LeaderGauge>) -> Self {
         Self {
             shared: Arc::new(Shared {
-                pool: settings.pool,
-                key: settings.key,
-                interval: settings.interval,
-                gauge: settings.gauge,
+                mode,
+                gauge,
                 lease: Arc::new(Lease::default()),
                 term: Mutex::new(Term::not_leader()),
                 running: AtomicBool::new(false),
@@ -106,14 +109,14 @@ impl Elector {
         }
     }
 
-    /// The key this elector competes for.
-    pub fn key(&self) -> LockKey {
-        self.shared.key
+    /// The key this elector competes for; `None` for a local elector.
+    pub fn key(&self) -> Option<LockKey> {
+        self.shared.pg().map(|pg| pg.key)
     }
 
-    /// The check interval I.
-    pub fn check_interval(&self) -> Duration {
-        self.shared.interval
+    /// The check interval I; `None` for a local elector.
+    pub fn check_interval(&self) -> Option<Duration> {
+        self.shared.pg().map(|pg| pg.interval)
     }
 
     /// Whether this replica leads now: one atomic load, plus a clock read on the leader for
@@ -169,7 +172,7 @@ impl Elector {
             return outcome.map(Some);
         }
         tracing::info!(
-            key = %self.shared.key,
+            key = ?self.key(),
             end = ?term.end(),
             failed = outcome.is_err(),
             "leadership ended while work ran; its outcome is dropped"
@@ -193,11 +196,21 @@ impl Elector {
     /// [`TermEnd::LeadershipLost`] and closes the lock connection without unlocking; the server
     /// frees the lock with the session. `run` may be called again afterwards.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
-        crate::election::run(&self.shared, shutdown).await
+        match &self.shared.mode {
+            Mode::Postgres(pg) => crate::election::run(&self.shared, pg, shutdown).await,
+            Mode::Local => crate::local::run(&self.shared, shutdown).await,
+        }
     }
 }
 
 impl Shared {
+    fn pg(&self) -> Option<&PgSettings> {
+        match &self.mode {
+            Mode::Postgres(pg) => Some(pg),
+            Mode::Local => None,
+        }
+    }
+
     /// Claims the single `run` slot (E8); the returned guard frees it.
     pub(crate) fn claim_run(&self) -> Result<RunSlot<'_>, Error> {
         if self.running.swap(true, Ordering::AcqRel) {
@@ -207,13 +220,13 @@ impl Shared {
     }
 
     /// PostgreSQL 13 and older have no `idle_session_timeout`: said once per elector.
-    pub(crate) fn warn_no_idle_session_timeout(&self) {
+    pub(crate) fn warn_no_idle_session_timeout(&self, key: LockKey) {
         if !self
             .warned_no_idle_session_timeout
             .swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
-                key = %self.key,
+                key = %key,
                 "the server has no idle_session_timeout (PostgreSQL 13 or older): a leader that vanishes without closing its connection keeps the lock until TCP gives up on it"
             );
         }
@@ -221,6 +234,11 @@ impl Shared {
 
     pub(crate) fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// Whether a term is live (the lease aside).
+    pub(crate) fn in_term(&self) -> bool {
+        lock(&self.term).end().is_none()
     }
 
     /// Starts a new term. The lease must be set by the caller first.
@@ -256,8 +274,8 @@ impl Drop for RunSlot<'_> {
 impl std::fmt::Debug for Elector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Elector")
-            .field("key", &self.shared.key)
-            .field("check_interval", &self.shared.interval)
+            .field("key", &self.key())
+            .field("check_interval", &self.check_interval())
             .field("is_leader", &self.is_leader())
             .finish_non_exhaustive()
     }

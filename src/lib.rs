@@ -7,6 +7,7 @@ mod elector;
 mod error;
 mod key;
 mod lease;
+mod local;
 mod lock_session;
 mod metrics;
 mod term;
@@ -15,5 +16,6 @@ pub use builder::{DEFAULT_CHECK_INTERVAL, ElectorBuilder, MAX_CHECK_INTERVAL, MI
 pub use elector::Elector;
 pub use error::Error;
 pub use key::LockKey;
+pub use local::{LocalBuilder, ManualControl};
 pub use metrics::DEFAULT_GAUGE_NAME;
 pub use term::{Term, TermEnd};

@@ -1,7 +1,8 @@
 //! The database side of the election: the try on a borrowed connection, and the session that
 //! holds the lock once it is granted.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
 use tokio::time::timeout;
@@ -9,17 +10,33 @@ use tokio::time::timeout;
 use crate::LockKey;
 use crate::lease::now_ms;
 
-/// The try (E1, E3), which also refuses on a server in recovery (E16): a hot standby keeps its
-/// own advisory locks, so a lock granted there proves nothing. NULL means "in recovery".
-const TRY_LOCK: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
-     ELSE pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) END";
+/// The try (E1, E3), in one statement so that even a transaction pooler runs it on one
+/// server session. It answers:
+/// - `recovery`: the server is a hot standby (E16), whose advisory locks are local to it, so a
+///   lock granted there proves nothing;
+/// - `marked`: this server session already carries some elector's mark, so it is shared by a
+///   transaction-mode pooler (E16); the try leaves a visit mark for that elector to find;
+/// - `granted`: the lock is ours, and the session now carries our mark ($3);
+/// - `refused`: another session holds the lock.
+const TRY_LOCK: &str = "SELECT CASE \
+     WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
+     WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
+       CASE WHEN pg_catalog.set_config('pg_elector.visited', $3::text, false) = $3::text \
+            THEN 'marked' END \
+     WHEN pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) THEN \
+       CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
+            THEN 'granted' END \
+     ELSE 'refused' END";
 
-/// The leader check (E5): the session answers, and it still holds the lock.
-const HOLDS_LOCK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+/// The leader check (E5): the session answers, still holds the lock, and is still ours alone
+/// (E16): it carries our mark and no other elector's visit.
+const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
      AND granted AND pid = pg_catalog.pg_backend_pid() \
      AND database = (SELECT oid FROM pg_catalog.pg_database \
-                     WHERE datname = pg_catalog.current_database()))";
+                     WHERE datname = pg_catalog.current_database())), \
+     coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
+     coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = ''";
 
 const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
 
@@ -48,6 +65,20 @@ pub(crate) enum Attempt {
     Refused,
     /// The server is a hot standby (or recovering): it must never yield leadership.
     InRecovery,
+    /// The server session carries another elector's mark: a transaction pooler shares it.
+    SharedSession,
+}
+
+/// What a leader check found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The session holds the lock and is ours alone.
+    Holds,
+    /// The session no longer holds the lock.
+    Lost,
+    /// The check ran on a server session without our mark, or one another elector's try has
+    /// visited: the connection goes through a transaction-mode pooler.
+    SharedSession,
 }
 
 /// What setting up a granted session found.
@@ -74,33 +105,34 @@ pub(crate) async fn try_acquire(
         .map_err(|_| SessionError::PoolTimeout(wait))?
         .map_err(SessionError::Pool)?;
     let borrowed = Borrowed(Some(object));
+    let mark = session_mark();
     let sent_at = now_ms();
-    let granted: Option<bool> = bounded(bound, async {
+    let answer: String = bounded(bound, async {
         let client = borrowed.client();
         let statement = client.prepare_cached(TRY_LOCK).await?;
         let row = client
-            .query_one(&statement, &[&key.class(), &key.object()])
+            .query_one(&statement, &[&key.class(), &key.object(), &mark])
             .await?;
         row.try_get(0)
     })
     .await?;
-    Ok(match granted {
-        Some(true) => Attempt::Granted {
-            session: LockSession {
-                client: Object::take(borrowed.keep()),
-                key,
-            },
-            sent_at,
-        },
-        Some(false) => {
-            borrowed.give_back();
-            Attempt::Refused
+    let attempt = match answer.as_str() {
+        "granted" => {
+            return Ok(Attempt::Granted {
+                session: LockSession {
+                    client: Object::take(borrowed.keep()),
+                    key,
+                    mark,
+                },
+                sent_at,
+            });
         }
-        None => {
-            borrowed.give_back();
-            Attempt::InRecovery
-        }
-    })
+        "refused" => Attempt::Refused,
+        "recovery" => Attempt::InRecovery,
+        _ => Attempt::SharedSession,
+    };
+    borrowed.give_back();
+    Ok(attempt)
 }
 
 /// The connection that holds the lock, out of the pool. Dropping it closes the connection,
@@ -108,6 +140,8 @@ pub(crate) async fn try_acquire(
 pub(crate) struct LockSession {
     client: ClientWrapper,
     key: LockKey,
+    /// This grant's mark on the server session (E16).
+    mark: String,
 }
 
 impl LockSession {
@@ -135,17 +169,27 @@ impl LockSession {
         }
     }
 
-    /// The leader check (E5): `Ok(true)` while the session is alive and holds the lock.
-    pub(crate) async fn holds_lock(&self, bound: Duration) -> Result<bool, SessionError> {
-        bounded(bound, async {
-            let statement = self.client.prepare_cached(HOLDS_LOCK).await?;
+    /// The leader check (E5, E16).
+    pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
+        let (holds, ours, unvisited): (bool, bool, bool) = bounded(bound, async {
+            let statement = self.client.prepare_cached(CHECK).await?;
             let row = self
                 .client
-                .query_one(&statement, &[&self.key.class_oid(), &self.key.object_oid()])
+                .query_one(
+                    &statement,
+                    &[&self.key.class_oid(), &self.key.object_oid(), &self.mark],
+                )
                 .await?;
-            row.try_get(0)
+            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
         })
-        .await
+        .await?;
+        Ok(if !(ours && unvisited) {
+            Check::SharedSession
+        } else if holds {
+            Check::Holds
+        } else {
+            Check::Lost
+        })
     }
 
     /// Gives the lock up (E6): `Ok(true)` when it was held.
@@ -169,6 +213,16 @@ impl LockSession {
             tokio::time::sleep(CLOSED_POLL).await;
         }
     }
+}
+
+/// A mark unique to one grant: process, time, and a counter.
+fn session_mark() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |t| t.as_nanos());
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{nanos:x}-{n}", std::process::id())
 }
 
 async fn bounded<T>(

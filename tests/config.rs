@@ -40,7 +40,7 @@ fn e17_the_largest_interval_that_fits_is_accepted() {
         .check_interval(MAX_CHECK_INTERVAL)
         .build()
         .unwrap();
-    assert_eq!(elector.check_interval(), MAX_CHECK_INTERVAL);
+    assert_eq!(elector.check_interval(), Some(MAX_CHECK_INTERVAL));
 }
 
 #[test]
@@ -49,10 +49,10 @@ fn e17_zero_means_the_default_interval() {
         .check_interval(Duration::ZERO)
         .build()
         .unwrap();
-    assert_eq!(elector.check_interval(), DEFAULT_CHECK_INTERVAL);
+    assert_eq!(elector.check_interval(), Some(DEFAULT_CHECK_INTERVAL));
     assert_eq!(DEFAULT_CHECK_INTERVAL, Duration::from_secs(5));
     let elector = Elector::builder(pool(), KEY).build().unwrap();
-    assert_eq!(elector.check_interval(), Duration::from_secs(5));
+    assert_eq!(elector.check_interval(), Some(Duration::from_secs(5)));
 }
 
 #[test]

@@ -1,0 +1,252 @@
+//! Local electors (B6): an always-leader one for single-process deployments, and a manual
+//! one for tests. Both are plain [`Elector`]s, so the code that uses them does not change.
+
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::elector::{Elector, Mode, Shared};
+use crate::metrics::{DEFAULT_GAUGE_NAME, LeaderGauge};
+use crate::term::{Term, TermEnd};
+
+impl Elector {
+    /// An elector that leads from the start, with no database: for a deployment of one
+    /// process. Its term ends (with [`TermEnd::Shutdown`]) only when its `run`, if started,
+    /// is shut down.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let elector = pg_elector::Elector::always_leader();
+    /// assert!(elector.is_leader());
+    /// let out = elector.do_work(|_term| async { Ok::<_, ()>(1) }).await;
+    /// assert_eq!(out, Ok(Some(1)));
+    /// # }
+    /// ```
+    pub fn always_leader() -> Elector {
+        LocalBuilder::default().always_leader()
+    }
+
+    /// A standby elector with no database, promoted and demoted by hand through the returned
+    /// [`ManualControl`]: for unit tests of code that takes an `Elector`.
+    ///
+    /// ```
+    /// use pg_elector::{Elector, TermEnd};
+    ///
+    /// let (elector, control) = Elector::manual();
+    /// assert!(!elector.is_leader());
+    /// let term = control.promote();
+    /// assert!(elector.is_leader() && term.is_leader());
+    /// control.demote();
+    /// assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+    /// ```
+    pub fn manual() -> (Elector, ManualControl) {
+        LocalBuilder::default().manual()
+    }
+
+    /// Configures a local elector (for example with a registry for its gauge).
+    pub fn local_builder() -> LocalBuilder {
+        LocalBuilder::default()
+    }
+}
+
+/// Configures a local elector; made by [`Elector::local_builder`].
+#[must_use = "a builder does nothing until it builds"]
+#[derive(Debug)]
+pub struct LocalBuilder {
+    registry: Option<Registry>,
+    gauge_name: String,
+}
+
+impl Default for LocalBuilder {
+    fn default() -> Self {
+        Self {
+            registry: None,
+            gauge_name: DEFAULT_GAUGE_NAME.to_owned(),
+        }
+    }
+}
+
+impl LocalBuilder {
+    /// Registers the leader gauge in `registry`, as [`ElectorBuilder::registry`](crate::ElectorBuilder::registry) does. Default: no gauge.
+    pub fn registry(mut self, registry: &Registry) -> Self {
+        self.registry = Some(registry.clone());
+        self
+    }
+
+    /// The leader gauge's name (default `pg_elector_leader`).
+    pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
+        self.gauge_name = name.into();
+        self
+    }
+
+    /// An elector that leads from the start; see [`Elector::always_leader`].
+    ///
+    /// # Panics
+    ///
+    /// Never; use [`try_always_leader`](Self::try_always_leader) to see a registry's refusal,
+    /// which this method logs and ignores (the elector then has no gauge).
+    pub fn always_leader(self) -> Elector {
+        let elector = self.build_or_log();
+        promote(&elector.shared);
+        elector
+    }
+
+    /// Like [`always_leader`](Self::always_leader), with the registry's refusal as an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    pub fn try_always_leader(self) -> Result<Elector, Error> {
+        let elector = self.build()?;
+        promote(&elector.shared);
+        Ok(elector)
+    }
+
+    /// A standby elector with a [`ManualControl`]; see [`Elector::manual`].
+    pub fn manual(self) -> (Elector, ManualControl) {
+        let elector = self.build_or_log();
+        let control = ManualControl {
+            elector: elector.clone(),
+        };
+        (elector, control)
+    }
+
+    fn build(self) -> Result<Elector, Error> {
+        let gauge = self
+            .registry
+            .as_ref()
+            .map(|registry| LeaderGauge::register(registry, &self.gauge_name))
+            .transpose()?;
+        Ok(Elector::from_mode(Mode::Local, gauge))
+    }
+
+    fn build_or_log(self) -> Elector {
+        self.build().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "local elector built without its gauge");
+            Elector::from_mode(Mode::Local, None)
+        })
+    }
+}
+
+/// Promotes and demotes a manual elector by hand; made by [`Elector::manual`].
+#[derive(Clone, Debug)]
+pub struct ManualControl {
+    elector: Elector,
+}
+
+impl ManualControl {
+    /// The elector this controls.
+    pub fn elector(&self) -> &Elector {
+        &self.elector
+    }
+
+    /// Makes the elector lead, starting a new term unless one is live; returns the term.
+    pub fn promote(&self) -> Term {
+        promote(&self.elector.shared);
+        self.elector.term()
+    }
+
+    /// Ends the live term, if any, with [`TermEnd::LeadershipLost`], as a lost lock would.
+    pub fn demote(&self) {
+        if self.elector.shared.in_term() {
+            self.elector.shared.demote(TermEnd::LeadershipLost);
+        }
+    }
+}
+
+fn promote(shared: &Shared) {
+    if !shared.in_term() {
+        shared.lease().hold_forever();
+        shared.promote();
+    }
+}
+
+/// `run` of a local elector: waits for shutdown, then ends a live term with `Shutdown`.
+pub(crate) async fn run(shared: &Shared, shutdown: CancellationToken) -> Result<(), Error> {
+    let _slot = shared.claim_run()?;
+    shutdown.cancelled().await;
+    if shared.in_term() {
+        shared.demote(TermEnd::Shutdown);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn b6_always_leader_leads_until_its_run_shuts_down() {
+        let registry = Registry::new();
+        let elector = Elector::local_builder().registry(&registry).always_leader();
+        assert!(elector.is_leader());
+        assert_eq!(
+            registry.gather()[0].get_metric()[0].get_gauge().value(),
+            1.0
+        );
+        let term = elector.term();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn({
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(matches!(
+            elector.run(CancellationToken::new()).await,
+            Err(Error::AlreadyRunning)
+        ));
+        shutdown.cancel();
+        run.await.unwrap().unwrap();
+        assert_eq!(term.end(), Some(TermEnd::Shutdown));
+        assert!(!elector.is_leader());
+        assert_eq!(
+            registry.gather()[0].get_metric()[0].get_gauge().value(),
+            0.0
+        );
+    }
+
+    #[tokio::test]
+    async fn b6_manual_promote_and_demote_drive_terms_do_work_and_the_gauge() {
+        let registry = Registry::new();
+        let (elector, control) = Elector::local_builder().registry(&registry).manual();
+        assert_eq!(
+            elector.do_work(|_| async { Ok::<_, ()>(1) }).await,
+            Ok(None)
+        );
+        assert_eq!(elector.term().end(), Some(TermEnd::NotLeader));
+
+        let term = control.promote();
+        assert_eq!(
+            control.promote().end(),
+            None,
+            "promoting twice keeps the term"
+        );
+        assert!(term.is_leader());
+        assert_eq!(
+            elector.do_work(|_| async { Ok::<_, ()>(2) }).await,
+            Ok(Some(2))
+        );
+        assert_eq!(
+            registry.gather()[0].get_metric()[0].get_gauge().value(),
+            1.0
+        );
+
+        // A demotion while the work runs: Ok(None).
+        let control = &control;
+        let out = elector
+            .do_work(|term| async move {
+                control.demote();
+                assert!(term.token().is_cancelled());
+                Err::<(), _>("failed")
+            })
+            .await;
+        assert_eq!(out, Ok(None));
+        assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+        assert_eq!(
+            registry.gather()[0].get_metric()[0].get_gauge().value(),
+            0.0
+        );
+        assert!(control.promote().is_leader(), "a new term");
+        assert!(!term.is_leader(), "the old term stays ended");
+    }
+}
