@@ -1,0 +1,481 @@
+//! A private PostgreSQL server: a temp dir, `initdb`, `pg_ctl`, and a watchdog
+//! that cleans up even if the test process is killed.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::watchdog::Watchdog;
+use crate::{HarnessError, ShutdownMode, binaries, error, runtime};
+
+/// How long `pg_ctl` may wait for a start, stop or restart.
+const PG_CTL_TIMEOUT_SECS: &str = "30";
+/// How long to wait for the server to accept a connection after starting.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many ports to try when startup fails on a port conflict.
+const PORT_ATTEMPTS: usize = 5;
+
+/// The owner of the server processes when the harness runs as root.
+#[derive(Debug, Clone, Copy)]
+struct RunAs {
+    uid: u32,
+    gid: u32,
+}
+
+/// A server this process created and controls.
+#[derive(Debug)]
+pub(crate) struct PrivateServer {
+    bin_dir: PathBuf,
+    root: PathBuf,
+    data_dir: PathBuf,
+    log_file: PathBuf,
+    run_as: Option<RunAs>,
+    port: u16,
+    /// Serialises start/stop/restart.
+    control: Mutex<()>,
+    /// The watchdog process; closing its stdin triggers the cleanup.
+    watchdog: Mutex<Option<Watchdog>>,
+}
+
+impl PrivateServer {
+    /// Finds the binaries, creates a temp dir, runs initdb and starts the server.
+    pub(crate) fn spawn() -> Result<Self, HarnessError> {
+        let started = Instant::now();
+        let bin_dir = binaries::find_bin_dir()?;
+        let run_as = if rustix::process::getuid().is_root() {
+            Some(postgres_user()?)
+        } else {
+            None
+        };
+        let root = make_temp_root()?;
+        let mut server = PrivateServer {
+            bin_dir,
+            data_dir: root.join("data"),
+            log_file: root.join("server.log"),
+            root,
+            run_as,
+            port: 0,
+            control: Mutex::new(()),
+            watchdog: Mutex::new(None),
+        };
+        // From here on `server` owns the temp dir: an early return cleans up.
+        if let Some(RunAs { uid, gid }) = run_as {
+            std::os::unix::fs::chown(&server.root, Some(uid), Some(gid))
+                .map_err(|e| HarnessError::io("chown of the temp dir to postgres", e))?;
+        }
+        server.start_watchdog()?;
+        server.initdb()?;
+        server.start_on_free_port()?;
+        tracing::info!(
+            port = server.port,
+            data_dir = %server.data_dir.display(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "private PostgreSQL server started"
+        );
+        Ok(server)
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub(crate) fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    pub(crate) fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub(crate) fn log_file(&self) -> &Path {
+        &self.log_file
+    }
+
+    /// A command for one of the server binaries, run as the right user.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join(program));
+        cmd.current_dir(&self.root)
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null());
+        if let Some(RunAs { uid, gid }) = self.run_as {
+            // std drops the supplementary groups when switching from root.
+            cmd.uid(uid).gid(gid);
+        }
+        cmd
+    }
+
+    fn run(&self, program: &str, args: &[&str], what: &str) -> Result<Output, HarnessError> {
+        let output = self
+            .command(program)
+            .args(args)
+            .output()
+            .map_err(|e| HarnessError::io(format!("{what}: running {program}"), e))?;
+        Ok(output)
+    }
+
+    fn start_watchdog(&mut self) -> Result<(), HarnessError> {
+        let watchdog = Watchdog::start(
+            &self.bin_dir.join("pg_ctl"),
+            &self.data_dir,
+            &self.root,
+            self.run_as.is_some(),
+        )?;
+        *lock(&self.watchdog) = Some(watchdog);
+        Ok(())
+    }
+
+    fn initdb(&self) -> Result<(), HarnessError> {
+        let data = self.data_dir.to_string_lossy().into_owned();
+        let out = self.run(
+            "initdb",
+            &[
+                "-D",
+                &data,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            "initdb",
+        )?;
+        if !out.status.success() {
+            let hint = if self.run_as.is_some() {
+                format!(
+                    "\n(the server runs as the `postgres` user: it must be able to reach {})",
+                    self.root.display()
+                )
+            } else {
+                String::new()
+            };
+            return Err(HarnessError::Server(format!(
+                "initdb failed ({}):\n{}{}{hint}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.data_dir.join("postgresql.conf"))
+            .map_err(|e| HarnessError::io("opening postgresql.conf", e))?;
+        conf.write_all(b"\n# Added by pg-elector-harness\ninclude 'harness.conf'\n")
+            .map_err(|e| HarnessError::io("writing postgresql.conf", e))
+    }
+
+    /// Writes the harness settings, including the port.
+    fn write_settings(&self, port: u16) -> Result<(), HarnessError> {
+        let path = self.data_dir.join("harness.conf");
+        let settings = format!(
+            "listen_addresses = '127.0.0.1'\n\
+             port = {port}\n\
+             unix_socket_directories = ''\n\
+             max_connections = 300\n\
+             fsync = off\n\
+             synchronous_commit = off\n\
+             full_page_writes = off\n\
+             wal_level = replica\n\
+             max_wal_senders = 10\n\
+             logging_collector = off\n\
+             log_connections = on\n\
+             log_line_prefix = '%m [%p] %q%u@%d '\n"
+        );
+        std::fs::write(&path, settings).map_err(|e| HarnessError::io("writing harness.conf", e))?;
+        if let Some(RunAs { uid, gid }) = self.run_as {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                .map_err(|e| HarnessError::io("chown of harness.conf", e))?;
+        }
+        Ok(())
+    }
+
+    fn start_on_free_port(&mut self) -> Result<(), HarnessError> {
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            self.write_settings(port)?;
+            self.port = port;
+            let log_start = self.log_len();
+            match self.start_and_wait("starting the server") {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let new_log = self.log_since(log_start);
+                    if new_log.contains("could not bind")
+                        || new_log.contains("Address already in use")
+                    {
+                        tracing::debug!(port, "port taken while starting PostgreSQL, retrying");
+                        // Make sure no half-started postmaster is left behind.
+                        let _ = self.pg_ctl_stop(ShutdownMode::Immediate);
+                        last = Some(e);
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| HarnessError::Server("could not start the server".into())))
+    }
+
+    /// `pg_ctl start`, then waits until a connection succeeds.
+    fn start_and_wait(&self, what: &str) -> Result<(), HarnessError> {
+        let data = self.data_dir.to_string_lossy().into_owned();
+        let log = self.log_file.to_string_lossy().into_owned();
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "start",
+                "-w",
+                "-t",
+                PG_CTL_TIMEOUT_SECS,
+                "-s",
+                "-D",
+                &data,
+                "-l",
+                &log,
+            ],
+            what,
+        )?;
+        self.check(&out, what)?;
+        self.wait_accepting(what)
+    }
+
+    fn check(&self, out: &Output, what: &str) -> Result<(), HarnessError> {
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(HarnessError::Server(format!(
+            "{what}: pg_ctl failed ({}): {}{}\n--- tail of {} ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            self.log_file.display(),
+            self.log_tail(30)
+        )))
+    }
+
+    /// Waits until the server accepts a connection and answers a query.
+    fn wait_accepting(&self, what: &str) -> Result<(), HarnessError> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(2));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let result = runtime::block_on_thread(
+            async move {
+                loop {
+                    let attempt = async {
+                        let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+                        let conn = tokio::spawn(conn);
+                        let r = client.simple_query("SELECT 1").await.map(|_| ());
+                        drop(client);
+                        let _ = conn.await;
+                        r
+                    };
+                    match attempt.await {
+                        Ok(()) => return Ok(()),
+                        Err(e) if Instant::now() >= deadline => return Err(error::chain(&e)),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+            },
+            READY_TIMEOUT + Duration::from_secs(5),
+        );
+        match result {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(self.not_ready(what, &e)),
+            None => Err(self.not_ready(what, "timed out")),
+        }
+    }
+
+    fn not_ready(&self, what: &str, err: &str) -> HarnessError {
+        HarnessError::Server(format!(
+            "{what}: the server on 127.0.0.1:{} did not accept connections within {}s ({err})\n\
+             --- tail of {} ---\n{}",
+            self.port,
+            READY_TIMEOUT.as_secs(),
+            self.log_file.display(),
+            self.log_tail(30)
+        ))
+    }
+
+    fn pg_ctl_stop(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+        let data = self.data_dir.to_string_lossy().into_owned();
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "stop",
+                "-w",
+                "-t",
+                PG_CTL_TIMEOUT_SECS,
+                "-s",
+                "-D",
+                &data,
+                "-m",
+                mode.as_str(),
+            ],
+            "stopping the server",
+        )?;
+        self.check(&out, "stopping the server")
+    }
+
+    pub(crate) fn restart(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+        let _guard = lock(&self.control);
+        let data = self.data_dir.to_string_lossy().into_owned();
+        let log = self.log_file.to_string_lossy().into_owned();
+        let what = "restarting the server";
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "restart",
+                "-w",
+                "-t",
+                PG_CTL_TIMEOUT_SECS,
+                "-s",
+                "-D",
+                &data,
+                "-l",
+                &log,
+                "-m",
+                mode.as_str(),
+            ],
+            what,
+        )?;
+        self.check(&out, what)?;
+        self.wait_accepting(what)
+    }
+
+    pub(crate) fn stop(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+        let _guard = lock(&self.control);
+        self.pg_ctl_stop(mode)
+    }
+
+    pub(crate) fn start_again(&self) -> Result<(), HarnessError> {
+        let _guard = lock(&self.control);
+        self.start_and_wait("starting the server again")
+    }
+
+    fn log_len(&self) -> u64 {
+        std::fs::metadata(&self.log_file).map_or(0, |m| m.len())
+    }
+
+    fn log_since(&self, offset: u64) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log_file) {
+            if f.seek(SeekFrom::Start(offset)).is_ok() {
+                let mut bytes = Vec::new();
+                let _ = f.read_to_end(&mut bytes);
+                text = String::from_utf8_lossy(&bytes).into_owned();
+            }
+        }
+        text
+    }
+
+    /// The last `lines` lines of the server log.
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
+        let len = self.log_len();
+        let text = self.log_since(len.saturating_sub(64 * 1024));
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Stops the server and removes the temp dir (through the watchdog).
+    fn cleanup(&mut self) {
+        let watchdog = self
+            .watchdog
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(watchdog) = watchdog {
+            watchdog.finish();
+        }
+        if self.root.exists() {
+            // The watchdog did not finish the job: do it here.
+            if self.data_dir.join("postmaster.pid").exists() {
+                let _ = self.pg_ctl_stop(ShutdownMode::Immediate);
+            }
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The uid and gid of the `postgres` user (needed when running as root).
+fn postgres_user() -> Result<RunAs, HarnessError> {
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    match (id("-u"), id("-g")) {
+        (Some(uid), Some(gid)) if uid != 0 => Ok(RunAs { uid, gid }),
+        _ => Err(HarnessError::NoServer(
+            "running as root, but PostgreSQL refuses to run as root and there is no \
+             `postgres` user to run it as: create one (e.g. `useradd --system postgres`, \
+             or install the `postgresql` package), or run the tests as a normal user, \
+             or set DATABASE_URL to use an existing server"
+                .into(),
+        )),
+    }
+}
+
+/// Creates a fresh directory under the system temp dir.
+fn make_temp_root() -> Result<PathBuf, HarnessError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let base = std::env::temp_dir();
+    let pid = std::process::id();
+    for _ in 0..100 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = base.join(format!("pg-elector-harness-{pid}-{n}-{nanos:x}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(HarnessError::io(
+                    format!("creating a temp dir in {}", base.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    Err(HarnessError::Server(format!(
+        "could not create a unique temp dir in {}",
+        base.display()
+    )))
+}
+
+/// A TCP port that was free a moment ago on 127.0.0.1.
+fn free_port() -> Result<u16, HarnessError> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .map_err(|e| HarnessError::io("finding a free port on 127.0.0.1", e))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| HarnessError::io("finding a free port on 127.0.0.1", e))
+}

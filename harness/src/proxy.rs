@@ -1,0 +1,280 @@
+//! [`FaultProxy`]: a loopback TCP proxy that can partition or reset connections.
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+/// What the proxy does with bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Pass,
+    Blackhole,
+}
+
+#[derive(Debug)]
+struct Shared {
+    mode: watch::Sender<Mode>,
+    /// Bumped by `reset()`; every connection accepted before closes.
+    reset: watch::Sender<u64>,
+    accepted: AtomicU64,
+    open: AtomicUsize,
+}
+
+/// A loopback TCP proxy for fault injection: pass, blackhole, reset.
+///
+/// Listens on `127.0.0.1:<free port>` and forwards each accepted connection
+/// to the target. The mode applies to every connection, current and new:
+///
+/// - [`pass`](Self::pass) (the default): bytes flow both ways.
+/// - [`blackhole`](Self::blackhole): a network partition. Every socket stays
+///   open but no byte moves in either direction: the proxy stops reading, so
+///   data waits in kernel buffers (and at most one read buffer per direction
+///   inside the proxy). New connections are accepted but not connected to the
+///   target. Neither peer sees an error; only timeouts or keepalives can tell.
+///   When [`pass`](Self::pass) is called again the partition heals: held bytes
+///   are delivered, as TCP retransmission would, and waiting new connections
+///   are connected to the target.
+/// - [`reset`](Self::reset): closes every current connection at once with
+///   `SO_LINGER` 0 on both sides, so the client and the server each see a
+///   TCP RST (the server ends the session and releases its locks). New
+///   connections are accepted as usual afterwards, in the current mode.
+///
+/// Needs a tokio runtime: its tasks run on the runtime that called
+/// [`start`](Self::start). Dropping the proxy stops the listener and closes
+/// every connection (its tasks are aborted; the sockets close as soon as the
+/// runtime processes that, normally at once).
+pub struct FaultProxy {
+    addr: SocketAddr,
+    target: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("addr", &self.addr)
+            .field("target", &self.target)
+            .field("mode", &*self.shared.mode.borrow())
+            .field("accepted", &self.accepted())
+            .field("open", &self.open())
+            .finish()
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `target`, listening on `127.0.0.1:0`.
+    pub async fn start(target: SocketAddr) -> io::Result<FaultProxy> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            mode: watch::Sender::new(Mode::Pass),
+            reset: watch::Sender::new(0),
+            accepted: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
+        });
+        let task = tokio::spawn(accept_loop(listener, target, Arc::clone(&shared)));
+        tracing::debug!(%addr, %target, "fault proxy started");
+        Ok(FaultProxy {
+            addr,
+            target,
+            shared,
+            task,
+        })
+    }
+
+    /// The address to connect to instead of the target.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address connections are forwarded to.
+    pub fn target(&self) -> SocketAddr {
+        self.target
+    }
+
+    /// Forwards bytes both ways (the default). Ends a blackhole.
+    pub fn pass(&self) {
+        tracing::debug!(addr = %self.addr, "fault proxy: pass");
+        self.shared.mode.send_replace(Mode::Pass);
+    }
+
+    /// Starts a partition: sockets stay open, no byte moves either way, new
+    /// connections are accepted but not forwarded (see the type docs).
+    pub fn blackhole(&self) {
+        tracing::debug!(addr = %self.addr, "fault proxy: blackhole");
+        self.shared.mode.send_replace(Mode::Blackhole);
+    }
+
+    /// Whether the proxy is currently blackholing.
+    pub fn is_blackholed(&self) -> bool {
+        *self.shared.mode.borrow() == Mode::Blackhole
+    }
+
+    /// Closes every current connection now with a TCP RST to both peers;
+    /// keeps accepting new ones in the current mode.
+    pub fn reset(&self) {
+        tracing::debug!(addr = %self.addr, "fault proxy: reset");
+        self.shared.reset.send_modify(|n| *n += 1);
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections currently open (accepted and not yet closed).
+    pub fn open(&self) -> usize {
+        self.shared.open.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        // Dropping the accept loop drops its JoinSet, which aborts every
+        // connection task and so closes every socket.
+        self.task.abort();
+    }
+}
+
+/// Counts a connection as open for as long as it lives.
+struct OpenGuard(Arc<Shared>);
+
+impl OpenGuard {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.open.fetch_add(1, Ordering::SeqCst);
+        OpenGuard(Arc::clone(shared))
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shared>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, _peer)) => {
+                    shared.accepted.fetch_add(1, Ordering::SeqCst);
+                    let guard = OpenGuard::new(&shared);
+                    let mode = shared.mode.subscribe();
+                    let reset = shared.reset.subscribe();
+                    conns.spawn(async move {
+                        let _guard = guard;
+                        handle(socket, target, mode, reset).await;
+                    });
+                }
+                Err(e) => {
+                    // E.g. out of file descriptors: back off a little.
+                    tracing::debug!(error = %e, "fault proxy: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Serves one connection until it ends or is reset.
+async fn handle(
+    mut client: TcpStream,
+    target: SocketAddr,
+    mut mode: watch::Receiver<Mode>,
+    mut reset: watch::Receiver<u64>,
+) {
+    let _ = client.set_nodelay(true);
+    // Connect to the target only once traffic may flow.
+    let mut upstream = tokio::select! {
+        connected = async {
+            wait_for(&mut mode, Mode::Pass).await?;
+            TcpStream::connect(target).await
+        } => match connected {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, %target, "fault proxy: cannot reach target");
+                return;
+            }
+        },
+        _ = reset.changed() => {
+            abort(&client);
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+
+    let reset_now = {
+        let (cr, cw) = client.split();
+        let (ur, uw) = upstream.split();
+        let (mode_up, mode_down) = (mode.clone(), mode);
+        tokio::select! {
+            r = async { tokio::try_join!(pump(cr, uw, mode_up), pump(ur, cw, mode_down)) } => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "fault proxy: connection ended with an error");
+                }
+                false
+            }
+            _ = reset.changed() => true,
+        }
+    };
+    if reset_now {
+        abort(&client);
+        abort(&upstream);
+    }
+}
+
+/// Makes the close of `socket` (on drop) send a RST.
+fn abort(socket: &TcpStream) {
+    let _ = socket.set_zero_linger();
+}
+
+/// Waits until the mode is `want`. Errors if the proxy is gone.
+async fn wait_for(mode: &mut watch::Receiver<Mode>, want: Mode) -> io::Result<()> {
+    match mode.wait_for(|m| *m == want).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(io::Error::other("fault proxy stopped")),
+    }
+}
+
+/// Copies `from` to `to` while the mode is `Pass`, pausing (neither reading
+/// nor writing) while it is `Blackhole`. On EOF shuts down `to`'s write side.
+async fn pump(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    mut mode: watch::Receiver<Mode>,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        wait_for(&mut mode, Mode::Pass).await?;
+        let n = tokio::select! {
+            r = from.read(&mut buf) => r?,
+            r = wait_for(&mut mode, Mode::Blackhole) => { r?; continue; }
+        };
+        let mut sent = 0;
+        while sent < n {
+            wait_for(&mut mode, Mode::Pass).await?;
+            tokio::select! {
+                r = to.write(&buf[sent..n]) => match r? {
+                    0 => return Err(io::ErrorKind::WriteZero.into()),
+                    k => sent += k,
+                },
+                r = wait_for(&mut mode, Mode::Blackhole) => r?,
+            }
+        }
+        if n == 0 {
+            wait_for(&mut mode, Mode::Pass).await?;
+            return to.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! Tests of the harness against real servers.
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pg_elector_harness::{FaultProxy, HarnessError, PgServer, ShutdownMode, serial};
+use tokio::time::timeout;
+
+fn shared() -> &'static PgServer {
+    match PgServer::shared() {
+        Ok(s) => s,
+        Err(e) => panic!("no test server: {e}"),
+    }
+}
+
+async fn query_one_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn try_lock(client: &tokio_postgres::Client, key: i64) -> bool {
+    client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits until `path` no longer exists.
+fn wait_gone(path: &std::path::Path, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while path.exists() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[tokio::test]
+async fn spawn_connect_query_and_cleanup() {
+    let t = Instant::now();
+    let server = PgServer::spawn().unwrap();
+    eprintln!("spawn: {:?}", t.elapsed());
+    assert!(server.is_private());
+    assert_eq!(server.addr().ip().to_string(), "127.0.0.1");
+    assert!(server.url().contains(&server.addr().port().to_string()));
+    assert!(server.bin_dir().unwrap().join("postgres").is_file());
+    let data_dir = server.data_dir().unwrap().to_path_buf();
+    assert!(data_dir.join("PG_VERSION").is_file());
+
+    let db = server.create_database().await.unwrap();
+    let client = db.connect().await.unwrap();
+    let version = query_one_i64(
+        &client,
+        "SELECT current_setting('server_version_num')::bigint",
+    )
+    .await;
+    assert!(version >= 130000, "server version {version}");
+    let row = client
+        .query_one("SELECT current_user::text, current_database()::text", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "postgres");
+    assert_eq!(row.get::<_, String>(1), db.name());
+    assert_eq!(
+        query_one_i64(&client, "SELECT current_setting('max_connections')::bigint").await,
+        300
+    );
+    assert!(server.log_tail(50).contains("connection authorized"));
+
+    drop(client);
+    drop(db);
+    let root = data_dir.parent().unwrap().to_path_buf();
+    let t = Instant::now();
+    drop(server);
+    eprintln!("drop: {:?}", t.elapsed());
+    assert!(!root.exists(), "{} left behind", root.display());
+}
+
+#[tokio::test]
+async fn databases_are_isolated() {
+    let server = shared();
+    let a = server.create_database().await.unwrap();
+    let b = server.create_database().await.unwrap();
+    assert_ne!(a.name(), b.name());
+    assert!(a.name().starts_with("pg_elector_t_"));
+
+    let ca = a.connect().await.unwrap();
+    let cb = b.connect().await.unwrap();
+    let ca2 = a.connect().await.unwrap();
+    // Advisory locks are per database.
+    assert!(try_lock(&ca, 42).await);
+    assert!(!try_lock(&ca2, 42).await);
+    assert!(try_lock(&cb, 42).await);
+
+    // Through a pool too.
+    let pool = b.pool(2);
+    let conn = pool.get().await.unwrap();
+    let row = conn
+        .query_one("SELECT current_database()::text", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), b.name());
+    drop(conn);
+
+    // Dropping a TestDb drops the database, even with sessions open.
+    let name = a.name().to_owned();
+    drop(a);
+    let admin = b.connect().await.unwrap();
+    let n = admin
+        .query_one(
+            "SELECT count(*) FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(n, 0, "database {name} still exists");
+    assert!(ca.simple_query("SELECT 1").await.is_err());
+}
+
+#[test]
+fn shared_is_one_instance_from_any_thread_or_runtime() {
+    let threads: Vec<_> = (0..4)
+        .map(|_| std::thread::spawn(|| shared() as *const PgServer as usize))
+        .collect();
+    let ptrs: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(ptrs.iter().all(|p| *p == ptrs[0]));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let in_rt = rt.block_on(async { shared() as *const PgServer as usize });
+    assert_eq!(in_rt, ptrs[0]);
+    assert!(std::ptr::eq(shared(), PgServer::shared().unwrap()));
+}
+
+#[tokio::test]
+async fn restart_stop_and_start_keep_the_port() {
+    let server = PgServer::spawn().unwrap();
+    let addr = server.addr();
+    let db = server.create_database().await.unwrap();
+
+    for mode in [ShutdownMode::Fast, ShutdownMode::Immediate] {
+        let client = db.connect().await.unwrap();
+        let t = Instant::now();
+        server.restart(mode).unwrap();
+        eprintln!("restart {mode:?}: {:?}", t.elapsed());
+        assert_eq!(server.addr(), addr);
+        assert!(client.simple_query("SELECT 1").await.is_err());
+        let client = db.connect().await.unwrap();
+        client.simple_query("SELECT 1").await.unwrap();
+    }
+
+    server.stop(ShutdownMode::Fast).unwrap();
+    assert!(db.connect().await.is_err());
+    let t = Instant::now();
+    server.start_again().unwrap();
+    eprintln!("start_again: {:?}", t.elapsed());
+    let client = db.connect().await.unwrap();
+    client.simple_query("SELECT 1").await.unwrap();
+}
+
+#[tokio::test]
+async fn external_server_is_usable_but_not_controllable() {
+    let server = shared();
+    let external = PgServer::external(&server.url()).unwrap();
+    assert!(!external.is_private());
+    assert_eq!(external.addr(), server.addr());
+    assert!(external.data_dir().is_none());
+    assert!(matches!(
+        external.restart(ShutdownMode::Fast),
+        Err(HarnessError::NotPrivate)
+    ));
+    let db = external.create_database().await.unwrap();
+    db.connect()
+        .await
+        .unwrap()
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+
+    let err = PgServer::external("postgres://postgres@127.0.0.1:1/postgres").unwrap_err();
+    assert!(err.to_string().contains("DATABASE_URL"), "{err}");
+}
+
+#[tokio::test]
+async fn proxy_pass_forwards() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (client, conn) = db
+        .config_via(proxy.addr())
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    assert_eq!(query_one_i64(&client, "SELECT 7::bigint").await, 7);
+    assert_eq!(proxy.accepted(), 1);
+    assert_eq!(proxy.open(), 1);
+
+    let pool = db.pool_via(proxy.addr(), 2);
+    let a = pool.get().await.unwrap();
+    let b = pool.get().await.unwrap();
+    assert_eq!(query_one_i64(&a, "SELECT 1::bigint").await, 1);
+    assert_eq!(query_one_i64(&b, "SELECT 2::bigint").await, 2);
+    assert_eq!(proxy.accepted(), 3);
+    assert_eq!(proxy.open(), 3);
+
+    drop(client);
+    drop((a, b));
+    drop(pool);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while proxy.open() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(proxy.open(), 0);
+}
+
+#[tokio::test]
+async fn proxy_blackhole_then_pass() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let pool = db.pool_via(proxy.addr(), 4);
+    let old = pool.get().await.unwrap();
+    old.simple_query("SELECT 1").await.unwrap();
+
+    proxy.blackhole();
+    assert!(proxy.is_blackholed());
+    let r = timeout(Duration::from_millis(500), old.simple_query("SELECT 1")).await;
+    assert!(r.is_err(), "query went through a blackhole");
+    assert_eq!(proxy.open(), 1);
+    assert!(!old.is_closed());
+
+    // A new connection is accepted but goes nowhere.
+    let r = timeout(
+        Duration::from_millis(500),
+        db.config_via(proxy.addr()).connect(tokio_postgres::NoTls),
+    )
+    .await;
+    assert!(r.is_err(), "connected through a blackhole");
+    assert_eq!(proxy.accepted(), 2);
+
+    proxy.pass();
+    let fresh = db.pool_via(proxy.addr(), 1);
+    let c = timeout(Duration::from_secs(2), fresh.get())
+        .await
+        .unwrap()
+        .unwrap();
+    c.simple_query("SELECT 1").await.unwrap();
+    // The old connection survived the partition.
+    timeout(Duration::from_secs(2), old.simple_query("SELECT 2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(proxy.accepted(), 3);
+}
+
+#[tokio::test]
+async fn proxy_reset_kills_connections_on_both_sides() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (client, conn) = db
+        .config_via(proxy.addr())
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    assert!(try_lock(&client, 99).await);
+    let direct = db.connect().await.unwrap();
+    assert!(!try_lock(&direct, 99).await);
+
+    let t = Instant::now();
+    proxy.reset();
+    let r = timeout(Duration::from_secs(1), client.simple_query("SELECT 1"))
+        .await
+        .expect("query after reset hung");
+    let err = r.expect_err("query succeeded after reset");
+    eprintln!("after reset ({:?}): {err}", t.elapsed());
+    let conn_result = timeout(Duration::from_secs(1), conn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(conn_result.is_err() || client.is_closed());
+
+    // The server saw the RST: the session ended and released its lock.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !try_lock(&direct, 99).await {
+        assert!(
+            Instant::now() < deadline,
+            "server kept the session after reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("lock free after reset: {:?}", t.elapsed());
+
+    // New connections work in pass mode; the count goes on.
+    let pool = db.pool_via(proxy.addr(), 1);
+    pool.get()
+        .await
+        .unwrap()
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    assert_eq!(proxy.accepted(), 2);
+    assert_eq!(proxy.open(), 1);
+}
+
+#[tokio::test]
+async fn dropping_the_proxy_closes_everything() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let addr = proxy.addr();
+    let (client, conn) = db
+        .config_via(addr)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await.unwrap();
+    drop(proxy);
+    let r = timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await;
+    assert!(matches!(r, Ok(Err(_))), "connection outlived the proxy");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+/// Runs this test binary again with one test selected and extra env vars.
+fn rerun(test: &str, envs: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        test,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+#[test]
+#[ignore = "helper run by missing_binaries_message"]
+fn child_print_spawn_error() {
+    let err = PgServer::spawn().unwrap_err();
+    println!("SPAWN-ERROR: {err}");
+}
+
+#[test]
+fn missing_binaries_message() {
+    let out = rerun("child_print_spawn_error", &[("PG_BINDIR", "/nonexistent")])
+        .wait_with_output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find("SPAWN-ERROR: ").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
+    eprintln!("{line}");
+    for needle in [
+        "PG_BINDIR",
+        "/nonexistent",
+        "apt-get install postgresql",
+        "DATABASE_URL",
+    ] {
+        assert!(line.contains(needle), "{needle:?} missing from {line}");
+    }
+}
+
+#[test]
+#[ignore = "helper run by killed_process_leaves_nothing_behind"]
+fn child_spawn_and_hang() {
+    let server = PgServer::spawn().unwrap();
+    println!("DATA-DIR: {}", server.data_dir().unwrap().display());
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn killed_process_leaves_nothing_behind() {
+    let mut child = rerun("child_spawn_and_hang", &[]);
+    let stdout = child.stdout.take().unwrap();
+    let data_dir = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.find("DATA-DIR: ")
+                .map(|i| std::path::PathBuf::from(&l[i + "DATA-DIR: ".len()..]))
+        })
+        .expect("child printed no data dir");
+    assert!(data_dir.join("postmaster.pid").exists());
+    child.kill().unwrap(); // SIGKILL: no destructor runs.
+    child.wait().unwrap();
+    let root = data_dir.parent().unwrap();
+    assert!(
+        wait_gone(root, Duration::from_secs(15)),
+        "{} left behind",
+        root.display()
+    );
+    // No postmaster of that data dir is left.
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    let needle = data_dir.to_string_lossy();
+    assert!(
+        !ps.lines().any(|l| l.contains(&*needle)),
+        "a process still uses {needle}"
+    );
+}
