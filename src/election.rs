@@ -64,7 +64,7 @@ async fn standby(
     pg: &PgSettings,
     shutdown: &CancellationToken,
     ticks: &mut Interval,
-) -> Option<LockSession> {
+) -> Option<Box<LockSession>> {
     loop {
         tokio::select! {
             biased;
@@ -172,7 +172,7 @@ async fn lead(
 
 /// Gives the lock up at shutdown (E6). The term ends first, so that no instant has two
 /// leaders: a standby can only take the lock after the unlock.
-async fn release(shared: &Shared, pg: &PgSettings, session: LockSession) {
+async fn release(shared: &Shared, pg: &PgSettings, session: Box<LockSession>) {
     shared.demote(TermEnd::Shutdown);
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
@@ -201,7 +201,7 @@ fn lease_length(interval: Duration) -> Duration {
 struct Held<'a> {
     shared: &'a Shared,
     pg: &'a PgSettings,
-    session: Option<LockSession>,
+    session: Option<Box<LockSession>>,
 }
 
 impl Drop for Held<'_> {

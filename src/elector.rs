@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::builder::ElectorBuilder;
@@ -80,6 +81,10 @@ pub(crate) struct Shared {
     lease: Arc<Lease>,
     /// The current term; a standby's ended term while not leading.
     term: Mutex<Term>,
+    /// The one ended term every standby call hands out.
+    standby_term: Term,
+    /// Bumped at every promotion and demotion, for [`Elector::wait_for_leadership`].
+    changes: watch::Sender<u64>,
     /// One `run` at a time (E8).
     running: AtomicBool,
     /// The missing `idle_session_timeout` has been warned about.
@@ -103,6 +108,8 @@ impl Elector {
                 gauge,
                 lease: Arc::new(Lease::default()),
                 term: Mutex::new(Term::not_leader()),
+                standby_term: Term::not_leader(),
+                changes: watch::Sender::new(0),
                 running: AtomicBool::new(false),
                 warned_no_idle_session_timeout: AtomicBool::new(false),
             }),
@@ -129,7 +136,7 @@ impl Elector {
     /// The current term: live on the leader, ended with [`TermEnd::NotLeader`] on a standby.
     pub fn term(&self) -> Term {
         if !self.is_leader() {
-            return Term::not_leader();
+            return self.shared.standby_term.clone();
         }
         lock(&self.shared.term).clone()
     }
@@ -138,6 +145,29 @@ impl Elector {
     /// [`TermEnd::ParentCancelled`]) when `parent` is cancelled.
     pub fn term_with(&self, parent: &CancellationToken) -> Term {
         self.term().linked_to(parent)
+    }
+
+    /// Waits until this replica leads, and returns the live term; at once when it leads now.
+    ///
+    /// Someone must be running [`run`](Self::run) (or promoting a manual elector) for this to
+    /// complete.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future has no effect.
+    pub async fn wait_for_leadership(&self) -> Term {
+        let mut changes = self.shared.changes.subscribe();
+        loop {
+            let term = self.term();
+            if term.is_leader() {
+                return term;
+            }
+            // A closed channel cannot happen while `self` holds the sender; a term that is
+            // live but whose lease expired is demoted by `run` shortly, which is a change.
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Runs one unit of background work on the leader only (E10).
@@ -248,17 +278,19 @@ impl Shared {
         if let Some(gauge) = &self.gauge {
             gauge.set(true);
         }
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// Ends the current term with `end`. The lease goes first, so that whoever is woken by
     /// the term's token already reads `is_leader() == false`.
     pub(crate) fn demote(&self, end: TermEnd) {
         self.lease.clear();
-        let term = std::mem::replace(&mut *lock(&self.term), Term::not_leader());
+        let term = std::mem::replace(&mut *lock(&self.term), self.standby_term.clone());
         term.finish(end);
         if let Some(gauge) = &self.gauge {
             gauge.set(false);
         }
+        self.changes.send_modify(|n| *n += 1);
     }
 }
 

@@ -249,4 +249,24 @@ mod tests {
         assert!(control.promote().is_leader(), "a new term");
         assert!(!term.is_leader(), "the old term stays ended");
     }
+
+    #[tokio::test]
+    async fn wait_for_leadership_completes_at_the_next_promotion() {
+        let (elector, control) = Elector::manual();
+        let waiter = tokio::spawn({
+            let elector = elector.clone();
+            async move { elector.wait_for_leadership().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let term = control.promote();
+        let got = waiter.await.unwrap();
+        assert!(got.is_leader());
+        control.demote();
+        assert_eq!(got.end(), term.end(), "the same term");
+        assert_eq!(got.end(), Some(TermEnd::LeadershipLost));
+        let again = control.promote();
+        assert!(elector.wait_for_leadership().await.is_leader(), "at once while leading");
+        drop(again);
+    }
 }

@@ -60,7 +60,10 @@ pub(crate) enum SessionError {
 /// What a try found.
 pub(crate) enum Attempt {
     /// The lock is ours, on this session; `sent_at` is when the try was sent ([`now_ms`]).
-    Granted { session: LockSession, sent_at: u64 },
+    Granted {
+        session: Box<LockSession>,
+        sent_at: u64,
+    },
     /// Another session holds the lock.
     Refused,
     /// The server is a hot standby (or recovering): it must never yield leadership.
@@ -119,11 +122,11 @@ pub(crate) async fn try_acquire(
     let attempt = match answer.as_str() {
         "granted" => {
             return Ok(Attempt::Granted {
-                session: LockSession {
+                session: Box::new(LockSession {
                     client: Object::take(borrowed.keep()),
                     key,
                     mark,
-                },
+                }),
                 sent_at,
             });
         }

@@ -131,8 +131,7 @@ async fn e7_a_run_dropped_by_a_lost_select_ends_the_term() {
         wait_for(3 * I, || observer.is_leader())
             .await
             .expect("leads");
-        let term = observer.term();
-        term
+        observer.term()
     });
     let term = tokio::select! {
         _ = elector.run(CancellationToken::new()) => unreachable!("run returns only on shutdown"),
