@@ -6,7 +6,7 @@ use deadpool_postgres::Pool;
 use prometheus::Registry;
 
 use crate::elector::{Elector, Mode, PgSettings};
-use crate::metrics::{DEFAULT_GAUGE_NAME, LeaderGauge};
+use crate::metrics::GaugeSpec;
 use crate::{Error, LockKey};
 
 /// The default check interval: 5 s.
@@ -39,8 +39,7 @@ pub struct ElectorBuilder {
     pool: Pool,
     key: LockKey,
     check_interval: Duration,
-    registry: Option<Registry>,
-    gauge_name: String,
+    gauge: GaugeSpec,
 }
 
 impl ElectorBuilder {
@@ -49,8 +48,7 @@ impl ElectorBuilder {
             pool,
             key,
             check_interval: DEFAULT_CHECK_INTERVAL,
-            registry: None,
-            gauge_name: DEFAULT_GAUGE_NAME.to_owned(),
+            gauge: GaugeSpec::default(),
         }
     }
 
@@ -76,13 +74,13 @@ impl ElectorBuilder {
     /// electors of this process that lead (0 or 1 for one key); registering twice is not an
     /// error.
     pub fn registry(mut self, registry: &Registry) -> Self {
-        self.registry = Some(registry.clone());
+        self.gauge.registry = Some(registry.clone());
         self
     }
 
     /// The leader gauge's name (default `pg_elector_leader`).
     pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
-        self.gauge_name = name.into();
+        self.gauge.name = name.into();
         self
     }
 
@@ -101,11 +99,7 @@ impl ElectorBuilder {
         if interval > MAX_CHECK_INTERVAL {
             return Err(Error::IntervalTooLarge { interval });
         }
-        let gauge = self
-            .registry
-            .as_ref()
-            .map(|registry| LeaderGauge::register(registry, &self.gauge_name))
-            .transpose()?;
+        let gauge = self.gauge.register()?;
         Ok(Elector::from_mode(
             Mode::Postgres(PgSettings {
                 pool: self.pool,

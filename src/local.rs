@@ -6,7 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::elector::{Elector, Mode, Shared};
-use crate::metrics::{DEFAULT_GAUGE_NAME, LeaderGauge};
+use crate::metrics::GaugeSpec;
 use crate::term::{Term, TermEnd};
 
 impl Elector {
@@ -51,31 +51,21 @@ impl Elector {
 
 /// Configures a local elector; made by [`Elector::local_builder`].
 #[must_use = "a builder does nothing until it builds"]
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct LocalBuilder {
-    registry: Option<Registry>,
-    gauge_name: String,
-}
-
-impl Default for LocalBuilder {
-    fn default() -> Self {
-        Self {
-            registry: None,
-            gauge_name: DEFAULT_GAUGE_NAME.to_owned(),
-        }
-    }
+    gauge: GaugeSpec,
 }
 
 impl LocalBuilder {
     /// Registers the leader gauge in `registry`, as [`ElectorBuilder::registry`](crate::ElectorBuilder::registry) does. Default: no gauge.
     pub fn registry(mut self, registry: &Registry) -> Self {
-        self.registry = Some(registry.clone());
+        self.gauge.registry = Some(registry.clone());
         self
     }
 
     /// The leader gauge's name (default `pg_elector_leader`).
     pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
-        self.gauge_name = name.into();
+        self.gauge.name = name.into();
         self
     }
 
@@ -112,11 +102,7 @@ impl LocalBuilder {
     }
 
     fn build(self) -> Result<Elector, Error> {
-        let gauge = self
-            .registry
-            .as_ref()
-            .map(|registry| LeaderGauge::register(registry, &self.gauge_name))
-            .transpose()?;
+        let gauge = self.gauge.register()?;
         Ok(Elector::from_mode(Mode::Local, gauge))
     }
 
@@ -266,7 +252,10 @@ mod tests {
         assert_eq!(got.end(), term.end(), "the same term");
         assert_eq!(got.end(), Some(TermEnd::LeadershipLost));
         let again = control.promote();
-        assert!(elector.wait_for_leadership().await.is_leader(), "at once while leading");
+        assert!(
+            elector.wait_for_leadership().await.is_leader(),
+            "at once while leading"
+        );
         drop(again);
     }
 }

@@ -14,6 +14,32 @@ pub const DEFAULT_GAUGE_NAME: &str = "pg_elector_leader";
 
 const HELP: &str = "1 while this replica leads the pg-elector election, 0 otherwise.";
 
+/// Where the leader gauge goes, as the builders collect it.
+#[derive(Debug, Clone)]
+pub(crate) struct GaugeSpec {
+    pub(crate) registry: Option<Registry>,
+    pub(crate) name: String,
+}
+
+impl Default for GaugeSpec {
+    fn default() -> Self {
+        Self {
+            registry: None,
+            name: DEFAULT_GAUGE_NAME.to_owned(),
+        }
+    }
+}
+
+impl GaugeSpec {
+    /// The gauge, registered; `None` without a registry.
+    pub(crate) fn register(&self) -> Result<Option<LeaderGauge>, Error> {
+        self.registry
+            .as_ref()
+            .map(|registry| LeaderGauge::register(registry, &self.name))
+            .transpose()
+    }
+}
+
 /// This elector's share of the leader gauge.
 ///
 /// Electors that are given the same registry and name share one gauge, which counts the
