@@ -1,0 +1,262 @@
+//! A service with a background plane: two leader tickers, a while-leader loop and the
+//! election, all supervised, with `/metrics` and `/readyz`.
+//!
+//!     cargo run --example service
+//!
+//! Run two or more instances against one database and only one of them runs the loops. With
+//! `DATABASE_URL` unset, the first instance starts a private PostgreSQL from the machine's
+//! binaries and a fresh database, and prints `DATABASE_URL=<url>`: start the others with that
+//! URL. (The private server lives as long as that first instance.)
+//!
+//! Environment:
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `DATABASE_URL` | a private server | the database the instances share |
+//! | `LISTEN` | `127.0.0.1:8080` | the HTTP address (`127.0.0.1:0`: any free port) |
+//! | `CHECK_INTERVAL_MS` | `1000` | the elector's check interval |
+//! | `TICK_MS` | `500` | the tickers' period |
+//!
+//! Routes:
+//!
+//! - `GET /metrics`: the registry in Prometheus text format (`pg_elector_leader` is 1 on the
+//!   leader, `service_ticks_total{loop,outcome}` counts ticks);
+//! - `GET /readyz`: 200 `ok`, or 503 naming the failing loops;
+//! - `POST /fail-ticks?count=N`: the next N leader ticks of `sweep` fail (default 1), which
+//!   turns this instance's `/readyz` to 503 while it leads, until a later tick succeeds.
+//!
+//! The instance prints `listening on http://<addr>` once it serves, and stops gracefully on
+//! SIGINT or SIGTERM (the leader unlocks, so another instance takes over within one interval).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use pg_elector::background::{LeaderTicker, Readiness, Supervisor, WhileLeader};
+use pg_elector::{Elector, LockKey};
+use pg_elector_harness::{PgServer, TestDb, pool_from_config};
+use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use tokio_util::sync::CancellationToken;
+
+const KEY: LockKey = LockKey::new(0x7376_6365, 1); // "svce"
+
+#[derive(Clone)]
+struct App {
+    registry: Registry,
+    readiness: Readiness,
+    fail_ticks: Arc<AtomicU32>,
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = serve().await {
+        eprintln!("service failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|e| format!("{name}={v:?}: {e}")),
+        Err(_) => Ok(Duration::from_millis(default)),
+    }
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+    let interval = env_ms("CHECK_INTERVAL_MS", 1000)?;
+    let period = env_ms("TICK_MS", 500)?;
+    let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:8080".into());
+
+    // The database: DATABASE_URL, or a fresh one on a private server (kept until exit).
+    let (url, _db): (String, Option<TestDb>) = match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.trim().is_empty() => (url.trim().to_owned(), None),
+        _ => {
+            let db = PgServer::shared()?.create_database().await?;
+            (db.url(), Some(db))
+        }
+    };
+    println!("DATABASE_URL={url}");
+    let pool = pool_from_config(url.parse()?, 4);
+
+    let registry = Registry::new();
+    let elector = Elector::builder(pool, KEY)
+        .check_interval(interval)
+        .registry(&registry)
+        .build()?;
+    let ticks = IntCounterVec::new(
+        Opts::new("service_ticks_total", "Leader ticks by loop and outcome."),
+        &["loop", "outcome"],
+    )?;
+    registry.register(Box::new(ticks.clone()))?;
+
+    let readiness = Readiness::new();
+    let fail_ticks = Arc::new(AtomicU32::new(0));
+
+    // Two leader tickers; `sweep` fails on demand.
+    let sweep = LeaderTicker::new("sweep", &elector, period).probe(&readiness.probe("sweep"));
+    let expire = LeaderTicker::new("expire", &elector, period).probe(&readiness.probe("expire"));
+    // A self-paced loop: a batch every 100 ms while this term lasts.
+    let outbox = WhileLeader::new("outbox", &elector).probe(&readiness.probe("outbox"));
+
+    let supervisor = Supervisor::new()
+        .worker("pg-elector", {
+            let elector = elector.clone();
+            move |token| {
+                let elector = elector.clone();
+                async move { elector.run(token).await }
+            }
+        })
+        .worker("sweep", {
+            let (ticks, fail_ticks) = (ticks.clone(), fail_ticks.clone());
+            move |token| {
+                let (sweep, ticks, fail_ticks) = (sweep.clone(), ticks.clone(), fail_ticks.clone());
+                async move {
+                    sweep
+                        .run(token, |_term| {
+                            let fail = fail_ticks
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                            let outcome = if fail { "failed" } else { "ok" };
+                            ticks.with_label_values(&["sweep", outcome]).inc();
+                            async move {
+                                if fail {
+                                    Err("failure requested through /fail-ticks")
+                                } else {
+                                    Ok(())
+                                }
+                            }
+                        })
+                        .await
+                }
+            }
+        })
+        .worker("expire", {
+            let ticks = ticks.clone();
+            move |token| {
+                let (expire, ticks) = (expire.clone(), ticks.clone());
+                async move {
+                    expire
+                        .run(token, |_term| {
+                            ticks.with_label_values(&["expire", "ok"]).inc();
+                            async { Ok::<_, std::io::Error>(()) }
+                        })
+                        .await
+                }
+            }
+        })
+        .worker("outbox", {
+            let ticks = ticks.clone();
+            move |token| {
+                let (outbox, ticks) = (outbox.clone(), ticks.clone());
+                async move {
+                    outbox
+                        .run(token, |term| {
+                            let ticks = ticks.clone();
+                            async move {
+                                while term.is_leader() {
+                                    ticks.with_label_values(&["outbox", "ok"]).inc();
+                                    tokio::select! {
+                                        _ = term.cancelled() => {}
+                                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                                    }
+                                }
+                                Ok::<_, std::io::Error>(())
+                            }
+                        })
+                        .await
+                }
+            }
+        });
+    readiness.add(&supervisor.probe());
+
+    let app = App {
+        registry,
+        readiness,
+        fail_ticks,
+    };
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz))
+        .route("/fail-ticks", post(fail))
+        .with_state(app);
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+
+    let shutdown = CancellationToken::new();
+    let signals = {
+        let shutdown = shutdown.clone();
+        async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("a SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+                _ = shutdown.cancelled() => {}
+            }
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        }
+    };
+    let http =
+        axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let (http, (), ()) = tokio::join!(
+        async {
+            let served = http.await;
+            shutdown.cancel(); // a failed server stops the rest too
+            served
+        },
+        supervisor.run(shutdown.clone()),
+        signals,
+    );
+    http?;
+    Ok(())
+}
+
+async fn metrics(State(app): State<App>) -> (StatusCode, String) {
+    let mut text = Vec::new();
+    match TextEncoder::new().encode(&app.registry.gather(), &mut text) {
+        Ok(()) => (StatusCode::OK, String::from_utf8_lossy(&text).into_owned()),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn readyz(State(app): State<App>) -> (StatusCode, String) {
+    let report = app.readiness.check();
+    let status =
+        StatusCode::from_u16(report.status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    (status, report.body())
+}
+
+async fn fail(
+    State(app): State<App>,
+    Query(params): Query<HashMap<String, String>>,
+) -> (StatusCode, String) {
+    let count = match params.get("count").map(|c| c.parse::<u32>()) {
+        None => 1,
+        Some(Ok(n)) => n,
+        Some(Err(e)) => return (StatusCode::BAD_REQUEST, format!("count: {e}\n")),
+    };
+    app.fail_ticks.store(count, Ordering::SeqCst);
+    (
+        StatusCode::OK,
+        format!("the next {count} sweep ticks on the leader fail\n"),
+    )
+}

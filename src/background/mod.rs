@@ -1,0 +1,75 @@
+//! The background plane: running a service's background work on the leader only.
+//!
+//! | rule | piece |
+//! |---|---|
+//! | B1 | [`LeaderTicker`]: a named tick every period, on the leader, panics caught |
+//! | B2 | [`WhileLeader`]: a self-paced loop handed one term at a time |
+//! | B3 | [`Probe`] per loop, [`Readiness`] for `/readyz` |
+//! | B4 | [`Gate`]: open on the leader, always open without an elector |
+//! | B5 | [`Supervisor`]: named workers restarted with backoff within a budget |
+//!
+//! A service typically builds one [`Elector`](crate::Elector), wraps each periodic job in a
+//! [`LeaderTicker`] and each self-paced one in a [`WhileLeader`], gives every loop a probe
+//! from one [`Readiness`] set, and runs the elector's `run` and every loop as workers of one
+//! [`Supervisor`]:
+//!
+//! ```
+//! use std::time::Duration;
+//! use pg_elector::Elector;
+//! use pg_elector::background::{LeaderTicker, Readiness, Supervisor, WhileLeader};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // Elector::builder(pool, key).registry(&registry).build()? in a fleet.
+//! let elector = Elector::always_leader();
+//! let readiness = Readiness::new();
+//! let expire = LeaderTicker::new("invitations-expire", &elector, Duration::from_secs(30))
+//!     .probe(&readiness.probe("invitations-expire"));
+//! let archiver = WhileLeader::new("audit-archiver", &elector);
+//!
+//! let supervisor = Supervisor::new()
+//!     .worker("pg-elector", {
+//!         let elector = elector.clone();
+//!         move |token| {
+//!             let elector = elector.clone();
+//!             async move { elector.run(token).await }
+//!         }
+//!     })
+//!     .worker("invitations-expire", move |token| {
+//!         let expire = expire.clone();
+//!         async move { expire.run(token, |_term| async { Ok::<_, std::io::Error>(()) }).await }
+//!     })
+//!     .worker("audit-archiver", move |token| {
+//!         let archiver = archiver.clone();
+//!         async move {
+//!             archiver.run(token, |term| async move {
+//!                 term.cancelled().await; // ... archive batches until the term ends ...
+//!                 Ok::<_, std::io::Error>(())
+//!             })
+//!             .await
+//!         }
+//!     });
+//! readiness.add(&supervisor.probe());
+//!
+//! let shutdown = CancellationToken::new();
+//! shutdown.cancel(); // at SIGTERM, in a real service
+//! supervisor.run(shutdown).await;
+//! assert_eq!(readiness.check().status_code(), 200);
+//! # }
+//! ```
+
+mod gate;
+mod panic;
+mod probe;
+mod readiness;
+mod supervisor;
+mod ticker;
+mod while_leader;
+
+pub use gate::Gate;
+pub use panic::install_panic_hook;
+pub use probe::{Probe, ProbeStatus, TickOutcome};
+pub use readiness::{FailingProbe, Readiness, ReadinessReport};
+pub use supervisor::{DEFAULT_SUPERVISOR_PROBE, RestartPolicy, Supervisor, WorkerResult};
+pub use ticker::LeaderTicker;
+pub use while_leader::WhileLeader;

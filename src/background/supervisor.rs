@@ -1,0 +1,452 @@
+//! The worker supervisor (B5): named workers, restarted with backoff within a budget.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::panic::catch_panic;
+use super::probe::{Probe, TickOutcome};
+
+/// The supervisor probe's default name.
+pub const DEFAULT_SUPERVISOR_PROBE: &str = "workers";
+
+/// What a worker's future may return: `()` or `Result<(), E>` with a displayable `E`.
+pub trait WorkerResult {
+    /// `Ok(())` when the worker finished, `Err` with the error's text when it failed.
+    fn into_worker_result(self) -> Result<(), String>;
+}
+
+impl WorkerResult for () {
+    fn into_worker_result(self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl<E: fmt::Display> WorkerResult for Result<(), E> {
+    fn into_worker_result(self) -> Result<(), String> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+type BoxedRun = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+type Factory = Box<dyn FnMut(CancellationToken) -> BoxedRun + Send>;
+
+/// How a [`Supervisor`] restarts a worker that failed.
+///
+/// After a failure (an `Err` or a panic), the worker waits `initial · 2^r`, capped at `max`,
+/// where `r` is the number of its restarts within the last `window`, and then starts again,
+/// unless it already had `budget` restarts within the `window`: then it stops for good,
+/// and the supervisor's probe reports it. A worker that fails rarely thus restarts after
+/// `initial`, and one that fails in a loop backs off and, past its budget, stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct RestartPolicy {
+    initial: Duration,
+    max: Duration,
+    budget: u32,
+    window: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            budget: 5,
+            window: Duration::from_secs(600),
+        }
+    }
+}
+
+impl RestartPolicy {
+    /// The default policy: backoff from 1 s up to 60 s, at most 5 restarts within 10 min.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The first backoff (default 1 s) and its cap (default 60 s). A cap below `initial` is
+    /// raised to `initial`.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial = initial;
+        self.max = max.max(initial);
+        self
+    }
+
+    /// At most `restarts` restarts within `window` (default 5 within 10 minutes). A budget of
+    /// zero never restarts.
+    pub fn budget(mut self, restarts: u32, window: Duration) -> Self {
+        self.budget = restarts;
+        self.window = window;
+        self
+    }
+
+    /// The wait before a restart, given the restarts already counted in the window.
+    pub fn backoff_after(&self, restarts_in_window: u32) -> Duration {
+        let factor = 2u32.saturating_pow(restarts_in_window);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// The restarts of one worker within the policy's window.
+#[derive(Debug, Default)]
+struct Restarts {
+    at: VecDeque<Instant>,
+}
+
+impl Restarts {
+    /// After a failure at `now`: the wait before the restart, or `None` past the budget.
+    fn next(&mut self, policy: &RestartPolicy, now: Instant) -> Option<Duration> {
+        while self
+            .at
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) >= policy.window)
+        {
+            self.at.pop_front();
+        }
+        let counted = u32::try_from(self.at.len()).unwrap_or(u32::MAX);
+        if counted >= policy.budget {
+            return None;
+        }
+        self.at.push_back(now);
+        Some(policy.backoff_after(counted))
+    }
+}
+
+/// Runs named workers, restarts those that fail, and stops them all at shutdown (B5).
+///
+/// A worker is a function that is given a [`CancellationToken`] and returns a future: it
+/// should return when the token is cancelled. Each worker runs in its own task. When its
+/// future returns an error or panics, the worker is restarted (by calling the function again)
+/// after a backoff, within a restart budget (see [`RestartPolicy`]); past the budget it stops
+/// for good and the supervisor's [`probe`](Self::probe) fails, naming it. A worker that
+/// returns `Ok` (or `()`) before shutdown is done and not restarted.
+///
+/// Run the elector's [`run`](crate::Elector::run) as one of the workers: this is the
+/// documented way to start the election, and a panic in it is then logged and restarted
+/// (`run` may be called again after a panic; see E7/E8).
+///
+/// Logs: ERROR `worker panicked` (`worker`, `panic`, `location`, `backtrace`), WARN
+/// `worker failed` (`worker`, `error`, `restart_in`), ERROR `worker stopped: restart
+/// budget spent` (`worker`, `error`).
+///
+/// ```
+/// use std::time::Duration;
+/// use pg_elector::Elector;
+/// use pg_elector::background::{LeaderTicker, Supervisor};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let elector = Elector::always_leader(); // Elector::builder(pool, key).build()? in production
+/// let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(10));
+///
+/// let supervisor = Supervisor::new()
+///     .worker("pg-elector", {
+///         let elector = elector.clone();
+///         move |token| {
+///             let elector = elector.clone();
+///             async move { elector.run(token).await }
+///         }
+///     })
+///     .worker("sweep", move |token| {
+///         let ticker = ticker.clone();
+///         async move {
+///             ticker.run(token, |_term| async { Ok::<_, std::io::Error>(()) }).await
+///         }
+///     });
+/// let probe = supervisor.probe(); // add it to the Readiness set of /readyz
+///
+/// let shutdown = CancellationToken::new();
+/// let stopper = shutdown.clone();
+/// tokio::spawn(async move {
+///     tokio::time::sleep(Duration::from_millis(50)).await;
+///     stopper.cancel();
+/// });
+/// supervisor.run(shutdown).await; // returns once every worker has stopped
+/// assert!(probe.status().is_pass());
+/// assert!(!elector.is_leader(), "the election was shut down");
+/// # }
+/// ```
+#[must_use = "a supervisor does nothing until it is run"]
+pub struct Supervisor {
+    workers: Vec<(Arc<str>, Factory)>,
+    policy: RestartPolicy,
+    shutdown_timeout: Duration,
+    probe: Probe,
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Supervisor {
+    /// A supervisor with no workers, the default [`RestartPolicy`], a shutdown timeout of
+    /// 30 s, and a probe named [`DEFAULT_SUPERVISOR_PROBE`] (`workers`).
+    pub fn new() -> Self {
+        Self {
+            workers: Vec::new(),
+            policy: RestartPolicy::default(),
+            shutdown_timeout: Duration::from_secs(30),
+            probe: Probe::new(DEFAULT_SUPERVISOR_PROBE),
+        }
+    }
+
+    /// The restart policy of every worker. Default: [`RestartPolicy::default`].
+    pub fn restart_policy(mut self, policy: RestartPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How long [`run`](Self::run) waits for the workers after shutdown before it aborts the
+    /// ones still running (each is named in a WARN line). Default 30 s.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Names the supervisor's probe. Default [`DEFAULT_SUPERVISOR_PROBE`] (`workers`).
+    pub fn probe_name(mut self, name: impl Into<String>) -> Self {
+        self.probe = Probe::new(name);
+        self
+    }
+
+    /// Adds a worker named `name`. `start` is called for each (re)start with a token that is
+    /// cancelled at shutdown.
+    pub fn worker<F, Fut>(mut self, name: impl Into<String>, mut start: F) -> Self
+    where
+        F: FnMut(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkerResult,
+    {
+        let factory: Factory = Box::new(move |token| {
+            let run = start(token);
+            Box::pin(async move { run.await.into_worker_result() })
+        });
+        let name: String = name.into();
+        self.workers.push((name.into(), factory));
+        self
+    }
+
+    /// The probe that fails once a worker stopped for good, naming every such worker. Add it
+    /// to the [`Readiness`](super::Readiness) set; take it before [`run`](Self::run).
+    pub fn probe(&self) -> Probe {
+        self.probe.clone()
+    }
+
+    /// Runs every worker until `shutdown` is cancelled, then cancels them all and waits for
+    /// them (at most the [shutdown timeout](Self::shutdown_timeout)).
+    ///
+    /// Each worker runs in a task spawned on the current runtime. Returns once every task has
+    /// ended, early when all workers have finished or stopped.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping this future aborts every worker's task (each worker's future is dropped at
+    /// its current `.await`); no task outlives it.
+    pub async fn run(self, shutdown: CancellationToken) {
+        super::install_panic_hook();
+        let stopped = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut tasks = JoinSet::new();
+        let mut running = Vec::new();
+        for (name, factory) in self.workers {
+            let watch = Watch {
+                name: name.clone(),
+                policy: self.policy,
+                probe: self.probe.clone(),
+                stopped: stopped.clone(),
+            };
+            let span = tracing::info_span!("worker", worker = %name);
+            let task = supervise(watch, factory, shutdown.clone()).instrument(span);
+            running.push((tasks.spawn(task).id(), name));
+        }
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                joined = tasks.join_next_with_id() => match joined {
+                    None => return,
+                    Some(joined) => joined_one(&mut running, joined),
+                },
+            }
+        }
+        let waited = tokio::time::timeout(self.shutdown_timeout, async {
+            while let Some(joined) = tasks.join_next_with_id().await {
+                joined_one(&mut running, joined);
+            }
+        })
+        .await;
+        if waited.is_err() {
+            let names: Vec<&str> = running.iter().map(|(_, name)| &**name).collect();
+            tracing::warn!(
+                workers = ?names,
+                timeout = ?self.shutdown_timeout,
+                "workers did not stop within the shutdown timeout; aborting them"
+            );
+            tasks.shutdown().await;
+        }
+    }
+}
+
+/// Takes a finished task off the running list; a task that did not end normally is logged
+/// (the supervision loop catches the worker's panics, so that is a bug or an abort).
+fn joined_one(
+    running: &mut Vec<(tokio::task::Id, Arc<str>)>,
+    joined: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+) {
+    let id = match &joined {
+        Ok((id, ())) => *id,
+        Err(e) => e.id(),
+    };
+    let Some(at) = running.iter().position(|(task, _)| *task == id) else {
+        return;
+    };
+    let (_, name) = running.swap_remove(at);
+    if let Err(e) = joined {
+        tracing::error!(worker = %name, error = %e, "worker task ended abnormally");
+    }
+}
+
+impl fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Supervisor")
+            .field(
+                "workers",
+                &self.workers.iter().map(|(n, _)| &**n).collect::<Vec<_>>(),
+            )
+            .field("policy", &self.policy)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("probe", &self.probe)
+            .finish()
+    }
+}
+
+/// What one worker's supervision loop reports to.
+struct Watch {
+    name: Arc<str>,
+    policy: RestartPolicy,
+    probe: Probe,
+    stopped: Arc<Mutex<Vec<String>>>,
+}
+
+impl Watch {
+    fn give_up(&self, error: &str) {
+        tracing::error!(worker = %self.name, error = %error, "worker stopped: restart budget spent");
+        let mut stopped = crate::term::lock(&self.stopped);
+        stopped.push(format!(
+            "worker {:?} stopped after its restart budget ({} within {:?}); last error: {error}",
+            &*self.name, self.policy.budget, self.policy.window
+        ));
+        self.probe.record(TickOutcome::Failed(stopped.join("; ")));
+    }
+}
+
+/// Runs one worker, restarting it per the policy, until shutdown or the budget is spent.
+async fn supervise(watch: Watch, mut start: Factory, shutdown: CancellationToken) {
+    let mut restarts = Restarts::default();
+    loop {
+        let token = shutdown.child_token();
+        tracing::debug!(worker = %watch.name, "worker starting");
+        let error = match catch_panic(start(token)).await {
+            Ok(Ok(())) => {
+                if shutdown.is_cancelled() {
+                    tracing::debug!(worker = %watch.name, "worker stopped");
+                } else {
+                    tracing::info!(worker = %watch.name, "worker finished; it is not restarted");
+                }
+                return;
+            }
+            Ok(Err(error)) => error,
+            Err(panic) => {
+                tracing::error!(
+                    worker = %watch.name,
+                    panic = %panic.message,
+                    location = panic.location.as_deref().unwrap_or("unknown"),
+                    backtrace = %panic.backtrace,
+                    "worker panicked"
+                );
+                format!("panicked: {}", panic.message)
+            }
+        };
+        if shutdown.is_cancelled() {
+            tracing::debug!(worker = %watch.name, error = %error, "worker failed during shutdown");
+            return;
+        }
+        let Some(wait) = restarts.next(&watch.policy, Instant::now()) else {
+            watch.give_up(&error);
+            return;
+        };
+        tracing::warn!(worker = %watch.name, error = %error, restart_in = ?wait, "worker failed");
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn b5_backoff_doubles_up_to_its_cap() {
+        let policy =
+            RestartPolicy::new().backoff(Duration::from_millis(100), Duration::from_millis(500));
+        let waits: Vec<_> = (0..5)
+            .map(|r| policy.backoff_after(r).as_millis())
+            .collect();
+        assert_eq!(waits, [100, 200, 400, 500, 500]);
+        assert_eq!(policy.backoff_after(u32::MAX), Duration::from_millis(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn b5_budget_counts_restarts_within_the_window() {
+        let policy = RestartPolicy::new()
+            .backoff(Duration::from_secs(1), Duration::from_secs(60))
+            .budget(3, Duration::from_secs(60));
+        let mut restarts = Restarts::default();
+        let t0 = Instant::now();
+        assert_eq!(restarts.next(&policy, t0), Some(Duration::from_secs(1)));
+        assert_eq!(
+            restarts.next(&policy, t0 + Duration::from_secs(10)),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            restarts.next(&policy, t0 + Duration::from_secs(20)),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(
+            restarts.next(&policy, t0 + Duration::from_secs(30)),
+            None,
+            "4th within 60 s"
+        );
+        // Once the first restart leaves the window, there is room for one more.
+        assert_eq!(
+            restarts.next(&policy, t0 + Duration::from_secs(60)),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(
+            RestartPolicy::new()
+                .budget(0, Duration::from_secs(1))
+                .budget,
+            0
+        );
+        assert_eq!(
+            Restarts::default().next(&RestartPolicy::new().budget(0, Duration::from_secs(1)), t0),
+            None,
+            "a zero budget never restarts"
+        );
+    }
+}

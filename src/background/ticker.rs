@@ -1,0 +1,230 @@
+//! The leader ticker (B1): a named tick on a fixed period, on the leader only.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::gate::Gate;
+use super::panic::catch_panic;
+use super::probe::{Probe, TickOutcome};
+use crate::Term;
+
+/// Runs a named tick every period on the leader (B1).
+///
+/// Before each tick the ticker asks the gate's [`do_work`](crate::Elector::do_work): on a
+/// standby the tick is not called; on the leader it gets the term, so it can stop early when
+/// leadership ends. Then, per tick:
+///
+/// | outcome | log | probe |
+/// |---|---|---|
+/// | standby (tick not called) | none | [`TickOutcome::Standby`] |
+/// | leader, `Ok(())` | DEBUG | [`TickOutcome::Succeeded`] |
+/// | leader, `Err(e)` | WARN `tick failed`, fields `loop_name`, `error` | [`TickOutcome::Failed`] |
+/// | demoted while the tick ran | INFO (by `do_work`) | [`TickOutcome::Standby`] |
+/// | tick panicked | ERROR `tick panicked`, fields `loop_name`, `panic`, `location`, `backtrace` | [`TickOutcome::Failed`] `tick panicked: <message>` |
+///
+/// Either way the ticker goes on ticking. A panic is caught at the tick (see
+/// [`install_panic_hook`](super::install_panic_hook) for how its backtrace is captured).
+///
+/// **Cadence.** The first tick runs at once (unless [`tick_at_start(false)`](Self::tick_at_start)),
+/// then ticks run on a fixed grid of one period, one at a time. A tick that overruns its
+/// period makes the ticker skip the grid points it covered: the next tick starts at the next
+/// grid point, so missed ticks never run in a burst and ticks start at least one period apart.
+///
+/// ```
+/// use std::time::Duration;
+/// use pg_elector::Elector;
+/// use pg_elector::background::{LeaderTicker, Probe};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let (elector, control) = Elector::manual();
+/// control.promote();
+/// let probe = Probe::new("invitations-expire");
+/// let ticker = LeaderTicker::new("invitations-expire", &elector, Duration::from_millis(10))
+///     .probe(&probe);
+///
+/// let shutdown = CancellationToken::new();
+/// let mut ticks = 0;
+/// ticker
+///     .run(shutdown.clone(), |_term| {
+///         ticks += 1;
+///         if ticks == 3 {
+///             shutdown.cancel();
+///         }
+///         async { Ok::<_, std::io::Error>(()) }
+///     })
+///     .await;
+/// assert_eq!(ticks, 3);
+/// assert!(probe.status().is_pass());
+/// # }
+/// ```
+#[derive(Clone)]
+#[must_use = "a ticker does nothing until it is run"]
+pub struct LeaderTicker {
+    name: Arc<str>,
+    gate: Gate,
+    period: Duration,
+    probe: Option<Probe>,
+    tick_at_start: bool,
+}
+
+impl LeaderTicker {
+    /// A ticker named `name` (the `loop_name` of its log lines) that ticks every `period`
+    /// while `gate` is open.
+    ///
+    /// # Panics
+    ///
+    /// When `period` is zero.
+    pub fn new(name: impl Into<String>, gate: impl Into<Gate>, period: Duration) -> Self {
+        let name: String = name.into();
+        assert!(
+            !period.is_zero(),
+            "the period of leader ticker {name:?} must not be zero"
+        );
+        Self {
+            name: name.into(),
+            gate: gate.into(),
+            period,
+            probe: None,
+            tick_at_start: true,
+        }
+    }
+
+    /// Reports every tick's outcome to `probe` (a clone of it). Default: no probe.
+    pub fn probe(mut self, probe: &Probe) -> Self {
+        self.probe = Some(probe.clone());
+        self
+    }
+
+    /// Whether the first tick runs as soon as the ticker starts (`true`, the default) or one
+    /// period later.
+    pub fn tick_at_start(mut self, yes: bool) -> Self {
+        self.tick_at_start = yes;
+        self
+    }
+
+    /// The loop's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Ticks until `shutdown` is cancelled.
+    ///
+    /// `tick` is called once per tick, on the leader only, with the term; its future need
+    /// not be `'static` or `Send` unless the caller spawns this future.
+    ///
+    /// # Cancel safety
+    ///
+    /// When `shutdown` is cancelled, or this future is dropped, a tick in flight is dropped at
+    /// its current `.await` (a tick that must finish a step should make that step cancel safe,
+    /// for example by running it in one transaction). Nothing outlives the future.
+    pub async fn run<F, Fut, E>(&self, shutdown: CancellationToken, mut tick: F)
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        super::install_panic_hook();
+        let mut due = Instant::now();
+        if !self.tick_at_start {
+            due += self.period;
+        }
+        tracing::debug!(loop_name = %self.name, period = ?self.period, "leader ticker started");
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep_until(due) => {}
+            }
+            let work = self.gate.do_work(&mut tick);
+            let span = tracing::debug_span!("tick", loop_name = %self.name);
+            let outcome = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                outcome = catch_panic(work).instrument(span) => outcome,
+            };
+            let recorded = match outcome {
+                Ok(Ok(Some(()))) => {
+                    tracing::debug!(loop_name = %self.name, "tick done");
+                    TickOutcome::Succeeded
+                }
+                Ok(Ok(None)) => TickOutcome::Standby,
+                Ok(Err(error)) => {
+                    tracing::warn!(loop_name = %self.name, error = %error, "tick failed");
+                    TickOutcome::Failed(error.to_string())
+                }
+                Err(panic) => {
+                    tracing::error!(
+                        loop_name = %self.name,
+                        panic = %panic.message,
+                        location = panic.location.as_deref().unwrap_or("unknown"),
+                        backtrace = %panic.backtrace,
+                        "tick panicked"
+                    );
+                    TickOutcome::Failed(format!(
+                        "background loop {:?}: tick panicked: {}",
+                        &*self.name, panic.message
+                    ))
+                }
+            };
+            if let Some(probe) = &self.probe {
+                probe.record(recorded);
+            }
+            due = next_due(due, self.period, Instant::now());
+        }
+        tracing::debug!(loop_name = %self.name, "leader ticker stopped");
+    }
+}
+
+/// The first grid point (`due + k·period`, k ≥ 1) that is not in the past: grid points a tick
+/// overran are skipped, never run late in a row.
+fn next_due(due: Instant, period: Duration, now: Instant) -> Instant {
+    let next = due + period;
+    if next >= now {
+        return next;
+    }
+    let behind = now.duration_since(next).as_nanos();
+    let periods = behind.div_ceil(period.as_nanos());
+    let periods = u32::try_from(periods).unwrap_or(u32::MAX);
+    next + period.saturating_mul(periods)
+}
+
+impl fmt::Debug for LeaderTicker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderTicker")
+            .field("name", &self.name)
+            .field("period", &self.period)
+            .field("gate", &self.gate)
+            .field("probe", &self.probe.as_ref().map(Probe::name))
+            .field("tick_at_start", &self.tick_at_start)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn b1_the_next_tick_is_the_next_grid_point_not_in_the_past() {
+        let t0 = Instant::now();
+        let p = Duration::from_millis(100);
+        let ms = |d: u64| Duration::from_millis(d);
+        assert_eq!(next_due(t0, p, t0 + ms(10)), t0 + ms(100), "on time");
+        assert_eq!(next_due(t0, p, t0 + ms(100)), t0 + ms(100), "just in time");
+        assert_eq!(next_due(t0, p, t0 + ms(101)), t0 + ms(200), "one skipped");
+        assert_eq!(next_due(t0, p, t0 + ms(250)), t0 + ms(300));
+        assert_eq!(next_due(t0, p, t0 + ms(300)), t0 + ms(300));
+    }
+}

@@ -1,0 +1,210 @@
+//! The while-leader launcher (B2): a self-paced loop that runs for one term at a time.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::gate::Gate;
+use super::panic::catch_panic;
+use super::probe::{Probe, TickOutcome};
+use crate::Term;
+
+/// Runs a self-paced loop on the leader, one leadership term at a time (B2).
+///
+/// For each term this replica leads, the launcher calls the loop once with that term (linked
+/// to the launcher's shutdown token). When the term ends, the term's token is cancelled, so a
+/// loop that watches it can see the end; after the [grace](Self::stop_grace) (none by
+/// default) the launcher drops the loop's future, waits for the next term and starts the
+/// loop again.
+///
+/// A loop that returns while its term is still live (`Ok`, `Err` or a panic) is not spun:
+/// it is started again only in a later term. An `Err` while leading logs WARN `loop failed`
+/// (`loop_name`, `error`), a panic logs ERROR `loop panicked` (`loop_name`, `panic`,
+/// `location`, `backtrace`); an outcome that arrives after the term ended is dropped, as
+/// [`do_work`](crate::Elector::do_work) drops it.
+///
+/// **Waiting for a term.** The launcher waits on
+/// [`Elector::wait_for_leadership`](crate::Elector::wait_for_leadership), so a new term starts
+/// the loop at once, with no polling; the end of a term is seen at once, through its token.
+///
+/// **Probe.** With a [probe](Self::probe), the launcher records: standby (pass) when it finds
+/// this replica not leading, success (pass) when the loop starts in a new term, and the
+/// failure (or panic) when the loop fails while leading, which stays until the next term
+/// starts the loop again or the replica is seen standby.
+///
+/// ```
+/// use std::time::Duration;
+/// use pg_elector::Elector;
+/// use pg_elector::background::WhileLeader;
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let (elector, control) = Elector::manual();
+/// let shutdown = CancellationToken::new();
+/// let archiver = WhileLeader::new("audit-archiver", &elector);
+/// let launcher = tokio::spawn({
+///     let shutdown = shutdown.clone();
+///     async move {
+///         archiver
+///             .run(shutdown, |term| async move {
+///                 while !term.token().is_cancelled() {
+///                     // ... archive one batch, then pace ...
+///                     tokio::select! {
+///                         _ = term.cancelled() => {}
+///                         _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+///                     }
+///                 }
+///                 Ok::<_, std::io::Error>(())
+///             })
+///             .await
+///     }
+/// });
+///
+/// control.promote(); // the loop starts at once
+/// tokio::time::sleep(Duration::from_millis(50)).await;
+/// control.demote(); // its term's token is cancelled, and the loop stops
+/// shutdown.cancel();
+/// launcher.await.unwrap();
+/// # }
+/// ```
+#[derive(Clone)]
+#[must_use = "a launcher does nothing until it is run"]
+pub struct WhileLeader {
+    name: Arc<str>,
+    gate: Gate,
+    grace: Duration,
+    probe: Option<Probe>,
+}
+
+impl WhileLeader {
+    /// A launcher for the loop `name` (the `loop_name` of its log lines), run while `gate` is
+    /// open.
+    pub fn new(name: impl Into<String>, gate: impl Into<Gate>) -> Self {
+        let name: String = name.into();
+        Self {
+            name: name.into(),
+            gate: gate.into(),
+            grace: Duration::ZERO,
+            probe: None,
+        }
+    }
+
+    /// How long a loop may keep running after its term ended, to finish what it does on
+    /// seeing the term's token, before its future is dropped. Default zero: dropped at once.
+    ///
+    /// Another replica may lead during the grace, so keep it short.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Reports the loop's state to `probe` (a clone of it). Default: no probe.
+    pub fn probe(mut self, probe: &Probe) -> Self {
+        self.probe = Some(probe.clone());
+        self
+    }
+
+    /// The loop's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs the loop in every term this replica leads, until `shutdown` is cancelled.
+    ///
+    /// `run_loop` is called once per term; its future need not be `'static` or `Send`
+    /// unless the caller spawns this future.
+    ///
+    /// # Cancel safety
+    ///
+    /// On shutdown the loop's term ends too (with
+    /// [`TermEnd::ParentCancelled`](crate::TermEnd::ParentCancelled)), and the loop is stopped
+    /// as at the end of any term, grace included. Dropping this future drops the loop's
+    /// future at once. Nothing outlives the future.
+    pub async fn run<F, Fut, E>(&self, shutdown: CancellationToken, mut run_loop: F)
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        super::install_panic_hook();
+        tracing::debug!(loop_name = %self.name, "while-leader launcher started");
+        loop {
+            if !self.gate.is_open() {
+                self.record(TickOutcome::Standby);
+            }
+            let Some(term) = self.gate.next_term(&shutdown).await else {
+                break;
+            };
+            tracing::debug!(loop_name = %self.name, "loop starting for a new term");
+            self.record(TickOutcome::Succeeded);
+            let span = tracing::debug_span!("while_leader", loop_name = %self.name);
+            let outcome = {
+                // Scoped, so the loop's future is dropped as soon as it is stopped.
+                let mut running =
+                    std::pin::pin!(catch_panic(run_loop(term.clone())).instrument(span));
+                let outcome = tokio::select! {
+                    biased;
+                    outcome = &mut running => Some(outcome),
+                    _ = term.cancelled() => None,
+                };
+                match outcome {
+                    Some(outcome) => Some(outcome),
+                    None if self.grace.is_zero() => None,
+                    None => tokio::time::timeout(self.grace, &mut running).await.ok(),
+                }
+            };
+            match outcome {
+                None => {
+                    tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop stopped");
+                }
+                Some(_) if !term.is_leader() => {
+                    tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop returned");
+                }
+                Some(Ok(Ok(()))) => {
+                    tracing::info!(loop_name = %self.name, "loop returned while leading; it starts again in the next term");
+                }
+                Some(Ok(Err(error))) => {
+                    tracing::warn!(loop_name = %self.name, error = %error, "loop failed; it starts again in the next term");
+                    self.record(TickOutcome::Failed(error.to_string()));
+                }
+                Some(Err(panic)) => {
+                    tracing::error!(
+                        loop_name = %self.name,
+                        panic = %panic.message,
+                        location = panic.location.as_deref().unwrap_or("unknown"),
+                        backtrace = %panic.backtrace,
+                        "loop panicked; it starts again in the next term"
+                    );
+                    self.record(TickOutcome::Failed(format!(
+                        "background loop {:?}: loop panicked: {}",
+                        &*self.name, panic.message
+                    )));
+                }
+            }
+            // Not in the same term again: wait for it to end (or for shutdown, which ends it).
+            term.cancelled().await;
+        }
+        tracing::debug!(loop_name = %self.name, "while-leader launcher stopped");
+    }
+
+    fn record(&self, outcome: TickOutcome) {
+        if let Some(probe) = &self.probe {
+            probe.record(outcome);
+        }
+    }
+}
+
+impl fmt::Debug for WhileLeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WhileLeader")
+            .field("name", &self.name)
+            .field("gate", &self.gate)
+            .field("stop_grace", &self.grace)
+            .field("probe", &self.probe.as_ref().map(Probe::name))
+            .finish()
+    }
+}
