@@ -148,28 +148,42 @@ pub(crate) struct LockSession {
 }
 
 impl LockSession {
-    /// Sets up the session for leading: `idle_session_timeout` (E13).
+    /// Sets up the session for leading, within `bound`.
+    ///
+    /// `idle_session_timeout` = 4·I lets the server end the session once its client has been
+    /// silent that long (E13). The server's own TCP timeouts are reset to the system's for this
+    /// session: a short `tcp_user_timeout` or keepalive in the server's configuration could end
+    /// a partitioned session, and free the lock, before the old leader has demoted itself
+    /// (≤ 2·I), which would break the self-fencing order (E14).
     pub(crate) async fn set_up(
         &self,
         idle_session_timeout: Duration,
         bound: Duration,
     ) -> Result<Setup, SessionError> {
-        let sql = format!(
-            "SET idle_session_timeout = {}",
-            idle_session_timeout.as_millis()
-        );
-        match timeout(bound, self.client.batch_execute(&sql)).await {
-            Err(_) => Err(SessionError::Timeout(bound)),
-            Ok(Ok(())) => Ok(Setup {
-                no_idle_session_timeout: false,
-            }),
-            Ok(Err(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {
-                Ok(Setup {
-                    no_idle_session_timeout: true,
-                })
+        let set_up = async {
+            self.client
+                .batch_execute(
+                    "SET tcp_user_timeout = 0; SET tcp_keepalives_idle = 0; \
+                     SET tcp_keepalives_interval = 0; SET tcp_keepalives_count = 0",
+                )
+                .await?;
+            let sql = format!(
+                "SET idle_session_timeout = {}",
+                idle_session_timeout.as_millis()
+            );
+            match self.client.batch_execute(&sql).await {
+                Ok(()) => Ok(Setup {
+                    no_idle_session_timeout: false,
+                }),
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {
+                    Ok(Setup {
+                        no_idle_session_timeout: true,
+                    })
+                }
+                Err(e) => Err(e),
             }
-            Ok(Err(e)) => Err(SessionError::Query(e)),
-        }
+        };
+        bounded(bound, set_up).await
     }
 
     /// The leader check (E5, E16).
