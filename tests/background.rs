@@ -98,16 +98,6 @@ fn the_public_types_are_send_sync_and_clone() {
     send::<Supervisor>();
 }
 
-/// Terminates the backend that holds `key`, as an operator or a failover would.
-async fn terminate_holder(db: &TestDb, key: LockKey) {
-    let admin = db.connect().await.unwrap();
-    let pid = holders(&admin, key).await[0];
-    admin
-        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap();
-}
-
 // ---------------------------------------------------------------------------------------------
 // B1: the leader ticker.
 

@@ -5,19 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pg_elector::{Elector, LockKey, TermEnd};
-use prometheus::Registry;
-
-/// A replica with its own registry, so its gauge can be read.
-fn replica_with_gauge(pool: deadpool_postgres::Pool, key: LockKey) -> (Replica, Registry) {
-    let registry = Registry::new();
-    let elector = Elector::builder(pool, key)
-        .check_interval(I)
-        .registry(&registry)
-        .build()
-        .unwrap();
-    (Replica::run(elector), registry)
-}
+use pg_elector::{LockKey, TermEnd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e5_a_terminated_lock_session_demotes_within_two_intervals_and_another_leads() {

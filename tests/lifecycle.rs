@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use deadpool_postgres::{Hook, HookError};
 use pg_elector::{Elector, Error, LockKey, TermEnd};
-use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,14 +14,7 @@ async fn e6_shutdown_returns_ok_and_a_standby_leads_within_one_interval() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(6, 1);
-    let registry = Registry::new();
-    let a = Replica::run(
-        Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .registry(&registry)
-            .build()
-            .unwrap(),
-    );
+    let (a, registry) = replica_with_gauge(db.pool(2), key);
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");
@@ -81,14 +73,7 @@ async fn e7_aborting_the_run_task_ends_the_term_and_the_server_frees_the_lock_wi
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(7, 1);
-    let registry = Registry::new();
-    let a = Replica::run(
-        Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .registry(&registry)
-            .build()
-            .unwrap(),
-    );
+    let (a, registry) = replica_with_gauge(db.pool(2), key);
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");

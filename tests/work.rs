@@ -10,16 +10,6 @@ use pg_elector::{Elector, LockKey, TermEnd};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-/// Terminates the backend that holds `key`.
-async fn terminate_holder(db: &TestDb, key: LockKey) {
-    let admin = db.connect().await.unwrap();
-    let pid = holders(&admin, key).await[0];
-    admin
-        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e9_terms_on_a_standby_are_born_ended_and_on_the_leader_live_until_leadership_ends() {
     let _serial = serial();

@@ -138,6 +138,27 @@ pub async fn holders(client: &tokio_postgres::Client, key: LockKey) -> Vec<i32> 
         .collect()
 }
 
+/// Terminates the backend that holds `key`, as an operator or a failover would.
+pub async fn terminate_holder(db: &TestDb, key: LockKey) {
+    let admin = db.connect().await.unwrap();
+    let pid = holders(&admin, key).await[0];
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+}
+
+/// A replica at interval `I` whose gauge goes to a registry of its own.
+pub fn replica_with_gauge(pool: Pool, key: LockKey) -> (Replica, prometheus::Registry) {
+    let registry = prometheus::Registry::new();
+    let elector = Elector::builder(pool, key)
+        .check_interval(I)
+        .registry(&registry)
+        .build()
+        .expect("valid elector");
+    (Replica::run(elector), registry)
+}
+
 /// The gauge's value in `registry`.
 pub fn gauge(registry: &prometheus::Registry, name: &str) -> Option<i64> {
     registry
