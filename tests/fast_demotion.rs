@@ -1,0 +1,123 @@
+//! F2: the leader notices its lock connection closing within 100 ms, not at its next check.
+//!
+//! The interval is 5 s and each fault comes right after the grant, so the next leader check
+//! is about 5 s away and the local lease (3·I) 15 s: only the closed-connection watch can
+//! demote within the bound. The watch polls the client's closed flag every 20 ms; the tests
+//! allow 100 ms plus 50 ms of slack for a loaded machine, and print what they measured.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pg_elector::{LockKey, Term, TermEnd};
+use pg_elector_harness::ShutdownMode;
+
+/// Long enough that no leader check or lease expiry can come into it.
+const LONG: Duration = Duration::from_secs(5);
+/// F2's bound plus slack for a loaded 2-core machine.
+const BOUND: Duration = Duration::from_millis(150);
+
+/// A replica that leads, and its term. Its next leader check is one `LONG` away.
+async fn leading(pool: deadpool_postgres::Pool, key: LockKey) -> (Replica, Term, Instant) {
+    let replica = Replica::start(pool, key, LONG);
+    wait_for(LONG, || replica.elector.is_leader())
+        .await
+        .expect("the only replica leads at its first try");
+    let term = replica.elector.term();
+    (replica, term, Instant::now())
+}
+
+/// Waits for the term to end; returns when it ended. Panics after `LONG / 2`, well before
+/// a leader check could end it.
+async fn demotion(term: &Term) -> Instant {
+    tokio::time::timeout(LONG / 2, term.cancelled())
+        .await
+        .expect("the leader demotes without waiting for its next check");
+    Instant::now()
+}
+
+fn assert_fast(what: &str, took: Duration, replica: &Replica, term: &Term, granted: Instant) {
+    eprintln!("F2 {what}: the leader demoted {took:?} after the connection closed");
+    assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+    assert!(!replica.elector.is_leader());
+    assert!(
+        granted.elapsed() < LONG,
+        "the test ran into the next leader check; it proves nothing"
+    );
+    assert!(
+        took <= BOUND,
+        "{what}: demoted {took:?} after the connection closed; F2 bound 100 ms (+50 ms slack)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f2_a_terminated_lock_session_demotes_the_leader_within_100_ms() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf2, 1);
+    let (a, term, granted) = leading(db.pool(2), key).await;
+    let admin = db.connect().await.unwrap();
+    let pid = holders(&admin, key).await[0];
+
+    let terminated = Instant::now();
+    let ok: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok);
+    let took = demotion(&term).await - terminated;
+    assert_fast("pg_terminate_backend", took, &a, &term, granted);
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f2_a_reset_lock_connection_demotes_the_leader_within_100_ms() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let (a, term, granted) = leading(db.pool_via(proxy.addr(), 2), LockKey::new(0xf2, 2)).await;
+
+    let reset = Instant::now();
+    proxy.reset();
+    let took = demotion(&term).await - reset;
+    assert_fast("TCP RST", took, &a, &term, granted);
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f2_a_fast_server_restart_demotes_the_leader_within_100_ms() {
+    let _serial = serial();
+    init_tracing();
+    let server = Arc::new(
+        tokio::task::spawn_blocking(PgServer::spawn)
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let db = server.create_database().await.unwrap();
+    let (a, term, granted) = leading(db.pool(2), LockKey::new(0xf2, 3)).await;
+    // An observer connection: its task ends the moment the server closes it.
+    let (observer, connection) = db.config().connect(tokio_postgres::NoTls).await.unwrap();
+    let closed = tokio::spawn(async move {
+        let _ = connection.await;
+        Instant::now()
+    });
+
+    let restart = tokio::task::spawn_blocking({
+        let server = server.clone();
+        move || server.restart(ShutdownMode::Fast)
+    });
+    let demoted = demotion(&term).await;
+    let closed = closed.await.unwrap();
+    let took = demoted.saturating_duration_since(closed);
+    assert_fast("fast server restart", took, &a, &term, granted);
+    restart.await.unwrap().unwrap();
+    a.stop().await.unwrap();
+    drop(observer);
+    drop(db);
+}

@@ -1,0 +1,634 @@
+//! Replicas as real processes: a SIGKILLed leader (the server sees the socket close), a
+//! SIGSTOPped leader (E13: the server ends its silent session; E18: its local lease has expired
+//! when it resumes), and a partitioned leader (E14: it demotes itself before the server frees
+//! the lock).
+//!
+//! Each replica is this test binary run again as the ignored test [`replica_child`], which
+//! runs one elector and a leader ticker and prints every transition and tick on stdout with a
+//! timestamp (µs since the UNIX epoch, so that the parent can compare it with its own clock):
+//!
+//! ```text
+//! @replica 1732900000123456 started
+//! @replica 1732900000125000 leader
+//! @replica 1732900000145000 tick
+//! @replica 1732900000190000 standby
+//! ```
+//!
+//! A watcher thread in the child reads `is_leader()` every millisecond, so a transition is
+//! stamped at most about 1 ms after it happened. A `tick` is stamped when `do_work` is called,
+//! before it looks at leadership.
+#![cfg(unix)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use pg_elector::{Elector, LockKey};
+use pg_elector_harness::{config_with_addr, pool_from_config};
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const CHILD_TEST: &str = "replica_child";
+const ENV_URL: &str = "PG_ELECTOR_REPLICA_URL";
+const ENV_ADDR: &str = "PG_ELECTOR_REPLICA_ADDR";
+const ENV_KEY: &str = "PG_ELECTOR_REPLICA_KEY";
+const ENV_INTERVAL_MS: &str = "PG_ELECTOR_REPLICA_INTERVAL_MS";
+const ENV_NAME: &str = "PG_ELECTOR_REPLICA_NAME";
+const MARK: &str = "@replica ";
+
+/// Time for child processes to start and one of them to lead: not a measured bound.
+const STARTUP: Duration = Duration::from_secs(20);
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_micros() as u64
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn us(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+// ---------------------------------------------------------------------------------------------
+// The child: one replica.
+
+/// One replica process, started by the tests below with its settings in the environment.
+/// Run by hand (`--ignored`) without them, it does nothing.
+#[test]
+#[ignore = "a replica process that the tests of this file start; does nothing on its own"]
+fn replica_child() {
+    let Ok(url) = std::env::var(ENV_URL) else {
+        return;
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(child_main(url));
+}
+
+fn say(at: u64, what: &str) {
+    println!("{MARK}{at} {what}");
+}
+
+async fn child_main(url: String) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "pg_elector=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
+    let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
+    let (class, object) = env(ENV_KEY)
+        .split_once(',')
+        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
+        .expect("class,object");
+    let mut config: tokio_postgres::Config = url.parse().expect("a connection URL");
+    if let Ok(addr) = std::env::var(ENV_ADDR) {
+        config = config_with_addr(&config, addr.parse().expect("a socket address"));
+    }
+    let elector = Elector::builder(pool_from_config(config, 2), LockKey::new(class, object))
+        .check_interval(interval)
+        .build()
+        .expect("a valid elector");
+    tracing::info!(name = %env(ENV_NAME), pid = std::process::id(), "replica starts");
+    say(unix_us(), "started");
+
+    // stdin: `stop` asks for a graceful shutdown; end of file means the parent is gone.
+    let shutdown = CancellationToken::new();
+    std::thread::spawn({
+        let shutdown = shutdown.clone();
+        move || {
+            for line in std::io::stdin().lines() {
+                match line {
+                    Ok(line) if line.trim() == "stop" => shutdown.cancel(),
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            std::process::exit(0);
+        }
+    });
+
+    // The watcher: every transition of `is_leader()`, read every millisecond.
+    let reported = Arc::new(AtomicBool::new(false));
+    std::thread::spawn({
+        let (elector, reported) = (elector.clone(), reported.clone());
+        move || {
+            loop {
+                let now = elector.is_leader();
+                if now != reported.load(Ordering::Relaxed) {
+                    say(unix_us(), if now { "leader" } else { "standby" });
+                    reported.store(now, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+
+    // The leader ticker: a tick every I/10, stamped when do_work is called.
+    let ticker = async {
+        let mut every = tokio::time::interval(interval / 10);
+        loop {
+            every.tick().await;
+            let called = unix_us();
+            let _ = elector
+                .do_work(|_term| async move {
+                    say(called, "tick");
+                    Ok::<_, Infallible>(())
+                })
+                .await;
+        }
+    };
+    tokio::select! {
+        result = elector.run(shutdown.clone()) => result.expect("run returns Ok"),
+        () = ticker => unreachable!(),
+    }
+    // Let the watcher report the demotion before saying goodbye.
+    while reported.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    say(unix_us(), "exited");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parent: a fleet of replica processes and what they said.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum What {
+    Started,
+    Leader,
+    Standby,
+    Tick,
+    Exited,
+    /// Not said by the child: the parent SIGKILLed it at this time.
+    Killed,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    replica: usize,
+    /// µs since the UNIX epoch.
+    at: u64,
+    what: What,
+}
+
+fn parse(replica: usize, line: &str) -> Option<Event> {
+    let rest = &line[line.find(MARK)? + MARK.len()..];
+    let mut words = rest.split_whitespace();
+    let at = words.next()?.parse().ok()?;
+    let what = match words.next()? {
+        "started" => What::Started,
+        "leader" => What::Leader,
+        "standby" => What::Standby,
+        "tick" => What::Tick,
+        "exited" => What::Exited,
+        _ => return None,
+    };
+    Some(Event { replica, at, what })
+}
+
+/// What every replica said, in arrival order, and a signal for waiters.
+#[derive(Default)]
+struct Board {
+    events: std::sync::Mutex<Vec<Event>>,
+    logs: std::sync::Mutex<Vec<String>>,
+    version: watch::Sender<u64>,
+}
+
+impl Board {
+    fn push(&self, event: Event) {
+        self.events.lock().unwrap().push(event);
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+struct Proc {
+    child: Child,
+    /// Kept open: the child exits when it closes.
+    _stdin: ChildStdin,
+    pid: Pid,
+}
+
+/// Replica processes; every one is SIGKILLed when the fleet is dropped.
+struct Fleet {
+    url: String,
+    key: LockKey,
+    interval: Duration,
+    board: Arc<Board>,
+    procs: Vec<Proc>,
+}
+
+impl Fleet {
+    fn new(db: &TestDb, key: LockKey, interval: Duration) -> Self {
+        Self {
+            url: db.url(),
+            key,
+            interval,
+            board: Arc::default(),
+            procs: Vec::new(),
+        }
+    }
+
+    /// Starts a replica, connecting straight to the server, or to `via` (a proxy).
+    fn spawn(&mut self, via: Option<SocketAddr>) -> usize {
+        let index = self.procs.len();
+        let name = format!("replica-{index}");
+        let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+        command
+            .args([CHILD_TEST, "--exact", "--ignored", "--nocapture"])
+            .env(ENV_URL, &self.url)
+            .env(
+                ENV_KEY,
+                format!("{},{}", self.key.class(), self.key.object()),
+            )
+            .env(ENV_INTERVAL_MS, self.interval.as_millis().to_string())
+            .env(ENV_NAME, &name)
+            .env_remove(ENV_ADDR)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(addr) = via {
+            command.env(ENV_ADDR, addr.to_string());
+        }
+        let mut child = command.spawn().expect("start a replica process");
+        let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let stdin = child.stdin.take().expect("piped stdin");
+        tokio::spawn({
+            let board = self.board.clone();
+            async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(event) = parse(index, &line) {
+                        board.push(event);
+                    }
+                }
+            }
+        });
+        tokio::spawn({
+            let board = self.board.clone();
+            async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    board.logs.lock().unwrap().push(format!("{name}: {line}"));
+                }
+            }
+        });
+        self.procs.push(Proc {
+            child,
+            _stdin: stdin,
+            pid,
+        });
+        index
+    }
+
+    fn signal(&self, replica: usize, signal: Signal) -> u64 {
+        let at = unix_us();
+        kill_process(self.procs[replica].pid, signal).expect("signal the replica");
+        at
+    }
+
+    /// SIGKILLs a replica; returns the time, which is also recorded as its last event.
+    async fn kill(&mut self, replica: usize) -> u64 {
+        let at = self.signal(replica, Signal::KILL);
+        self.board.push(Event {
+            replica,
+            at,
+            what: What::Killed,
+        });
+        let _ = self.procs[replica].child.wait().await;
+        at
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.board.events.lock().unwrap().clone()
+    }
+
+    /// Waits until `found` finds something in the events, at most `limit`.
+    async fn wait<R>(
+        &self,
+        limit: Duration,
+        mut found: impl FnMut(&[Event]) -> Option<R>,
+    ) -> Option<R> {
+        let mut changed = self.board.version.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            changed.borrow_and_update();
+            if let Some(r) = found(&self.board.events.lock().unwrap()) {
+                return Some(r);
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    }
+
+    /// Waits until every replica has started and exactly one leads; returns it.
+    async fn one_leader(&self) -> usize {
+        let n = self.procs.len();
+        self.wait(STARTUP, |events| {
+            let started = events.iter().filter(|e| e.what == What::Started).count();
+            let leaders = leaders(events, n);
+            (started == n && leaders.len() == 1).then(|| leaders[0])
+        })
+        .await
+        .unwrap_or_else(|| panic!("no single leader among {n} replicas within {STARTUP:?}"))
+    }
+
+    /// Waits until `leader` has ticked one I after the last replica started, so that every
+    /// standby is past its first try and on its periodic ones.
+    async fn settled(&self, leader: usize) {
+        let started = self
+            .events()
+            .iter()
+            .filter(|e| e.what == What::Started)
+            .map(|e| e.at)
+            .max()
+            .expect("replicas started");
+        self.first_of(STARTUP, What::Tick, leader, started + us(self.interval))
+            .await;
+    }
+
+    /// Waits for the first event `what` of a replica other than `not` stamped after `after`.
+    async fn first(&self, limit: Duration, what: What, not: Option<usize>, after: u64) -> Event {
+        self.wait(limit, |events| {
+            events
+                .iter()
+                .find(|e| e.what == what && Some(e.replica) != not && e.at > after)
+                .copied()
+        })
+        .await
+        .unwrap_or_else(|| panic!("no {what:?} event (not from {not:?}) within {limit:?}"))
+    }
+
+    async fn first_of(&self, limit: Duration, what: What, replica: usize, after: u64) -> Event {
+        self.wait(limit, |events| {
+            events
+                .iter()
+                .find(|e| e.what == what && e.replica == replica && e.at > after)
+                .copied()
+        })
+        .await
+        .unwrap_or_else(|| panic!("no {what:?} from replica {replica} within {limit:?}"))
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- replica events ---");
+            for e in self.events() {
+                eprintln!("{} replica-{} {:?}", e.at, e.replica, e.what);
+            }
+            eprintln!("--- replica logs ---");
+            for line in self.board.logs.lock().unwrap().iter() {
+                eprintln!("{line}");
+            }
+        }
+        for proc in &mut self.procs {
+            let _ = proc.child.start_kill();
+        }
+    }
+}
+
+/// The replicas whose last transition says they lead.
+fn leaders(events: &[Event], n: usize) -> Vec<usize> {
+    let mut leading = vec![false; n];
+    for e in events {
+        match e.what {
+            What::Leader => leading[e.replica] = true,
+            What::Standby | What::Killed | What::Exited => leading[e.replica] = false,
+            What::Started | What::Tick => {}
+        }
+    }
+    (0..n).filter(|&i| leading[i]).collect()
+}
+
+/// The most replicas that said they led at one instant, and for how long (µs) two or more did.
+fn overlap(events: &[Event], n: usize) -> (usize, u64) {
+    let mut transitions: Vec<Event> = events
+        .iter()
+        .filter(|e| matches!(e.what, What::Leader | What::Standby | What::Killed))
+        .copied()
+        .collect();
+    // Equal stamps: the end of one term before the start of another.
+    transitions.sort_by_key(|e| (e.at, e.what == What::Leader));
+    let mut leading = vec![false; n];
+    let (mut most, mut both, mut since) = (0, 0, 0);
+    for e in transitions {
+        let before = leading.iter().filter(|&&l| l).count();
+        leading[e.replica] = e.what == What::Leader;
+        let after = leading.iter().filter(|&&l| l).count();
+        most = most.max(after);
+        if before < 2 && after >= 2 {
+            since = e.at;
+        } else if before >= 2 && after < 2 {
+            both += e.at - since;
+        }
+    }
+    (most, both)
+}
+
+fn three_replicas(db: &TestDb, key: LockKey) -> Fleet {
+    let mut fleet = Fleet::new(db, key, I);
+    for _ in 0..3 {
+        fleet.spawn(None);
+    }
+    fleet
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_leader_process_another_leads_within_one_interval() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let mut fleet = three_replicas(&db, LockKey::new(0x5349_474b, 1));
+    let old = fleet.one_leader().await;
+    fleet.settled(old).await;
+
+    let killed = fleet.kill(old).await;
+    // The kernel closes the dead process's socket; its backend sees the FIN and frees the
+    // lock; a standby's next try, at most one I later, gets it.
+    let new = fleet.first(3 * I, What::Leader, Some(old), killed).await;
+    let took = new.at - killed;
+    eprintln!(
+        "SIGKILL: replica-{} leads {:.1} ms after the kill",
+        new.replica,
+        ms(took)
+    );
+    assert!(
+        took <= us(I + I / 2),
+        "new leader {:.1} ms after the SIGKILL; bound 1·I + I/2 = {:?}",
+        ms(took),
+        I + I / 2
+    );
+    let (most, _) = overlap(&fleet.events(), 3);
+    assert_eq!(most, 1, "an instant with two leaders");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstop_leader_server_ends_its_session_and_another_leads_within_five_intervals_and_after_sigcont_it_never_ticks_as_leader()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let fleet = three_replicas(&db, LockKey::new(0x5349_4753, 1));
+    let old = fleet.one_leader().await;
+    // The leader ticks up to the stop.
+    fleet.settled(old).await;
+
+    let stopped = fleet.signal(old, Signal::STOP);
+    // E13: the server ends the silent session 4·I after its last check (at most I before the
+    // stop); a standby's next try, at most one I later, gets the lock.
+    let new = fleet.first(8 * I, What::Leader, Some(old), stopped).await;
+    let took = new.at - stopped;
+
+    let resumed = fleet.signal(old, Signal::CONT);
+    // E18: its local lease (3·I from its last check) has expired; the watcher reads that
+    // as soon as the process runs again.
+    let standby = fleet.first_of(2 * I, What::Standby, old, resumed).await;
+    let noticed = standby.at.saturating_sub(resumed);
+    // Watch it for a while: it must neither tick nor lead again, since another leads.
+    tokio::time::sleep(4 * I).await;
+    let events = fleet.events();
+    eprintln!(
+        "SIGSTOP: replica-{} leads {:.1} ms after the stop; after SIGCONT the old leader says standby after {:.1} ms",
+        new.replica,
+        ms(took),
+        ms(noticed)
+    );
+    // The server ends the session 4·I after the last check that reached it (at most at the
+    // stop), and the standby's next try comes within one I: 5·I at worst, seen up to 999 ms
+    // at I = 200 ms. One I of slack covers a loaded machine's scheduling.
+    assert!(
+        took <= us(6 * I),
+        "new leader {:.1} ms after the SIGSTOP; bound 5·I + one I of slack = {:?}",
+        ms(took),
+        6 * I
+    );
+    assert!(
+        took >= us(3 * I),
+        "new leader {:.1} ms after the SIGSTOP: the server cannot free the lock before 3·I",
+        ms(took)
+    );
+    assert!(
+        noticed <= 150_000,
+        "the resumed leader said standby {:.1} ms after SIGCONT (bound 100 ms + 50 ms slack)",
+        ms(noticed)
+    );
+    let late: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.replica == old && e.at >= resumed)
+        .filter(|e| matches!(e.what, What::Tick | What::Leader))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the resumed old leader acted after SIGCONT: {late:?}"
+    );
+    assert_eq!(
+        leaders(&events, 3),
+        vec![new.replica],
+        "the new leader leads on"
+    );
+    let new_ticks = events
+        .iter()
+        .filter(|e| e.replica == new.replica && e.what == What::Tick && e.at > resumed)
+        .count();
+    assert!(new_ticks > 0, "the new leader ticks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e14_a_partitioned_leader_process_demotes_within_two_intervals_before_another_leads_within_five()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let mut fleet = Fleet::new(&db, LockKey::new(14, 1), I);
+    // The leader goes through the proxy; the standbys connect straight to the server.
+    let old = fleet.spawn(Some(proxy.addr()));
+    fleet.first_of(STARTUP, What::Leader, old, 0).await;
+    fleet.spawn(None);
+    fleet.spawn(None);
+    assert_eq!(fleet.one_leader().await, old);
+    fleet.settled(old).await;
+
+    let cut = unix_us();
+    proxy.blackhole();
+    // E14: its next check (at most I away) gets no answer within I.
+    let demoted = fleet.first_of(3 * I, What::Standby, old, cut).await;
+    let new = fleet.first(7 * I, What::Leader, Some(old), cut).await;
+    let (most, both) = overlap(&fleet.events(), 3);
+    let (demoted_after, new_after) = (demoted.at - cut, new.at - cut);
+    eprintln!(
+        "partition: old leader demoted after {:.1} ms, replica-{} leads after {:.1} ms",
+        ms(demoted_after),
+        new.replica,
+        ms(new_after)
+    );
+    assert!(
+        demoted_after <= us(2 * I + I / 2),
+        "old leader demoted {:.1} ms after the cut; bound 2·I + I/2 = {:?}",
+        ms(demoted_after),
+        2 * I + I / 2
+    );
+    assert!(
+        new_after <= us(5 * I + I / 2),
+        "new leader {:.1} ms after the cut; bound 5·I + I/2 = {:?}",
+        ms(new_after),
+        5 * I + I / 2
+    );
+    assert!(
+        demoted.at < new.at,
+        "the new leader came before the old one demoted"
+    );
+    assert_eq!(
+        (most, both),
+        (1, 0),
+        "an instant with two leaders ({:.1} ms in all)",
+        ms(both)
+    );
+}
+
+#[test]
+fn the_overlap_of_a_timeline_is_measured() {
+    let e = |replica, at, what| Event { replica, at, what };
+    let events = [
+        e(0, 10, What::Leader),
+        e(1, 20, What::Leader),
+        e(0, 25, What::Standby),
+        e(2, 30, What::Leader),
+        e(1, 30, What::Standby),
+    ];
+    assert_eq!(overlap(&events, 3), (2, 5));
+    assert_eq!(leaders(&events, 3), vec![2]);
+    assert_eq!(
+        parse(1, "test replica_child ... @replica 17 tick").map(|e| (e.replica, e.at, e.what)),
+        Some((1, 17, What::Tick))
+    );
+}
