@@ -15,6 +15,9 @@ pub enum HarnessError {
     /// No usable PostgreSQL server: the binaries were not found (the message
     /// says where the harness looked and how to fix it) or `PG_BINDIR` is invalid.
     NoServer(String),
+    /// No `pgbouncer` program to start a [`Pgbouncer`](crate::Pgbouncer)
+    /// with: the message says where the harness looked and how to install it.
+    NoPgbouncer(String),
     /// A private-server control (restart, stop, ...) was called on an
     /// external server (one given by `DATABASE_URL`).
     NotPrivate,
@@ -58,7 +61,9 @@ impl HarnessError {
 impl fmt::Display for HarnessError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HarnessError::NoServer(msg) | HarnessError::Server(msg) => f.write_str(msg),
+            HarnessError::NoServer(msg)
+            | HarnessError::Server(msg)
+            | HarnessError::NoPgbouncer(msg) => f.write_str(msg),
             HarnessError::NotPrivate => f.write_str(
                 "this operation needs a private server started by the harness \
                  (PgServer::spawn), not an external one from DATABASE_URL",

@@ -37,6 +37,13 @@
 //! server, which is never dropped, or a test process that is killed — by a
 //! watchdog process that notices when the test process is gone.
 //!
+//! # Wrong servers: read replicas and poolers
+//!
+//! [`PgServer::spawn_standby`] starts a hot standby of a private server
+//! (`pg_is_in_recovery()` is true there) and [`PgServer::promote`] ends its
+//! recovery. [`Pgbouncer::start`] puts a private PgBouncer in front of a
+//! server, in one of the [`PoolMode`]s.
+//!
 //! # Server binaries
 //!
 //! `initdb`, `postgres` and `pg_ctl` are looked for in, in order:
@@ -64,16 +71,19 @@
 mod binaries;
 mod database;
 mod error;
+mod pgbouncer;
 mod private;
 mod proxy;
 mod runtime;
 mod server;
+mod standby;
 mod watchdog;
 
 use std::sync::{Mutex, MutexGuard};
 
 pub use database::{TestDb, config_with_addr, pool_from_config};
 pub use error::HarnessError;
+pub use pgbouncer::{Pgbouncer, PoolMode};
 pub use proxy::FaultProxy;
 pub use server::{PgServer, ShutdownMode};
 

@@ -21,9 +21,26 @@ const PORT_ATTEMPTS: usize = 5;
 
 /// The owner of the server processes when the harness runs as root.
 #[derive(Debug, Clone, Copy)]
-struct RunAs {
-    uid: u32,
-    gid: u32,
+pub(crate) struct RunAs {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+impl RunAs {
+    /// `Some(postgres)` when this process runs as root, else `None`.
+    pub(crate) fn when_root() -> Result<Option<RunAs>, HarnessError> {
+        if rustix::process::getuid().is_root() {
+            postgres_user().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Gives `path` to this user.
+    pub(crate) fn chown(self, path: &Path) -> Result<(), HarnessError> {
+        std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
+            .map_err(|e| HarnessError::io(format!("chown of {} to postgres", path.display()), e))
+    }
 }
 
 /// A server this process created and controls.
@@ -46,11 +63,21 @@ impl PrivateServer {
     pub(crate) fn spawn() -> Result<Self, HarnessError> {
         let started = Instant::now();
         let bin_dir = binaries::find_bin_dir()?;
-        let run_as = if rustix::process::getuid().is_root() {
-            Some(postgres_user()?)
-        } else {
-            None
-        };
+        let mut server = PrivateServer::empty(bin_dir, RunAs::when_root()?)?;
+        server.initdb()?;
+        server.start_on_free_port()?;
+        tracing::info!(
+            port = server.port,
+            data_dir = %server.data_dir.display(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "private PostgreSQL server started"
+        );
+        Ok(server)
+    }
+
+    /// A server with a temp dir and a watchdog, but no data dir yet. From
+    /// here on the value owns the temp dir: dropping it cleans up.
+    fn empty(bin_dir: PathBuf, run_as: Option<RunAs>) -> Result<Self, HarnessError> {
         let root = make_temp_root()?;
         let mut server = PrivateServer {
             bin_dir,
@@ -62,21 +89,146 @@ impl PrivateServer {
             control: Mutex::new(()),
             watchdog: Mutex::new(None),
         };
-        // From here on `server` owns the temp dir: an early return cleans up.
-        if let Some(RunAs { uid, gid }) = run_as {
-            std::os::unix::fs::chown(&server.root, Some(uid), Some(gid))
-                .map_err(|e| HarnessError::io("chown of the temp dir to postgres", e))?;
+        if let Some(run_as) = run_as {
+            run_as.chown(&server.root)?;
         }
         server.start_watchdog()?;
-        server.initdb()?;
-        server.start_on_free_port()?;
-        tracing::info!(
-            port = server.port,
-            data_dir = %server.data_dir.display(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "private PostgreSQL server started"
-        );
         Ok(server)
+    }
+
+    /// Makes a hot standby of this running server and starts it on a free
+    /// port: `pg_basebackup -R` when the bin dir has it, else a copy of the
+    /// data dir taken while this server is stopped (`pg_ctl stop -m fast`,
+    /// copy, start again: every connection to this server is cut).
+    pub(crate) fn spawn_standby(&self) -> Result<Self, HarnessError> {
+        let started = Instant::now();
+        let mut standby = PrivateServer::empty(self.bin_dir.clone(), self.run_as)?;
+        let how = if self.bin_dir.join("pg_basebackup").is_file() {
+            self.base_backup_into(&standby)?;
+            "pg_basebackup"
+        } else {
+            self.cold_copy_into(&standby)?;
+            "cold copy"
+        };
+        standby.start_on_free_port()?;
+        tracing::info!(
+            port = standby.port,
+            primary_port = self.port,
+            how,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "private PostgreSQL standby started"
+        );
+        Ok(standby)
+    }
+
+    /// `pg_basebackup -R` from this server into `standby`'s data dir.
+    fn base_backup_into(&self, standby: &PrivateServer) -> Result<(), HarnessError> {
+        let data = standby.data_dir.to_string_lossy().into_owned();
+        let port = self.port.to_string();
+        let out = standby.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-w",
+                "-D",
+                &data,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+            "taking a base backup for a standby",
+        )?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(HarnessError::Server(format!(
+            "taking a base backup for a standby: pg_basebackup failed ({}): {}{}\n\
+             --- tail of the primary's log {} ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            self.log_file.display(),
+            self.log_tail(30)
+        )))
+    }
+
+    /// Copies this server's data dir while it is stopped, then makes the
+    /// copy a standby streaming from this server (what `pg_basebackup -R`
+    /// writes: `standby.signal` and `primary_conninfo`).
+    fn cold_copy_into(&self, standby: &PrivateServer) -> Result<(), HarnessError> {
+        let what = "copying the data dir for a standby";
+        self.stop(ShutdownMode::Fast)?;
+        let copied = self
+            .command_as("cp")
+            .arg("-a")
+            .arg(&self.data_dir)
+            .arg(&standby.data_dir)
+            .output()
+            .map_err(|e| HarnessError::io(format!("{what}: running cp"), e));
+        // The primary comes back whatever happened to the copy.
+        let restarted = self.start_again();
+        let copied = copied?;
+        if !copied.status.success() {
+            return Err(HarnessError::Server(format!(
+                "{what}: cp failed ({}): {}",
+                copied.status,
+                String::from_utf8_lossy(&copied.stderr).trim()
+            )));
+        }
+        restarted?;
+        for stale in ["postmaster.pid", "postmaster.opts"] {
+            let _ = std::fs::remove_file(standby.data_dir.join(stale));
+        }
+        let signal = standby.data_dir.join("standby.signal");
+        std::fs::write(&signal, b"")
+            .map_err(|e| HarnessError::io(format!("{what}: writing standby.signal"), e))?;
+        let auto = standby.data_dir.join("postgresql.auto.conf");
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&auto)
+            .map_err(|e| HarnessError::io(format!("{what}: opening postgresql.auto.conf"), e))?;
+        writeln!(
+            conf,
+            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name=standby'",
+            self.port
+        )
+        .map_err(|e| HarnessError::io(format!("{what}: writing postgresql.auto.conf"), e))?;
+        if let Some(run_as) = self.run_as {
+            run_as.chown(&signal)?;
+            run_as.chown(&auto)?;
+        }
+        Ok(())
+    }
+
+    /// `pg_ctl promote -w`: ends recovery; returns once the server runs as a
+    /// primary (as far as `pg_ctl` can tell).
+    pub(crate) fn promote(&self) -> Result<(), HarnessError> {
+        let _guard = lock(&self.control);
+        let data = self.data_dir.to_string_lossy().into_owned();
+        let what = "promoting the standby";
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "promote",
+                "-w",
+                "-t",
+                PG_CTL_TIMEOUT_SECS,
+                "-s",
+                "-D",
+                &data,
+            ],
+            what,
+        )?;
+        self.check(&out, what)
     }
 
     pub(crate) fn port(&self) -> u16 {
@@ -97,7 +249,12 @@ impl PrivateServer {
 
     /// A command for one of the server binaries, run as the right user.
     fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new(self.bin_dir.join(program));
+        self.command_as(self.bin_dir.join(program))
+    }
+
+    /// A command for any program, run as the server's user in its temp dir.
+    fn command_as(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
         cmd.current_dir(&self.root)
             .env("LC_ALL", "C")
             .stdin(Stdio::null());
@@ -417,7 +574,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The uid and gid of the `postgres` user (needed when running as root).
-fn postgres_user() -> Result<RunAs, HarnessError> {
+pub(crate) fn postgres_user() -> Result<RunAs, HarnessError> {
     let id = |flag: &str| -> Option<u32> {
         let out = Command::new("id")
             .args([flag, "postgres"])
@@ -443,7 +600,7 @@ fn postgres_user() -> Result<RunAs, HarnessError> {
 }
 
 /// Creates a fresh directory under the system temp dir.
-fn make_temp_root() -> Result<PathBuf, HarnessError> {
+pub(crate) fn make_temp_root() -> Result<PathBuf, HarnessError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let base = std::env::temp_dir();
     let pid = std::process::id();
@@ -471,7 +628,7 @@ fn make_temp_root() -> Result<PathBuf, HarnessError> {
 }
 
 /// A TCP port that was free a moment ago on 127.0.0.1.
-fn free_port() -> Result<u16, HarnessError> {
+pub(crate) fn free_port() -> Result<u16, HarnessError> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| HarnessError::io("finding a free port on 127.0.0.1", e))?;
     listener

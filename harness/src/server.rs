@@ -87,7 +87,11 @@ impl PgServer {
     /// inside an async test, but blocks that runtime's thread meanwhile. When
     /// running as root, the server runs as the `postgres` user.
     pub fn spawn() -> Result<PgServer, HarnessError> {
-        let private = PrivateServer::spawn()?;
+        PrivateServer::spawn().map(PgServer::from_private)
+    }
+
+    /// Wraps a private server this process started.
+    pub(crate) fn from_private(private: PrivateServer) -> PgServer {
         let port = private.port();
         let mut config = tokio_postgres::Config::new();
         config
@@ -96,12 +100,12 @@ impl PgServer {
             .user("postgres")
             .dbname("postgres")
             .connect_timeout(CONNECT_TIMEOUT);
-        Ok(PgServer {
+        PgServer {
             config,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             private: Some(private),
-        })
+        }
     }
 
     /// Uses an existing server given by a connection string (URL or
@@ -172,7 +176,7 @@ impl PgServer {
         self.private.is_some()
     }
 
-    fn private(&self) -> Result<&PrivateServer, HarnessError> {
+    pub(crate) fn private(&self) -> Result<&PrivateServer, HarnessError> {
         self.private.as_ref().ok_or(HarnessError::NotPrivate)
     }
 

@@ -36,6 +36,19 @@ fi
 rm -rf "$3"
 "#;
 
+/// The watchdog of a helper process (e.g. PgBouncer): waits for EOF on
+/// stdin, then kills the process — after checking that `/proc/<pid>/cmdline`
+/// still names its marker, so a reused pid is left alone — and removes the
+/// temp dir. Arguments: `$1` pid, `$2` marker (a path unique to the process),
+/// `$3` temp dir.
+const PROCESS_WATCHDOG_SCRIPT: &str = r#"trap '' INT HUP TERM QUIT PIPE
+while read -r _line; do :; done
+if grep -qF -- "$2" "/proc/$1/cmdline" 2>/dev/null; then
+  kill -KILL "$1" 2>/dev/null
+fi
+rm -rf "$3"
+"#;
+
 /// A running watchdog. Its stdin is a pipe whose only writer is this process
 /// (std opens pipes close-on-exec, so no other child inherits it): when this
 /// process closes it — by [`finish`](Watchdog::finish), by exiting, or by
@@ -54,14 +67,36 @@ impl Watchdog {
         root: &Path,
         as_root: bool,
     ) -> Result<Watchdog, HarnessError> {
-        let child = Command::new("/bin/sh")
-            .arg("-c")
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
             .arg(WATCHDOG_SCRIPT)
             .arg("pg-elector-harness-watchdog")
             .arg(pg_ctl)
             .arg(data_dir)
             .arg(root)
-            .arg(if as_root { "root" } else { "user" })
+            .arg(if as_root { "root" } else { "user" });
+        Self::spawn(cmd)
+    }
+
+    /// Starts the watchdog of a helper process `pid`, whose command line
+    /// contains `marker`; it kills the process and removes `root`.
+    pub(crate) fn for_process(
+        pid: u32,
+        marker: &Path,
+        root: &Path,
+    ) -> Result<Watchdog, HarnessError> {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(PROCESS_WATCHDOG_SCRIPT)
+            .arg("pg-elector-harness-watchdog")
+            .arg(pid.to_string())
+            .arg(marker)
+            .arg(root);
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Result<Watchdog, HarnessError> {
+        let child = cmd
             .current_dir("/")
             .env("LC_ALL", "C")
             .stdin(Stdio::piped())

@@ -4,7 +4,9 @@ use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pg_elector_harness::{FaultProxy, HarnessError, PgServer, ShutdownMode, serial};
+use pg_elector_harness::{
+    FaultProxy, HarnessError, PgServer, Pgbouncer, PoolMode, ShutdownMode, serial,
+};
 use tokio::time::timeout;
 
 fn shared() -> &'static PgServer {
@@ -418,4 +420,171 @@ fn killed_process_leaves_nothing_behind() {
         !ps.lines().any(|l| l.contains(&*needle)),
         "a process still uses {needle}"
     );
+}
+
+#[tokio::test]
+async fn standby_replicates_refuses_writes_and_promotes() {
+    let primary = PgServer::spawn().unwrap();
+    let db = primary.create_database().await.unwrap();
+    let writer = db.connect().await.unwrap();
+    writer
+        .batch_execute("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let standby = primary.spawn_standby().unwrap();
+    eprintln!("spawn_standby: {:?}", t.elapsed());
+    assert_ne!(standby.addr(), primary.addr());
+    assert!(standby.is_in_recovery().unwrap());
+    assert!(!primary.is_in_recovery().unwrap());
+    let version = primary.version_num().unwrap();
+    assert!(version >= 130000, "{version}");
+    assert_eq!(standby.version_num().unwrap(), version);
+
+    // The cold copy (no pg_basebackup) restarts the primary: reconnect.
+    let writer = db.connect().await.unwrap();
+    writer
+        .batch_execute("INSERT INTO t VALUES (2)")
+        .await
+        .unwrap();
+    let reader = connect(db.config_via(standby.addr())).await;
+    let mut rows = 0;
+    for _ in 0..500 {
+        rows = query_one_i64(&reader, "SELECT count(*) FROM t").await;
+        if rows == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rows, 2, "the standby streams the primary's changes");
+    assert!(
+        reader
+            .batch_execute("INSERT INTO t VALUES (3)")
+            .await
+            .is_err()
+    );
+
+    let t = Instant::now();
+    standby.promote().unwrap();
+    eprintln!("promote: {:?}", t.elapsed());
+    assert!(!standby.is_in_recovery().unwrap());
+    reader
+        .batch_execute("INSERT INTO t VALUES (3)")
+        .await
+        .unwrap();
+    let dir = standby.data_dir().unwrap().to_path_buf();
+    drop(reader);
+    drop(standby);
+    assert!(wait_gone(&dir, Duration::from_secs(10)));
+    assert!(matches!(
+        PgServer::external(&shared().url()).unwrap().spawn_standby(),
+        Err(HarnessError::NotPrivate)
+    ));
+}
+
+async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn pgbouncer_transaction_mode_shares_one_session_and_session_mode_does_not() {
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+
+    let bouncer = Pgbouncer::start(server, PoolMode::Transaction, 1).unwrap();
+    assert_eq!(bouncer.mode(), PoolMode::Transaction);
+    assert_eq!(bouncer.pool_size(), 1);
+    let pool = bouncer.pool_for(&db, 2);
+    let (a, b) = (pool.get().await.unwrap(), pool.get().await.unwrap());
+    assert_eq!(backend_pid(&a).await, backend_pid(&b).await);
+    // The same server session: a's session lock is b's too.
+    assert!(try_lock(&a, 7).await);
+    assert!(try_lock(&b, 7).await);
+    let dir = bouncer.dir().to_path_buf();
+    drop((a, b, pool));
+    drop(bouncer);
+    assert!(!dir.exists());
+
+    let bouncer = Pgbouncer::start(server, PoolMode::Session, 4).unwrap();
+    let (a, b) = (
+        connect(bouncer.config_for(&db)).await,
+        connect(bouncer.config_for(&db)).await,
+    );
+    assert_ne!(backend_pid(&a).await, backend_pid(&b).await);
+    assert!(try_lock(&a, 7).await);
+    assert!(!try_lock(&b, 7).await);
+    assert!(bouncer.log_tail(50).contains("listening on"));
+}
+
+async fn connect(config: tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+#[test]
+#[ignore = "helper run by missing_pgbouncer_message"]
+fn child_print_pgbouncer_error() {
+    let err = Pgbouncer::start(shared(), PoolMode::Session, 1).unwrap_err();
+    println!("PGBOUNCER-ERROR: {err}");
+}
+
+#[test]
+fn missing_pgbouncer_message() {
+    let out = rerun(
+        "child_print_pgbouncer_error",
+        &[("PGBOUNCER", "/nonexistent")],
+    )
+    .wait_with_output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find("PGBOUNCER-ERROR: ").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
+    eprintln!("{line}");
+    assert!(line.contains("apt-get install pgbouncer"), "{line}");
+    assert!(line.contains("/nonexistent"), "{line}");
+}
+
+#[test]
+#[ignore = "helper run by a_killed_process_leaves_no_pgbouncer_behind"]
+fn child_start_pgbouncer_and_hang() {
+    let bouncer = Pgbouncer::start(shared(), PoolMode::Transaction, 1).unwrap();
+    println!("PGBOUNCER-DIR: {}", bouncer.dir().display());
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_killed_process_leaves_no_pgbouncer_behind() {
+    let mut child = rerun("child_start_pgbouncer_and_hang", &[]);
+    let stdout = child.stdout.take().unwrap();
+    let dir = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.find("PGBOUNCER-DIR: ")
+                .map(|i| std::path::PathBuf::from(&l[i + "PGBOUNCER-DIR: ".len()..]))
+        })
+        .expect("child printed no pgbouncer dir");
+    let ini = dir.join("pgbouncer.ini");
+    let running = || {
+        let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+        String::from_utf8_lossy(&ps.stdout)
+            .lines()
+            .any(|l| l.contains("pgbouncer") && l.contains(&*ini.to_string_lossy()))
+    };
+    assert!(running(), "pgbouncer runs while the test process lives");
+    child.kill().unwrap(); // SIGKILL: no destructor runs.
+    child.wait().unwrap();
+    assert!(
+        wait_gone(&dir, Duration::from_secs(15)),
+        "{} left behind",
+        dir.display()
+    );
+    assert!(!running(), "pgbouncer outlived the test process");
 }

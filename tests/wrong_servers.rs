@@ -1,0 +1,341 @@
+//! E16: wrong servers. A hot standby (read replica) never yields leadership; a
+//! transaction-mode pooler (PgBouncer) is detected and never lets a replica lead for longer
+//! than one check; a session-mode pooler works like a direct connection.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use deadpool_postgres::Pool;
+use pg_elector::{Elector, Error, LockKey};
+use pg_elector_harness::{Pgbouncer, PoolMode};
+use tokio::task::{JoinHandle, block_in_place};
+use tokio_util::sync::CancellationToken;
+use tracing::Dispatch;
+use tracing::instrument::WithSubscriber;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+
+// ---------------------------------------------------------------------------------------------
+// Log capture: the events of the electors' `run` futures, whatever thread polls them.
+
+#[derive(Clone, Debug)]
+struct Event {
+    level: tracing::Level,
+    fields: BTreeMap<String, String>,
+}
+
+impl Event {
+    fn message(&self) -> &str {
+        self.fields.get("message").map_or("", String::as_str)
+    }
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<Event>>>);
+
+impl Capture {
+    /// A dispatcher that records every event here and also prints `pg_elector` events to the
+    /// test's output (shown when a test fails).
+    fn dispatch(&self) -> Dispatch {
+        Dispatch::new(
+            tracing_subscriber::registry().with(self.clone()).with(
+                tracing_subscriber::fmt::layer()
+                    .with_test_writer()
+                    .with_filter(tracing_subscriber::EnvFilter::new("pg_elector=debug")),
+            ),
+        )
+    }
+
+    /// The ERROR events about `key`.
+    fn errors(&self, key: LockKey) -> Vec<String> {
+        let key = key.to_string();
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.level == tracing::Level::ERROR)
+            .filter(|e| e.fields.get("key").is_some_and(|k| *k == key))
+            .map(|e| e.message().to_owned())
+            .collect()
+    }
+}
+
+struct Visitor<'a>(&'a mut BTreeMap<String, String>);
+
+impl tracing::field::Visit for Visitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        event.record(&mut Visitor(&mut fields));
+        self.0.lock().unwrap().push(Event {
+            level: *event.metadata().level(),
+            fields,
+        });
+    }
+}
+
+/// A replica whose `run` logs into `capture`.
+struct Captured {
+    elector: Elector,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), Error>>,
+}
+
+impl Captured {
+    fn start(pool: Pool, key: LockKey, capture: &Capture) -> Self {
+        let elector = Elector::builder(pool, key)
+            .check_interval(I)
+            .build()
+            .expect("valid elector");
+        Self::run(elector, capture)
+    }
+
+    fn run(elector: Elector, capture: &Capture) -> Self {
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            {
+                let (elector, shutdown) = (elector.clone(), shutdown.clone());
+                async move { elector.run(shutdown).await }
+            }
+            .with_subscriber(capture.dispatch()),
+        );
+        Self {
+            elector,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn stop(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.task.await.expect("run does not panic")
+    }
+}
+
+/// Samples `electors` every 2 ms for `span`: the longest time any one of them reported
+/// leadership at a stretch, and how many samples saw two or more leaders.
+async fn watch_leadership(electors: &[&Elector], span: Duration) -> (Duration, usize, usize) {
+    let start = Instant::now();
+    let mut since: Vec<Option<Instant>> = vec![None; electors.len()];
+    let mut longest = Duration::ZERO;
+    let mut both = 0;
+    let mut terms = 0;
+    while start.elapsed() < span {
+        let now = Instant::now();
+        let mut leading = 0;
+        for (i, elector) in electors.iter().enumerate() {
+            if elector.is_leader() {
+                leading += 1;
+                let began = *since[i].get_or_insert_with(|| {
+                    terms += 1;
+                    now
+                });
+                longest = longest.max(now - began);
+            } else {
+                since[i] = None;
+            }
+        }
+        if leading > 1 {
+            both += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (longest, both, terms)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read replicas.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
+    let _serial = serial();
+    init_tracing();
+    let primary = block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
+    // The database exists before the copy, so the standby has it too.
+    let db = primary.create_database().await.unwrap();
+    let standby = block_in_place(|| primary.spawn_standby()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(block_in_place(|| standby.is_in_recovery()).unwrap());
+    let key = LockKey::new(16, 1);
+    let capture = Capture::default();
+
+    // Alone: nobody holds the lock anywhere, and still the standby's elector never leads.
+    let on_replica = Captured::start(db.pool_via(standby.addr(), 2), key, &capture);
+    let (longest, _, _) = watch_leadership(&[&on_replica.elector], 5 * I).await;
+    assert_eq!(longest, Duration::ZERO, "an elector on a read replica led");
+    let errors = capture.errors(key);
+    assert!(
+        errors.len() >= 3,
+        "one ERROR per try over 5·I, got {errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|m| m.contains("in recovery") && m.contains("read replica")),
+        "the error says why: {errors:?}"
+    );
+
+    // With a leader on the primary, still standby (and no lock taken on the replica).
+    let on_primary = Captured::start(db.pool(2), key, &capture);
+    wait_for(2 * I, || on_primary.elector.is_leader())
+        .await
+        .expect("the primary-side elector leads");
+    let (longest, _, _) = watch_leadership(&[&on_replica.elector], 3 * I).await;
+    assert_eq!(longest, Duration::ZERO);
+    on_primary.stop().await.unwrap();
+
+    // Promoted, the former replica is a primary of its own: the elector leads there.
+    let promoted = Instant::now();
+    block_in_place(|| standby.promote()).unwrap_or_else(|e| panic!("{e}"));
+    let took = wait_for(2 * I + I / 2, || on_replica.elector.is_leader())
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no leadership within 2·I of the promotion\n{}",
+                standby.log_tail(20)
+            )
+        });
+    let (promoted_client, conn) = db
+        .config_via(standby.addr())
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    assert_eq!(holders(&promoted_client, key).await.len(), 1);
+    eprintln!(
+        "read replica: {} errors logged while in recovery; led {took:?} after the promotion \
+         ({:?} including pg_ctl promote)",
+        errors.len(),
+        promoted.elapsed()
+    );
+    on_replica.stop().await.unwrap();
+    drop(standby);
+    drop(db);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Poolers.
+
+/// Three electors behind PgBouncer in transaction mode, started a third of I apart; watched for
+/// 10·I.
+async fn through_a_transaction_pooler(pool_size: usize, key: LockKey) {
+    let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+    let db = fresh_db().await;
+    let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Transaction, pool_size))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let capture = Capture::default();
+    let electors: Vec<Elector> = (0..3)
+        .map(|_| {
+            Elector::builder(bouncer.pool_for(&db, 2), key)
+                .check_interval(I)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // Watched from before the first start, so that every term is seen whole.
+    let watched: Vec<&Elector> = electors.iter().collect();
+    let (replicas, (longest, both, terms)) = tokio::join!(
+        async {
+            let mut replicas = Vec::new();
+            for elector in &electors {
+                replicas.push(Captured::run(elector.clone(), &capture));
+                tokio::time::sleep(I / 3).await;
+            }
+            replicas
+        },
+        watch_leadership(&watched, 11 * I),
+    );
+    let errors = capture.errors(key);
+    let pooler_errors = errors
+        .iter()
+        .filter(|m| m.contains("transaction-mode pooler"))
+        .count();
+    eprintln!(
+        "transaction pooler, pool size {pool_size}: {terms} terms, longest {longest:?}, \
+         {both} samples with two leaders, {pooler_errors} pooler errors in the log"
+    );
+    for replica in replicas {
+        replica.stop().await.unwrap();
+    }
+    assert!(
+        longest <= I + I / 2,
+        "a replica led for {longest:?} behind a transaction pooler (pool size {pool_size}); \
+         one check is {I:?}"
+    );
+    assert_eq!(both, 0, "two leaders at once (pool size {pool_size})");
+    assert!(
+        pooler_errors > 0,
+        "the log names the transaction-mode pooler (pool size {pool_size}): {errors:?}\n{}",
+        bouncer.log_tail(20)
+    );
+    drop(bouncer);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e16_through_a_transaction_pooler_no_replica_leads_longer_than_one_check_and_the_log_names_it()
+ {
+    let _serial = serial();
+    // Pool size 1: every client gets the same server session, on which every try would succeed
+    // (advisory locks are re-entrant per session) were it not for the session marks.
+    through_a_transaction_pooler(1, LockKey::new(16, 2)).await;
+    // Pool size 3: the sessions of consecutive statements differ.
+    through_a_transaction_pooler(3, LockKey::new(16, 3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e16_through_a_session_pooler_election_works() {
+    let _serial = serial();
+    let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+    let db = fresh_db().await;
+    let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Session, 10))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = LockKey::new(16, 4);
+    let capture = Capture::default();
+    let mut replicas: Vec<Captured> = (0..3)
+        .map(|_| Captured::start(bouncer.pool_for(&db, 2), key, &capture))
+        .collect();
+    let electors: Vec<&Elector> = replicas.iter().map(|r| &r.elector).collect();
+    wait_for(2 * I, || {
+        electors.iter().filter(|e| e.is_leader()).count() == 1
+    })
+    .await
+    .expect("one leader within 2·I");
+    let leader = electors.iter().position(|e| e.is_leader()).unwrap();
+    let (longest, both, terms) = watch_leadership(&electors, 5 * I).await;
+    assert_eq!(terms, 1, "the leadership stays with one replica");
+    assert!(longest >= 4 * I, "the leader kept leading: {longest:?}");
+    assert_eq!(both, 0);
+    assert!(electors[leader].is_leader());
+    let admin = db.connect().await.unwrap();
+    assert_eq!(holders(&admin, key).await.len(), 1);
+    assert!(capture.errors(key).is_empty(), "{:?}", capture.errors(key));
+
+    // Graceful shutdown hands over.
+    let old = replicas.remove(leader);
+    old.stop().await.expect("shutdown returns Ok");
+    let released = Instant::now();
+    let took = wait_for(I + I / 2, || replicas.iter().any(|r| r.elector.is_leader()))
+        .await
+        .expect("a standby leads within one I of the release");
+    assert_eq!(replicas.iter().filter(|r| r.elector.is_leader()).count(), 1);
+    eprintln!(
+        "session pooler: graceful handover in {took:?} ({:?} after the release)",
+        released.elapsed()
+    );
+    for replica in replicas {
+        replica.stop().await.unwrap();
+    }
+    assert!(holders(&admin, key).await.is_empty());
+    drop(bouncer);
+}
