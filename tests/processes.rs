@@ -501,6 +501,9 @@ async fn sigstop_leader_server_ends_its_session_and_another_leads_within_five_in
     // The leader ticks up to the stop.
     fleet.settled(old).await;
 
+    if !has_idle_session_timeout(&db).await {
+        return frozen_leader_without_idle_session_timeout(&fleet, old).await;
+    }
     let stopped = fleet.signal(old, Signal::STOP);
     // E13: the server ends the silent session 4·I after its last check (at most I before the
     // stop); a standby's next try, at most one I later, gets the lock.
@@ -561,6 +564,36 @@ async fn sigstop_leader_server_ends_its_session_and_another_leads_within_five_in
     assert!(new_ticks > 0, "the new leader ticks");
 }
 
+/// PostgreSQL 13: nobody can take over from a frozen leader, since the server keeps its silent
+/// session; on resume the local lease (E18) still keeps it from ticking before it demotes.
+async fn frozen_leader_without_idle_session_timeout(fleet: &Fleet, old: usize) {
+    let stopped = fleet.signal(old, Signal::STOP);
+    tokio::time::sleep(6 * I).await;
+    let takeovers: Vec<Event> = fleet
+        .events()
+        .into_iter()
+        .filter(|e| e.replica != old && e.what == What::Leader && e.at > stopped)
+        .collect();
+    assert!(takeovers.is_empty(), "{takeovers:?}");
+    let resumed = fleet.signal(old, Signal::CONT);
+    let standby = fleet.first_of(2 * I, What::Standby, old, resumed).await;
+    assert!(
+        standby.at - resumed <= 150_000,
+        "said standby after {} µs",
+        standby.at - resumed
+    );
+    let early: Vec<Event> = fleet
+        .events()
+        .into_iter()
+        .filter(|e| e.replica == old && e.what == What::Tick)
+        .filter(|e| e.at >= resumed && e.at <= standby.at)
+        .collect();
+    assert!(
+        early.is_empty(),
+        "ticked as leader after resuming: {early:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e14_a_partitioned_leader_process_demotes_within_two_intervals_before_another_leads_within_five()
  {
@@ -582,6 +615,16 @@ async fn e14_a_partitioned_leader_process_demotes_within_two_intervals_before_an
     proxy.blackhole();
     // E14: its next check (at most I away) gets no answer within I.
     let demoted = fleet.first_of(3 * I, What::Standby, old, cut).await;
+    if !has_idle_session_timeout(&db).await {
+        assert!(demoted.at - cut <= us(2 * I + I / 2));
+        tokio::time::sleep(6 * I).await;
+        assert_eq!(
+            leaders(&fleet.events(), 3),
+            Vec::<usize>::new(),
+            "no takeover on 13"
+        );
+        return;
+    }
     let new = fleet.first(7 * I, What::Leader, Some(old), cut).await;
     let (most, both) = overlap(&fleet.events(), 3);
     let (demoted_after, new_after) = (demoted.at - cut, new.at - cut);

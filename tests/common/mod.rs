@@ -138,6 +138,27 @@ pub async fn holders(client: &tokio_postgres::Client, key: LockKey) -> Vec<i32> 
         .collect()
 }
 
+/// What a test that needs the server's bound on a silent session says on PostgreSQL 13.
+pub const NO_IDLE_SESSION_TIMEOUT: &str = "PostgreSQL 13 has no idle_session_timeout: the server \
+     keeps a silent lock session, and its lock, until TCP gives up, so no standby can take over; \
+     this test checks that instead of the takeover";
+
+/// Whether the server has `idle_session_timeout` (PostgreSQL 14 and newer), the bound on an
+/// orphaned lock session (E13). Says so on stderr when it has not.
+pub async fn has_idle_session_timeout(db: &TestDb) -> bool {
+    let client = db.connect().await.unwrap();
+    let version: String = client
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let has = version.parse::<i32>().unwrap() >= 140_000;
+    if !has {
+        eprintln!("{NO_IDLE_SESSION_TIMEOUT}");
+    }
+    has
+}
+
 /// Terminates the backend that holds `key`, as an operator or a failover would.
 pub async fn terminate_holder(db: &TestDb, key: LockKey) {
     let admin = db.connect().await.unwrap();
