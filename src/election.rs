@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tokio::time::{Interval, MissedTickBehavior, interval, timeout};
+use tokio::time::{Instant, Interval, MissedTickBehavior, interval, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
@@ -13,6 +13,10 @@ use crate::term::TermEnd;
 
 /// What the logs say when a transaction-mode pooler is detected (E16).
 const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
+
+const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
+
+const SHARED_TRY: &str = "this try ran on a server session that another elector holds the lock on; this replica stays standby";
 
 /// How long the unlock at shutdown may take (E6).
 pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
@@ -65,6 +69,7 @@ async fn standby(
     shutdown: &CancellationToken,
     ticks: &mut Interval,
 ) -> Option<Box<LockSession>> {
+    let mut repeats = Repeats::default();
     loop {
         tokio::select! {
             biased;
@@ -102,23 +107,68 @@ async fn standby(
                     }
                     // Dropping the session closes it, which frees the lock.
                     Err(e) => {
-                        tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                        if repeats.loud("acquire") {
+                            tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                        } else {
+                            tracing::debug!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                        }
                     }
                 }
             }
             Ok(Attempt::Refused) => {
+                repeats.clear();
                 tracing::trace!(key = %pg.key, "lock held by another session")
             }
-            Ok(Attempt::InRecovery) => tracing::error!(
-                key = %pg.key,
-                "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary"
-            ),
-            Ok(Attempt::SharedSession) => tracing::error!(
-                key = %pg.key,
-                "{POOLER}: this try ran on a server session that another elector holds the lock on; this replica stays standby"
-            ),
-            Err(e) => tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}"),
+            Ok(Attempt::InRecovery) => {
+                if repeats.loud("recovery") {
+                    tracing::error!(key = %pg.key, "{RECOVERY}")
+                } else {
+                    tracing::debug!(key = %pg.key, "{RECOVERY}")
+                }
+            }
+            Ok(Attempt::SharedSession) => {
+                if repeats.loud("pooler") {
+                    tracing::error!(key = %pg.key, "{POOLER}: {SHARED_TRY}")
+                } else {
+                    tracing::debug!(key = %pg.key, "{POOLER}: {SHARED_TRY}")
+                }
+            }
+            Err(e) => {
+                if repeats.loud("acquire") {
+                    tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                } else {
+                    tracing::debug!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                }
+            }
         }
+    }
+}
+
+/// How often a standby repeats the same complaint at its full level; in between, at DEBUG.
+const REPEAT_EVERY: Duration = Duration::from_secs(60);
+
+/// Keeps a standby that fails the same way every I from flooding the log: a failure is logged
+/// at its level when it is new (or differs from the last one) and once a minute while it lasts.
+#[derive(Debug, Default)]
+struct Repeats {
+    last: Option<(&'static str, Instant)>,
+}
+
+impl Repeats {
+    fn loud(&mut self, kind: &'static str) -> bool {
+        let now = Instant::now();
+        let loud = match self.last {
+            Some((last, at)) => last != kind || now.duration_since(at) >= REPEAT_EVERY,
+            None => true,
+        };
+        if loud {
+            self.last = Some((kind, now));
+        }
+        loud
+    }
+
+    fn clear(&mut self) {
+        self.last = None;
     }
 }
 
@@ -211,5 +261,27 @@ impl Drop for Held<'_> {
             drop(session);
             tracing::warn!(key = %self.pg.key, "lock abandoned: run was dropped or panicked while leading; closing its session frees the lock");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_failure_is_loud_once_a_minute_and_a_new_one_at_once() {
+        let mut repeats = Repeats::default();
+        assert!(repeats.loud("recovery"));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!repeats.loud("recovery"));
+        assert!(repeats.loud("acquire"), "a different failure");
+        assert!(!repeats.loud("acquire"));
+        tokio::time::advance(REPEAT_EVERY).await;
+        assert!(repeats.loud("acquire"), "a minute later");
+        repeats.clear();
+        assert!(
+            repeats.loud("acquire"),
+            "after a refused try, the same failure is new"
+        );
     }
 }
