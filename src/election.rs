@@ -7,8 +7,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::elector::{PgSettings, Shared};
-use crate::lease::{deadline_after, now_ms};
-use crate::lock_session::{Attempt, Check, LockSession, SessionError, try_acquire};
+use crate::lease::{Lease, deadline_after, now_ms};
+use crate::lock_session::{Attempt, Check, LockSession, SessionError, WATCH_POLL, try_acquire};
 use crate::term::TermEnd;
 
 /// What the logs say when a transaction-mode pooler is detected (E16).
@@ -41,10 +41,22 @@ pub(crate) async fn run(
         session: None,
     };
     loop {
-        let Some(session) = standby(shared, pg, &shutdown, &mut ticks).await else {
+        let Some((session, sent_at, unbounded)) = standby(pg, &shutdown, &mut ticks).await else {
             return Ok(());
         };
+        if unbounded {
+            shared.warn_no_idle_session_timeout(pg.key);
+        }
+        // Guarded from here on: a drop or a panic closes the session (E7).
         let session = held.session.insert(session);
+        let deadline = deadline_after(sent_at, lease_length(pg.interval));
+        if now_ms() >= deadline {
+            drop(held.session.take());
+            tracing::warn!(key = %pg.key, "the grant answered after the lease it would start had expired; closing that session");
+            continue;
+        }
+        shared.promote(|lease| lease.hold_until(deadline));
+        tracing::info!(key = %pg.key, "leadership acquired");
         ticks.reset();
         match lead(shared, pg, &shutdown, &mut ticks, session).await {
             Led::Shutdown => {
@@ -62,13 +74,13 @@ pub(crate) async fn run(
     }
 }
 
-/// Tries the lock every tick until it is granted (`Some`) or `shutdown` is cancelled (`None`).
+/// Tries the lock every tick until it is granted (`Some`, with the try's send time and whether
+/// the server lacks `idle_session_timeout`) or `shutdown` is cancelled (`None`).
 async fn standby(
-    shared: &Shared,
     pg: &PgSettings,
     shutdown: &CancellationToken,
     ticks: &mut Interval,
-) -> Option<Box<LockSession>> {
+) -> Option<(Box<LockSession>, u64, bool)> {
     let mut repeats = Repeats::default();
     loop {
         tokio::select! {
@@ -82,39 +94,17 @@ async fn standby(
             attempt = try_acquire(
                 &pg.pool,
                 pg.key,
+                4 * pg.interval,
                 pg.interval,
                 pg.interval.max(MIN_TRY_BOUND),
             ) => attempt,
         };
         match attempt {
-            Ok(Attempt::Granted { session, sent_at }) => {
-                let set_up = tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return None,
-                    set_up = session.set_up(4 * pg.interval, pg.interval) => set_up,
-                };
-                match set_up {
-                    Ok(setup) => {
-                        if setup.no_idle_session_timeout {
-                            shared.warn_no_idle_session_timeout(pg.key);
-                        }
-                        shared
-                            .lease()
-                            .hold_until(deadline_after(sent_at, lease_length(pg.interval)));
-                        shared.promote();
-                        tracing::info!(key = %pg.key, "leadership acquired");
-                        return Some(session);
-                    }
-                    // Dropping the session closes it, which frees the lock.
-                    Err(e) => {
-                        if repeats.loud("acquire") {
-                            tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}")
-                        } else {
-                            tracing::debug!(key = %pg.key, error = %e, "acquire lock connection: {e}")
-                        }
-                    }
-                }
-            }
+            Ok(Attempt::Granted {
+                session,
+                sent_at,
+                unbounded,
+            }) => return Some((session, sent_at, unbounded)),
             Ok(Attempt::Refused) => {
                 repeats.clear();
                 tracing::trace!(key = %pg.key, "lock held by another session")
@@ -189,13 +179,11 @@ async fn lead(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            () = session.closed() => return Led::Lost("the lock connection closed".into()),
+            cause = watch(shared.lease(), session) => return Led::Lost(cause.into()),
             _ = ticks.tick() => {}
         }
         if !shared.lease().is_live() {
-            return Led::Lost(
-                "the local lease expired: the process was paused or starved for longer than the lease".into(),
-            );
+            return Led::Lost(LEASE_EXPIRED.into());
         }
         let sent_at = now_ms();
         let check = tokio::select! {
@@ -204,6 +192,11 @@ async fn lead(
             check = session.check(pg.interval) => check,
         };
         match check {
+            // A late answer does not revive a lease that has run out: the term has ended for
+            // everyone who read `is_leader` meanwhile.
+            Ok(Check::Holds) if !shared.lease().is_live() => {
+                return Led::Lost(LEASE_EXPIRED.into());
+            }
             Ok(Check::Holds) => shared
                 .lease()
                 .hold_until(deadline_after(sent_at, lease_length(pg.interval))),
@@ -217,6 +210,24 @@ async fn lead(
             }
             Err(e) => return Led::Lost(format!("the leader check failed: {e}")),
         }
+    }
+}
+
+const LEASE_EXPIRED: &str =
+    "the local lease expired: the process was paused or starved for longer than the lease";
+
+/// Completes, with the cause, when the lock connection closes (F2) or the local lease expires
+/// (E18) between two checks: within [`WATCH_POLL`] of either, so that a process resumed after
+/// a freeze ends its term (and cancels its token) at once rather than at its next tick.
+async fn watch(lease: &Lease, session: &LockSession) -> &'static str {
+    loop {
+        if session.is_closed() {
+            return "the lock connection closed";
+        }
+        if !lease.is_live() {
+            return LEASE_EXPIRED;
+        }
+        tokio::time::sleep(WATCH_POLL).await;
     }
 }
 

@@ -138,13 +138,16 @@ impl Elector {
         if !self.is_leader() {
             return self.shared.standby_term.clone();
         }
-        lock(&self.shared.term).clone()
+        lock(&self.shared.term).handle()
     }
 
     /// Like [`term`](Self::term), but the returned term also ends (with
     /// [`TermEnd::ParentCancelled`]) when `parent` is cancelled.
     pub fn term_with(&self, parent: &CancellationToken) -> Term {
-        self.term().linked_to(parent)
+        if !self.is_leader() {
+            return self.shared.standby_term.clone();
+        }
+        lock(&self.shared.term).linked_to(parent)
     }
 
     /// Waits until this replica leads, and returns the live term; at once when it leads now.
@@ -266,26 +269,34 @@ impl Shared {
         &self.lease
     }
 
-    /// Whether a term is live (the lease aside).
-    pub(crate) fn in_term(&self) -> bool {
-        lock(&self.term).end().is_none()
-    }
-
-    /// Starts a new term. The lease must be set by the caller first.
-    pub(crate) fn promote(&self) {
-        let term = Term::leading(Some(self.lease.clone()));
-        *lock(&self.term) = term;
+    /// Starts a new term holding the lease `hold` sets, unless a term is live. The term lock
+    /// makes promotions and demotions atomic with respect to each other.
+    pub(crate) fn promote(&self, hold: impl FnOnce(&Lease)) {
+        {
+            let mut current = lock(&self.term);
+            if current.end().is_none() {
+                return;
+            }
+            hold(&self.lease);
+            *current = Term::leading(Some(self.lease.clone()));
+        }
         if let Some(gauge) = &self.gauge {
             gauge.set(true);
         }
         self.changes.send_modify(|n| *n += 1);
     }
 
-    /// Ends the current term with `end`. The lease goes first, so that whoever is woken by
-    /// the term's token already reads `is_leader() == false`.
+    /// Ends the current term, if one is live, with `end`. The lease goes first, so that
+    /// whoever is woken by the term's token already reads `is_leader() == false`.
     pub(crate) fn demote(&self, end: TermEnd) {
-        self.lease.clear();
-        let term = std::mem::replace(&mut *lock(&self.term), self.standby_term.clone());
+        let term = {
+            let mut current = lock(&self.term);
+            if current.end().is_some() {
+                return;
+            }
+            self.lease.clear();
+            std::mem::replace(&mut *current, self.standby_term.clone())
+        };
         term.finish(end);
         if let Some(gauge) = &self.gauge {
             gauge.set(false);

@@ -55,17 +55,26 @@ pub(crate) fn deadline_after(start: u64, after: Duration) -> u64 {
 
 /// Milliseconds on a clock that keeps counting while the machine is suspended.
 ///
-/// Linux: `CLOCK_BOOTTIME` (read through the vDSO). Elsewhere: the monotonic clock behind
-/// `std::time::Instant`, which on some platforms stops during suspend.
+/// Linux: `CLOCK_BOOTTIME` (read through the vDSO). Elsewhere, or on a kernel or sandbox that
+/// refuses `CLOCK_BOOTTIME`: the monotonic clock behind `std::time::Instant`, which on some
+/// platforms stops during suspend.
 #[cfg(target_os = "linux")]
 #[inline]
 pub(crate) fn now_ms() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    (t.tv_sec as u64) * 1000 + (t.tv_nsec as u64) / 1_000_000
+    use rustix::time::{DynamicClockId, clock_gettime_dynamic};
+    match clock_gettime_dynamic(DynamicClockId::Boottime) {
+        Ok(t) => (t.tv_sec as u64) * 1000 + (t.tv_nsec as u64) / 1_000_000,
+        Err(_) => monotonic_ms(),
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn now_ms() -> u64 {
+    monotonic_ms()
+}
+
+#[cfg_attr(target_os = "linux", cold)]
+fn monotonic_ms() -> u64 {
     use std::sync::OnceLock;
     use std::time::Instant;
     static EPOCH: OnceLock<Instant> = OnceLock::new();

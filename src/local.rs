@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::elector::{Elector, Mode, Shared};
+use crate::lease::Lease;
 use crate::metrics::GaugeSpec;
 use crate::term::{Term, TermEnd};
 
@@ -134,26 +135,19 @@ impl ManualControl {
 
     /// Ends the live term, if any, with [`TermEnd::LeadershipLost`], as a lost lock would.
     pub fn demote(&self) {
-        if self.elector.shared.in_term() {
-            self.elector.shared.demote(TermEnd::LeadershipLost);
-        }
+        self.elector.shared.demote(TermEnd::LeadershipLost);
     }
 }
 
 fn promote(shared: &Shared) {
-    if !shared.in_term() {
-        shared.lease().hold_forever();
-        shared.promote();
-    }
+    shared.promote(Lease::hold_forever);
 }
 
 /// `run` of a local elector: waits for shutdown, then ends a live term with `Shutdown`.
 pub(crate) async fn run(shared: &Shared, shutdown: CancellationToken) -> Result<(), Error> {
     let _slot = shared.claim_run()?;
     shutdown.cancelled().await;
-    if shared.in_term() {
-        shared.demote(TermEnd::Shutdown);
-    }
+    shared.demote(TermEnd::Shutdown);
     Ok(())
 }
 

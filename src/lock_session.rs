@@ -11,13 +11,20 @@ use crate::LockKey;
 use crate::lease::now_ms;
 
 /// The try (E1, E3), in one statement so that even a transaction pooler runs it on one
-/// server session. It answers:
+/// server session, and so that a granted lock never exists on a session without its bounds.
+/// It answers:
 /// - `recovery`: the server is a hot standby (E16), whose advisory locks are local to it, so a
 ///   lock granted there proves nothing;
 /// - `marked`: this server session already carries some elector's mark, so it is shared by a
 ///   transaction-mode pooler (E16); the try leaves a visit mark for that elector to find;
-/// - `granted`: the lock is ours, and the session now carries our mark ($3);
+/// - `granted`: the lock is ours; the session now carries our mark ($3) and
+///   `idle_session_timeout` = $4 ms (E13), and its TCP timeouts are the system's (E14, see
+///   [`LockSession`]);
+/// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
+///
+/// Setting the bounds in the granting statement matters: if the answer is lost (a partition
+/// right after the grant), the server still ends the silent session after 4·I.
 const TRY_LOCK: &str = "SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
@@ -25,7 +32,14 @@ const TRY_LOCK: &str = "SELECT CASE \
             THEN 'marked' END \
      WHEN pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
-            THEN 'granted' END \
+             AND pg_catalog.set_config('tcp_user_timeout', '0', false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_keepalives_idle', '0', false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_keepalives_interval', '0', false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_keepalives_count', '0', false) IS NOT NULL \
+       THEN CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 \
+                 THEN 'granted_unbounded' \
+                 WHEN pg_catalog.set_config('idle_session_timeout', $4::text, false) IS NOT NULL \
+                 THEN 'granted' END END \
      ELSE 'refused' END";
 
 /// The leader check (E5): the session answers, still holds the lock, and is still ours alone
@@ -40,9 +54,10 @@ const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
 
 const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
 
-/// How often the leader looks at its connection between checks (F2): a closed socket is
-/// noticed within this time rather than at the next check.
-const CLOSED_POLL: Duration = Duration::from_millis(20);
+/// How often the leader looks at its connection and its lease between checks (F2, E18): a
+/// closed socket, or a lease that expired while the process was frozen, is noticed within this
+/// time rather than at the next check.
+pub(crate) const WATCH_POLL: Duration = Duration::from_millis(20);
 
 /// Why a try or a check failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +78,8 @@ pub(crate) enum Attempt {
     Granted {
         session: Box<LockSession>,
         sent_at: u64,
+        /// The server has no `idle_session_timeout` (PostgreSQL 13 and older).
+        unbounded: bool,
     },
     /// Another session holds the lock.
     Refused,
@@ -84,12 +101,6 @@ pub(crate) enum Check {
     SharedSession,
 }
 
-/// What setting up a granted session found.
-pub(crate) struct Setup {
-    /// The server does not know `idle_session_timeout` (PostgreSQL 13 and older).
-    pub(crate) no_idle_session_timeout: bool,
-}
-
 /// Tries the lock once on a connection borrowed from `pool`, waiting at most `wait` for the
 /// connection and `bound` for the query.
 ///
@@ -100,6 +111,7 @@ pub(crate) struct Setup {
 pub(crate) async fn try_acquire(
     pool: &Pool,
     key: LockKey,
+    idle_session_timeout: Duration,
     wait: Duration,
     bound: Duration,
 ) -> Result<Attempt, SessionError> {
@@ -109,19 +121,21 @@ pub(crate) async fn try_acquire(
         .map_err(SessionError::Pool)?;
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
+    let idle_ms = idle_session_timeout.as_millis().to_string();
     let sent_at = now_ms();
     let answer: String = bounded(bound, async {
         let client = borrowed.client();
         let statement = client.prepare_cached(TRY_LOCK).await?;
         let row = client
-            .query_one(&statement, &[&key.class(), &key.object(), &mark])
+            .query_one(&statement, &[&key.class(), &key.object(), &mark, &idle_ms])
             .await?;
         row.try_get(0)
     })
     .await?;
     let attempt = match answer.as_str() {
-        "granted" => {
+        granted @ ("granted" | "granted_unbounded") => {
             return Ok(Attempt::Granted {
+                unbounded: granted == "granted_unbounded",
                 session: Box::new(LockSession {
                     client: Object::take(borrowed.keep()),
                     key,
@@ -140,6 +154,11 @@ pub(crate) async fn try_acquire(
 
 /// The connection that holds the lock, out of the pool. Dropping it closes the connection,
 /// and the server frees the lock with the session.
+///
+/// The session's `tcp_user_timeout` and keepalives are reset to the system's when it is
+/// granted: a short server-side TCP timeout could end a partitioned session, and free the lock,
+/// before the old leader has demoted itself (≤ 2·I), which would break the self-fencing order
+/// (E14). `idle_session_timeout` (4·I) stays the server's only bound on a silent session.
 pub(crate) struct LockSession {
     client: ClientWrapper,
     key: LockKey,
@@ -148,44 +167,6 @@ pub(crate) struct LockSession {
 }
 
 impl LockSession {
-    /// Sets up the session for leading, within `bound`.
-    ///
-    /// `idle_session_timeout` = 4·I lets the server end the session once its client has been
-    /// silent that long (E13). The server's own TCP timeouts are reset to the system's for this
-    /// session: a short `tcp_user_timeout` or keepalive in the server's configuration could end
-    /// a partitioned session, and free the lock, before the old leader has demoted itself
-    /// (≤ 2·I), which would break the self-fencing order (E14).
-    pub(crate) async fn set_up(
-        &self,
-        idle_session_timeout: Duration,
-        bound: Duration,
-    ) -> Result<Setup, SessionError> {
-        let set_up = async {
-            self.client
-                .batch_execute(
-                    "SET tcp_user_timeout = 0; SET tcp_keepalives_idle = 0; \
-                     SET tcp_keepalives_interval = 0; SET tcp_keepalives_count = 0",
-                )
-                .await?;
-            let sql = format!(
-                "SET idle_session_timeout = {}",
-                idle_session_timeout.as_millis()
-            );
-            match self.client.batch_execute(&sql).await {
-                Ok(()) => Ok(Setup {
-                    no_idle_session_timeout: false,
-                }),
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {
-                    Ok(Setup {
-                        no_idle_session_timeout: true,
-                    })
-                }
-                Err(e) => Err(e),
-            }
-        };
-        bounded(bound, set_up).await
-    }
-
     /// The leader check (E5, E16).
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
         let (holds, ours, unvisited): (bool, bool, bool) = bounded(bound, async {
@@ -221,14 +202,11 @@ impl LockSession {
         .await
     }
 
-    /// Completes when the connection has closed (F2).
-    ///
-    /// tokio-postgres notices a FIN or RST as soon as it arrives, because its connection task
-    /// always reads; the client only exposes that as a flag, so it is polled.
-    pub(crate) async fn closed(&self) {
-        while !self.client.is_closed() {
-            tokio::time::sleep(CLOSED_POLL).await;
-        }
+    /// Whether the connection has closed (F2). tokio-postgres notices a FIN or RST as soon as
+    /// it arrives, because its connection task always reads; the client only exposes that as a
+    /// flag, which the leader polls every [`WATCH_POLL`].
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.is_closed()
     }
 }
 

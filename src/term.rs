@@ -25,8 +25,18 @@ pub enum TermEnd {
 /// One leadership term of this replica, or a standby's empty term.
 ///
 /// A term is what background work holds on to while it runs on the leader: its
-/// [`token`](Term::token) is cancelled the moment leadership ends, and [`end`](Term::end) says
-/// why. Terms are cheap to clone; clones share one token.
+/// [`token`](Term::token) is cancelled when leadership ends, and [`end`](Term::end) says why.
+/// Terms are cheap to clone; clones share one token. Each call of
+/// [`Elector::term`](crate::Elector::term) hands out its own token (a child of the term's), so
+/// a holder that cancels its token ends its own handle only.
+///
+/// When leadership ends by a demotion, the token is cancelled at once. When it ends because the
+/// local lease ran out while the process was frozen (SIGSTOP, a suspended VM), [`is_leader`]
+/// and [`Elector::do_work`](crate::Elector::do_work) see it at once on resume, and the token
+/// follows within 20 ms. Code that must never act after that instant checks
+/// [`is_leader`](Term::is_leader) right before each side effect (or runs it through `do_work`).
+///
+/// [`is_leader`]: Term::is_leader
 ///
 /// A term from [`Elector::term`](crate::Elector::term) on a standby is already ended with
 /// [`TermEnd::NotLeader`], so a loop gated on it stops at once.
@@ -57,6 +67,8 @@ struct TermInner {
     lease: Option<Arc<Lease>>,
     /// Terms made by `term_with` from this one; they end when this one does.
     linked: Mutex<Vec<Weak<TermInner>>>,
+    /// For a handle on a leadership term: that term, whose end is this one's.
+    of: Option<Arc<TermInner>>,
 }
 
 impl Term {
@@ -80,6 +92,22 @@ impl Term {
                 leader,
                 lease,
                 linked: Mutex::new(Vec::new()),
+                of: None,
+            }),
+        }
+    }
+
+    /// A handle on this term for one caller: its token is a child of this term's, so a holder
+    /// that cancels its token ends its own handle, never the term for everyone else.
+    pub(crate) fn handle(&self) -> Self {
+        Self {
+            inner: Arc::new(TermInner {
+                token: self.inner.token.child_token(),
+                end: OnceLock::new(),
+                leader: self.inner.leader,
+                lease: self.inner.lease.clone(),
+                linked: Mutex::new(Vec::new()),
+                of: Some(self.inner.clone()),
             }),
         }
     }
@@ -124,7 +152,8 @@ impl Term {
     }
 
     /// The term's cancellation token: cancelled when the term ends. Hand it (or a child of
-    /// it) to work that must stop when leadership ends.
+    /// it) to work that must stop when leadership ends. Cancelling it ends this handle (and
+    /// its clones) only, never the term of other holders.
     pub fn token(&self) -> &CancellationToken {
         &self.inner.token
     }
@@ -143,7 +172,11 @@ impl Term {
         if let Some(end) = self.inner.end.get() {
             return Some(*end);
         }
-        // Only a parent's cancellation reaches the token without setting `end` first.
+        if let Some(end) = self.inner.of.as_ref().and_then(|term| term.end.get()) {
+            return Some(*end);
+        }
+        // Only a parent's cancellation, or the holder's own, reaches the token without an
+        // `end` set first.
         self.inner
             .token
             .is_cancelled()
@@ -228,6 +261,18 @@ mod tests {
             Some(TermEnd::LeadershipLost),
             "linked after the end"
         );
+    }
+
+    #[test]
+    fn a_handle_ends_with_its_term_but_cancelling_it_ends_only_the_handle() {
+        let term = Term::leading(None);
+        let (a, b) = (term.handle(), term.handle());
+        a.token().cancel();
+        assert_eq!(a.end(), Some(TermEnd::ParentCancelled));
+        assert!(b.is_leader() && term.is_leader());
+        term.finish(TermEnd::LeadershipLost);
+        assert_eq!(b.end(), Some(TermEnd::LeadershipLost));
+        assert!(b.token().is_cancelled());
     }
 
     #[test]

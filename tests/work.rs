@@ -86,6 +86,38 @@ async fn e9_a_leaders_term_ends_with_shutdown_and_term_with_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e9_a_holder_that_cancels_its_terms_token_ends_its_own_handle_only() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let a = Replica::start(db.pool(2), LockKey::new(9, 3), I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let mine = a.elector.term();
+    let clone = mine.clone();
+    mine.token().cancel();
+    assert!(
+        !mine.is_leader() && !clone.is_leader(),
+        "the handle and its clones end"
+    );
+    assert_eq!(mine.end(), Some(TermEnd::ParentCancelled));
+
+    let other = a.elector.term();
+    assert!(other.is_leader(), "another holder's term goes on");
+    assert!(a.elector.is_leader());
+    let work: Result<Option<u8>, ()> = a.elector.do_work(|_| async { Ok(1) }).await;
+    assert_eq!(work, Ok(Some(1)));
+
+    a.stop().await.unwrap();
+    assert_eq!(other.end(), Some(TermEnd::Shutdown));
+    assert_eq!(
+        mine.end(),
+        Some(TermEnd::ParentCancelled),
+        "the first cause stays"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e10_do_work_on_a_standby_does_not_call_f() {
     let _serial = serial();
     let db = fresh_db().await;

@@ -71,5 +71,5 @@ pub use panic::install_panic_hook;
 pub use probe::{Probe, ProbeStatus, TickOutcome};
 pub use readiness::{FailingProbe, Readiness, ReadinessReport};
 pub use supervisor::{DEFAULT_SUPERVISOR_PROBE, RestartPolicy, Supervisor, WorkerResult};
-pub use ticker::LeaderTicker;
+pub use ticker::{LeaderTicker, MAX_TICK_PERIOD, MIN_TICK_PERIOD};
 pub use while_leader::WhileLeader;

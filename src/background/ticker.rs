@@ -74,19 +74,26 @@ pub struct LeaderTicker {
     tick_at_start: bool,
 }
 
+/// The shortest period a [`LeaderTicker`] keeps.
+pub const MIN_TICK_PERIOD: Duration = Duration::from_millis(1);
+
+/// The longest period a [`LeaderTicker`] keeps: 366 days.
+pub const MAX_TICK_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+
 impl LeaderTicker {
     /// A ticker named `name` (the `loop_name` of its log lines) that ticks every `period`
     /// while `gate` is open.
     ///
-    /// # Panics
-    ///
-    /// When `period` is zero.
+    /// The period is kept between [`MIN_TICK_PERIOD`] and [`MAX_TICK_PERIOD`]: a zero period (a
+    /// configuration slip) ticks every millisecond rather than spinning, and one beyond a year
+    /// ticks yearly rather than overflowing the clock; either is logged at WARN.
     pub fn new(name: impl Into<String>, gate: impl Into<Gate>, period: Duration) -> Self {
         let name: String = name.into();
-        assert!(
-            !period.is_zero(),
-            "the period of leader ticker {name:?} must not be zero"
-        );
+        let kept = period.clamp(MIN_TICK_PERIOD, MAX_TICK_PERIOD);
+        if kept != period {
+            tracing::warn!(loop_name = %name, asked = ?period, period = ?kept, "leader ticker period out of range; clamped");
+        }
+        let period = kept;
         Self {
             name: name.into(),
             gate: gate.into(),
@@ -215,6 +222,19 @@ impl fmt::Debug for LeaderTicker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_period_out_of_range_is_clamped_not_a_panic() {
+        let gate = Gate::open();
+        assert_eq!(
+            LeaderTicker::new("zero", gate.clone(), Duration::ZERO).period(),
+            MIN_TICK_PERIOD
+        );
+        assert_eq!(
+            LeaderTicker::new("huge", gate, Duration::MAX).period(),
+            MAX_TICK_PERIOD
+        );
+    }
 
     #[test]
     fn b1_the_next_tick_is_the_next_grid_point_not_in_the_past() {

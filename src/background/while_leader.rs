@@ -51,7 +51,7 @@ use crate::Term;
 ///     async move {
 ///         archiver
 ///             .run(shutdown, |term| async move {
-///                 while !term.token().is_cancelled() {
+///                 while term.is_leader() {
 ///                     // ... archive one batch, then pace ...
 ///                     tokio::select! {
 ///                         _ = term.cancelled() => {}
