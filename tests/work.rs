@@ -15,10 +15,7 @@ async fn e9_terms_on_a_standby_are_born_ended_and_on_the_leader_live_until_leade
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(9, 1);
-    let a = Replica::start(db.pool(2), key, I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = leading_replica(&db, key).await;
     let b = Replica::start(db.pool(2), key, I);
     tokio::time::sleep(I).await;
 
@@ -74,10 +71,7 @@ async fn e9_terms_on_a_standby_are_born_ended_and_on_the_leader_live_until_leade
 async fn e9_a_leaders_term_ends_with_shutdown_and_term_with_too() {
     let _serial = serial();
     let db = fresh_db().await;
-    let a = Replica::start(db.pool(2), LockKey::new(9, 2), I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = leading_replica(&db, LockKey::new(9, 2)).await;
     let term = a.elector.term();
     let linked = a.elector.term_with(&CancellationToken::new());
     a.stop().await.unwrap();
@@ -89,10 +83,7 @@ async fn e9_a_leaders_term_ends_with_shutdown_and_term_with_too() {
 async fn e9_a_holder_that_cancels_its_terms_token_ends_its_own_handle_only() {
     let _serial = serial();
     let db = fresh_db().await;
-    let a = Replica::start(db.pool(2), LockKey::new(9, 3), I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = leading_replica(&db, LockKey::new(9, 3)).await;
     let mine = a.elector.term();
     let clone = mine.clone();
     mine.token().cancel();
@@ -122,10 +113,7 @@ async fn e10_do_work_on_a_standby_does_not_call_f() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(10, 1);
-    let a = Replica::start(db.pool(2), key, I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = leading_replica(&db, key).await;
     let b = Replica::start(db.pool(2), key, I);
     tokio::time::sleep(I).await;
 
@@ -150,10 +138,7 @@ async fn e10_do_work_on_a_standby_does_not_call_f() {
 async fn e10_do_work_on_the_leader_returns_fs_result() {
     let _serial = serial();
     let db = fresh_db().await;
-    let a = Replica::start(db.pool(2), LockKey::new(10, 2), I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = leading_replica(&db, LockKey::new(10, 2)).await;
 
     // f may borrow from its caller: no 'static bound.
     let mut swept = Vec::new();
@@ -185,10 +170,7 @@ async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
     for f_fails in [false, true] {
         let db = fresh_db().await;
         let key = LockKey::new(10, 3);
-        let a = Replica::start(db.pool(2), key, I);
-        wait_for(3 * I, || a.elector.is_leader())
-            .await
-            .expect("a leads");
+        let a = leading_replica(&db, key).await;
 
         let got: Result<Option<&str>, &str> = a
             .elector
@@ -211,10 +193,7 @@ async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
 async fn e11_is_leader_is_callable_from_any_thread() {
     let _serial = serial();
     let db = fresh_db().await;
-    let a = Replica::start(db.pool(2), LockKey::new(11, 1), I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = leading_replica(&db, LockKey::new(11, 1)).await;
     let elector = a.elector.clone();
     let seen = std::thread::spawn(move || (0..1000).all(|_| elector.is_leader()))
         .join()

@@ -73,6 +73,15 @@ impl Replica {
     }
 }
 
+/// A replica at interval `I` on a pool of two, once it leads (within 3·I).
+pub async fn leading_replica(db: &TestDb, key: LockKey) -> Replica {
+    let replica = Replica::start(db.pool(2), key, I);
+    wait_for(3 * I, || replica.elector.is_leader())
+        .await
+        .expect("the first replica leads within 3·I");
+    replica
+}
+
 /// Polls `cond` every 2 ms until it holds or `limit` passes; returns how long it took.
 pub async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
     let start = Instant::now();
