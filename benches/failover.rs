@@ -23,28 +23,18 @@
 //! Before each fault the bench waits a random part of I, so the fault falls at a random phase
 //! of the replicas' check ticks.
 
-use std::convert::Infallible;
-use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+#[path = "../tests/replica/mod.rs"]
+mod replica;
 
-use pg_elector::{Elector, LockKey};
-use pg_elector_harness::{
-    FaultProxy, PgServer, ShutdownMode, TestDb, config_with_addr, pool_from_config,
-};
-use rustix::process::{Pid, Signal, kill_process};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use std::sync::Arc;
+use std::time::Duration;
 
-const ENV_URL: &str = "PG_ELECTOR_REPLICA_URL";
-const ENV_ADDR: &str = "PG_ELECTOR_REPLICA_ADDR";
-const ENV_KEY: &str = "PG_ELECTOR_REPLICA_KEY";
-const ENV_INTERVAL_MS: &str = "PG_ELECTOR_REPLICA_INTERVAL_MS";
-const MARK: &str = "@replica ";
+use pg_elector::LockKey;
+use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb};
+use replica::{Event, What, leaders, transitions, unix_us, us};
 
+/// The arguments that make this binary a replica.
+const CHILD: &[&str] = &["--replica"];
 const INTERVAL: Duration = Duration::from_secs(1);
 const KEY: LockKey = LockKey::new(0x6661_696c, 1); // "fail"
 const SLOTS: usize = 3;
@@ -55,11 +45,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |flag: &str| args.iter().any(|a| a == flag);
     if has("--replica") {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime")
-            .block_on(replica());
+        replica::child();
         return;
     }
     if !has("--bench") {
@@ -87,162 +73,14 @@ fn main() {
         .block_on(bench(reps));
 }
 
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_micros() as u64
-}
-
-fn us(d: Duration) -> u64 {
-    d.as_micros() as u64
-}
-
-// ---------------------------------------------------------------------------------------------
-// A replica process.
-
-fn say(at: u64, what: &str) {
-    println!("{MARK}{at} {what}");
-}
-
-async fn replica() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
-    let (class, object) = env(ENV_KEY)
-        .split_once(',')
-        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
-        .expect("class,object");
-    let mut config: tokio_postgres::Config = env(ENV_URL).parse().expect("a connection URL");
-    if let Ok(addr) = std::env::var(ENV_ADDR) {
-        config = config_with_addr(&config, addr.parse().expect("a socket address"));
-    }
-    let elector = Elector::builder(pool_from_config(config, 2), LockKey::new(class, object))
-        .check_interval(interval)
-        .build()
-        .expect("a valid elector");
-    say(unix_us(), "started");
-
-    // stdin: `stop` asks for a graceful shutdown; end of file means the parent is gone.
-    let shutdown = CancellationToken::new();
-    std::thread::spawn({
-        let shutdown = shutdown.clone();
-        move || {
-            for line in std::io::stdin().lines() {
-                match line {
-                    Ok(line) if line.trim() == "stop" => shutdown.cancel(),
-                    Ok(_) => {}
-                    Err(_) => break,
-                }
-            }
-            std::process::exit(0);
-        }
-    });
-    let reported = Arc::new(AtomicBool::new(false));
-    std::thread::spawn({
-        let (elector, reported) = (elector.clone(), reported.clone());
-        move || {
-            loop {
-                let now = elector.is_leader();
-                if now != reported.load(Ordering::Relaxed) {
-                    say(unix_us(), if now { "leader" } else { "standby" });
-                    reported.store(now, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    });
-    let ticker = async {
-        let mut every = tokio::time::interval(interval / 10);
-        loop {
-            every.tick().await;
-            let called = unix_us();
-            let _ = elector
-                .do_work(|_term| async move {
-                    say(called, "tick");
-                    Ok::<_, Infallible>(())
-                })
-                .await;
-        }
-    };
-    tokio::select! {
-        result = elector.run(shutdown.clone()) => result.expect("run returns Ok"),
-        () = ticker => unreachable!(),
-    }
-    while reported.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    say(unix_us(), "exited");
-}
-
 // ---------------------------------------------------------------------------------------------
 // The fleet, as seen by the parent.
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum What {
-    Started,
-    Leader,
-    Standby,
-    Tick,
-    Exited,
-    /// Recorded by the parent when it SIGKILLs a replica.
-    Killed,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Event {
-    replica: usize,
-    at: u64,
-    what: What,
-}
-
-fn parse(replica: usize, line: &str) -> Option<Event> {
-    let rest = &line[line.find(MARK)? + MARK.len()..];
-    let mut words = rest.split_whitespace();
-    let at = words.next()?.parse().ok()?;
-    let what = match words.next()? {
-        "started" => What::Started,
-        "leader" => What::Leader,
-        "standby" => What::Standby,
-        "tick" => What::Tick,
-        "exited" => What::Exited,
-        _ => return None,
-    };
-    Some(Event { replica, at, what })
-}
-
-#[derive(Default)]
-struct Board {
-    events: Mutex<Vec<Event>>,
-    logs: Mutex<Vec<String>>,
-    version: watch::Sender<u64>,
-}
-
-impl Board {
-    fn push(&self, event: Event) {
-        self.events.lock().unwrap().push(event);
-        self.version.send_modify(|v| *v += 1);
-    }
-}
-
-struct Proc {
-    child: Child,
-    stdin: ChildStdin,
-    pid: Pid,
-    slot: usize,
-}
-
+/// The replica processes (see `tests/replica/mod.rs`), one live per slot.
 struct Fleet {
-    url: String,
-    board: Arc<Board>,
-    procs: Vec<Proc>,
+    replicas: replica::Fleet,
+    /// The slot of each replica.
+    slots: Vec<usize>,
     /// The live replica of each slot.
     live: [usize; SLOTS],
     /// One proxy per slot.
@@ -256,9 +94,8 @@ impl Fleet {
             proxies.push(FaultProxy::start(server.addr()).await.expect("a proxy"));
         }
         let mut fleet = Fleet {
-            url: db.url(),
-            board: Arc::default(),
-            procs: Vec::new(),
+            replicas: replica::Fleet::new(CHILD, db.url(), KEY, INTERVAL),
+            slots: Vec::new(),
             live: [0; SLOTS],
             proxies,
         };
@@ -272,143 +109,51 @@ impl Fleet {
     }
 
     fn spawn(&mut self, slot: usize) -> usize {
-        let index = self.procs.len();
-        let mut child = Command::new(std::env::current_exe().expect("this binary"))
-            .arg("--replica")
-            .env(ENV_URL, &self.url)
-            .env(ENV_ADDR, self.proxies[slot].addr().to_string())
-            .env(ENV_KEY, format!("{},{}", KEY.class(), KEY.object()))
-            .env(ENV_INTERVAL_MS, INTERVAL.as_millis().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start a replica process");
-        let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let stdin = child.stdin.take().expect("piped stdin");
-        tokio::spawn({
-            let board = self.board.clone();
-            async move {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(event) = parse(index, &line) {
-                        board.push(event);
-                    }
-                }
-            }
-        });
-        tokio::spawn({
-            let board = self.board.clone();
-            async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    board
-                        .logs
-                        .lock()
-                        .unwrap()
-                        .push(format!("replica-{index}: {line}"));
-                }
-            }
-        });
-        self.procs.push(Proc {
-            child,
-            stdin,
-            pid,
-            slot,
-        });
+        let index = self.replicas.spawn(Some(self.proxies[slot].addr()));
+        self.slots.push(slot);
         self.live[slot] = index;
         index
-    }
-
-    fn events(&self) -> Vec<Event> {
-        self.board.events.lock().unwrap().clone()
-    }
-
-    async fn wait<R>(
-        &self,
-        limit: Duration,
-        mut found: impl FnMut(&[Event]) -> Option<R>,
-    ) -> Option<R> {
-        let mut changed = self.board.version.subscribe();
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            changed.borrow_and_update();
-            if let Some(r) = found(&self.board.events.lock().unwrap()) {
-                return Some(r);
-            }
-            if tokio::time::timeout_at(deadline, changed.changed())
-                .await
-                .is_err()
-            {
-                return None;
-            }
-        }
     }
 
     /// Waits until every live replica has started, exactly one leads, and it has ticked one I
     /// after the last start (every standby is on its periodic tries). Returns the leader.
     async fn steady(&self) -> Result<usize, String> {
         let live = self.live;
-        let n = self.procs.len();
-        self.wait(Duration::from_secs(60), |events| {
-            let started = live
-                .iter()
-                .map(|&r| {
-                    events
-                        .iter()
-                        .find(|e| e.replica == r && e.what == What::Started)
-                        .map(|e| e.at)
-                })
-                .collect::<Option<Vec<u64>>>()?;
-            let last_start = started.into_iter().max()?;
-            let leading = leaders(events, n);
-            if leading.len() != 1 {
-                return None;
-            }
-            let leader = leading[0];
-            events
-                .iter()
-                .any(|e| {
-                    e.replica == leader && e.what == What::Tick && e.at > last_start + us(INTERVAL)
-                })
-                .then_some(leader)
-        })
-        .await
-        .ok_or_else(|| "no steady single leader within 60 s".to_owned())
+        let n = self.replicas.procs.len();
+        self.replicas
+            .wait(Duration::from_secs(60), |events| {
+                let started = live
+                    .iter()
+                    .map(|&r| {
+                        events
+                            .iter()
+                            .find(|e| e.replica == r && e.what == What::Started)
+                            .map(|e| e.at)
+                    })
+                    .collect::<Option<Vec<u64>>>()?;
+                let last_start = started.into_iter().max()?;
+                let leading = leaders(events, n);
+                if leading.len() != 1 {
+                    return None;
+                }
+                let leader = leading[0];
+                events
+                    .iter()
+                    .any(|e| {
+                        e.replica == leader
+                            && e.what == What::Tick
+                            && e.at > last_start + us(INTERVAL)
+                    })
+                    .then_some(leader)
+            })
+            .await
+            .ok_or_else(|| "no steady single leader within 60 s".to_owned())
     }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        for proc in &mut self.procs {
-            let _ = proc.child.start_kill();
-        }
-    }
-}
-
-fn leaders(events: &[Event], n: usize) -> Vec<usize> {
-    let mut leading = vec![false; n];
-    for e in events {
-        match e.what {
-            What::Leader => leading[e.replica] = true,
-            What::Standby | What::Killed | What::Exited => leading[e.replica] = false,
-            What::Started | What::Tick => {}
-        }
-    }
-    (0..n).filter(|&i| leading[i]).collect()
 }
 
 /// Over `[from, to]` (µs): how long no replica said it led, and how long two or more did.
 fn integrate(events: &[Event], n: usize, from: u64, to: u64) -> (u64, u64) {
-    let mut transitions: Vec<Event> = events
-        .iter()
-        .filter(|e| matches!(e.what, What::Leader | What::Standby | What::Killed))
-        .copied()
-        .collect();
-    transitions.sort_by_key(|e| (e.at, e.what == What::Leader));
+    let transitions = transitions(events);
     let mut leading = vec![false; n];
     let count = |leading: &[bool]| leading.iter().filter(|&&l| l).count();
     let (mut none, mut many) = (0, 0);
@@ -513,30 +258,24 @@ impl Bench {
 
     async fn run_once(&mut self, scenario: Scenario) -> Result<Sample, String> {
         let old = self.fleet.steady().await?;
-        let slot = self.fleet.procs[old].slot;
+        let slot = self.fleet.slots[old];
         tokio::time::sleep(self.random_phase()).await;
         let mut restart = None;
         let t0 = match scenario {
             Scenario::Graceful => {
                 let at = unix_us();
-                let stdin = &mut self.fleet.procs[old].stdin;
-                stdin
-                    .write_all(b"stop\n")
+                self.fleet
+                    .replicas
+                    .stop(old)
                     .await
                     .map_err(|e| e.to_string())?;
-                stdin.flush().await.map_err(|e| e.to_string())?;
                 at
             }
-            Scenario::Sigkill => {
-                let at = unix_us();
-                kill_process(self.fleet.procs[old].pid, Signal::KILL).map_err(|e| e.to_string())?;
-                self.fleet.board.push(Event {
-                    replica: old,
-                    at,
-                    what: What::Killed,
-                });
-                at
-            }
+            Scenario::Sigkill => self
+                .fleet
+                .replicas
+                .try_sigkill(old)
+                .map_err(|e| e.to_string())?,
             Scenario::Terminate => {
                 let pid = self.holder_pid().await.ok_or("no lock holder")?;
                 let at = unix_us();
@@ -583,9 +322,10 @@ impl Bench {
                 at
             }
         };
-        let n = self.fleet.procs.len();
+        let n = self.fleet.replicas.procs.len();
         let settled = self
             .fleet
+            .replicas
             .wait(scenario.limit(), |events| {
                 let old_end = events
                     .iter()
@@ -611,11 +351,11 @@ impl Bench {
         let mut accepting = None;
         match scenario {
             Scenario::Graceful => {
-                let _ = self.fleet.procs[old].child.wait().await;
+                self.fleet.replicas.reap(old).await;
                 self.fleet.spawn(slot);
             }
             Scenario::Sigkill => {
-                let _ = self.fleet.procs[old].child.wait().await;
+                self.fleet.replicas.reap(old).await;
                 self.fleet.spawn(slot);
             }
             Scenario::Partition => self.fleet.proxies[slot].pass(),
@@ -646,7 +386,7 @@ impl Bench {
                 scenario.limit()
             )
         })?;
-        let events = self.fleet.events();
+        let events = self.fleet.replicas.events();
         let (none, both) = integrate(&events, n, t0, old_end.at.max(new.at));
         Ok(Sample {
             none,
@@ -714,7 +454,7 @@ async fn bench(reps: usize) {
                 }
                 Err(e) => {
                     eprintln!("{} #{rep}: FAILED: {e}", scenario.name());
-                    let logs = bench.fleet.board.logs.lock().unwrap();
+                    let logs = bench.fleet.replicas.board.logs.lock().unwrap();
                     for line in &logs[logs.len().saturating_sub(20)..] {
                         eprintln!("  {line}");
                     }
