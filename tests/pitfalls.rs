@@ -1,0 +1,89 @@
+//! Design §7: pitfalls seen in other implementations, each shown not to happen here.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pg_elector::LockKey;
+
+/// A pool of one connection through `proxy`, opened and idle.
+async fn one_idle_connection(db: &TestDb, proxy: &FaultProxy) -> deadpool_postgres::Pool {
+    let pool = db.pool_via(proxy.addr(), 1);
+    drop(pool.get().await.unwrap());
+    assert_eq!(pool.status().size, 1);
+    pool
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pitfall_a_try_cut_off_by_shutdown_closes_its_connection_instead_of_returning_it() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let pool = one_idle_connection(&db, &proxy).await;
+    proxy.blackhole();
+    let replica = Replica::start(pool.clone(), LockKey::new(70, 1), I);
+    tokio::time::sleep(I / 2).await; // the first try is in flight, unanswered
+    replica.stop().await.unwrap();
+    // Its lock state is unknown (the server may have granted it), so it must not go back.
+    assert_eq!(pool.status().size, 0, "{:?}", pool.status());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pitfall_a_timed_out_try_closes_its_connection_and_the_next_try_uses_a_fresh_one() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let pool = one_idle_connection(&db, &proxy).await;
+    proxy.blackhole();
+    let replica = Replica::start(pool.clone(), LockKey::new(70, 2), I);
+    // The try's bound is max(I, 1 s).
+    wait_for(Duration::from_millis(1500), || pool.status().size == 0)
+        .await
+        .expect("the timed-out try's connection is closed, not returned");
+    assert!(!replica.elector.is_leader());
+    proxy.pass();
+    wait_for(4 * I + Duration::from_secs(1), || {
+        replica.elector.is_leader()
+    })
+    .await
+    .expect("leads on a fresh connection once the server answers");
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pitfall_draining_and_closing_the_pool_leaves_the_lock_connection_alone() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(70, 3);
+    let pool = db.pool(2);
+    let a = Replica::start(pool.clone(), key, I);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let admin = db.connect().await.unwrap();
+    let pid = holders(&admin, key).await;
+
+    // What a pool's lifetime limit or recycling does to its connections, all at once.
+    pool.retain(|_, _| false);
+    pool.close();
+    tokio::time::sleep(3 * I).await;
+    assert!(
+        a.elector.is_leader(),
+        "the lock connection is out of the pool"
+    );
+    assert_eq!(
+        holders(&admin, key).await,
+        pid,
+        "the same session holds the lock"
+    );
+    a.stop().await.unwrap();
+    assert!(
+        holders(&admin, key).await.is_empty(),
+        "shutdown still unlocks"
+    );
+}
