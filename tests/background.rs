@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::capture::Capture;
 use common::*;
 use pg_elector::background::{
     Gate, LeaderTicker, Probe, ProbeStatus, Readiness, RestartPolicy, Supervisor, TickOutcome,
@@ -16,67 +16,8 @@ use pg_elector::background::{
 use pg_elector::{Elector, LockKey, TermEnd};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::layer::SubscriberExt;
 
 const P: Duration = Duration::from_millis(100);
-
-// ---------------------------------------------------------------------------------------------
-// Log capture: the events of this thread (the tests run on a current-thread runtime).
-
-#[derive(Clone, Debug)]
-struct Event {
-    level: tracing::Level,
-    fields: BTreeMap<String, String>,
-}
-
-impl Event {
-    fn message(&self) -> &str {
-        self.fields.get("message").map_or("", String::as_str)
-    }
-    fn field(&self, name: &str) -> &str {
-        self.fields.get(name).map_or("", String::as_str)
-    }
-}
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Event>>>);
-
-impl Capture {
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()))
-    }
-    fn events(&self, message: &str) -> Vec<Event> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| e.message().starts_with(message))
-            .cloned()
-            .collect()
-    }
-}
-
-struct Visitor<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Visitor<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut fields = BTreeMap::new();
-        event.record(&mut Visitor(&mut fields));
-        self.0.lock().unwrap().push(Event {
-            level: *event.metadata().level(),
-            fields,
-        });
-    }
-}
 
 /// Lets every task that is ready run, on paused time, without moving the clock much.
 async fn settle() {

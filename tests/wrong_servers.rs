@@ -4,92 +4,16 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::capture::Capture;
 use common::*;
 use deadpool_postgres::Pool;
 use pg_elector::{Elector, Error, LockKey};
 use pg_elector_harness::{Pgbouncer, PoolMode};
 use tokio::task::{JoinHandle, block_in_place};
 use tokio_util::sync::CancellationToken;
-use tracing::Dispatch;
 use tracing::instrument::WithSubscriber;
-use tracing_subscriber::Layer;
-use tracing_subscriber::layer::SubscriberExt;
-
-// ---------------------------------------------------------------------------------------------
-// Log capture: the events of the electors' `run` futures, whatever thread polls them.
-
-#[derive(Clone, Debug)]
-struct Event {
-    level: tracing::Level,
-    fields: BTreeMap<String, String>,
-}
-
-impl Event {
-    fn message(&self) -> &str {
-        self.fields.get("message").map_or("", String::as_str)
-    }
-}
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<Event>>>);
-
-impl Capture {
-    /// A dispatcher that records every event here and also prints `pg_elector` events to the
-    /// test's output (shown when a test fails).
-    fn dispatch(&self) -> Dispatch {
-        Dispatch::new(
-            tracing_subscriber::registry().with(self.clone()).with(
-                tracing_subscriber::fmt::layer()
-                    .with_test_writer()
-                    .with_filter(tracing_subscriber::EnvFilter::new("pg_elector=debug")),
-            ),
-        )
-    }
-
-    /// The ERROR events about `key`.
-    fn errors(&self, key: LockKey) -> Vec<String> {
-        self.at(tracing::Level::ERROR, key)
-    }
-
-    /// The events about `key` at `level`.
-    fn at(&self, level: tracing::Level, key: LockKey) -> Vec<String> {
-        let key = key.to_string();
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| e.level == level)
-            .filter(|e| e.fields.get("key").is_some_and(|k| *k == key))
-            .map(|e| e.message().to_owned())
-            .collect()
-    }
-}
-
-struct Visitor<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Visitor<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let mut fields = BTreeMap::new();
-        event.record(&mut Visitor(&mut fields));
-        self.0.lock().unwrap().push(Event {
-            level: *event.metadata().level(),
-            fields,
-        });
-    }
-}
 
 /// A replica whose `run` logs into `capture`.
 struct Captured {

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: replicas, polling, and looking at `pg_locks`.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
+pub mod capture;
+
 use std::future::Future;
 use std::sync::Once;
 use std::time::{Duration, Instant};
