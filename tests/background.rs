@@ -685,6 +685,37 @@ fn fast_policy() -> RestartPolicy {
         .budget(4, Duration::from_secs(60))
 }
 
+/// A supervisor with two workers: `pg-elector` runs the election, `sweep` runs `ticker` and
+/// counts its ticks in `ticks`.
+fn supervise_election_and_sweep(
+    elector: &Elector,
+    ticker: LeaderTicker,
+    ticks: &Arc<AtomicUsize>,
+) -> Supervisor {
+    Supervisor::new()
+        .worker("pg-elector", {
+            let elector = elector.clone();
+            move |token| {
+                let elector = elector.clone();
+                async move { elector.run(token).await }
+            }
+        })
+        .worker("sweep", {
+            let ticks = ticks.clone();
+            move |token| {
+                let (ticker, ticks) = (ticker.clone(), ticks.clone());
+                async move {
+                    ticker
+                        .run(token, move |_| {
+                            ticks.fetch_add(1, Ordering::SeqCst);
+                            async { Ok::<_, String>(()) }
+                        })
+                        .await
+                }
+            }
+        })
+}
+
 #[tokio::test(start_paused = true)]
 async fn b5_a_failed_worker_restarts_with_exponential_backoff() {
     let starts = Arc::new(Mutex::new(Vec::new()));
@@ -895,28 +926,7 @@ async fn b5_the_supervisor_runs_the_election_and_releases_the_lock_at_shutdown()
         .unwrap();
     let ticks = Arc::new(AtomicUsize::new(0));
     let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(20));
-    let supervisor = Supervisor::new()
-        .worker("pg-elector", {
-            let elector = elector.clone();
-            move |token| {
-                let elector = elector.clone();
-                async move { elector.run(token).await }
-            }
-        })
-        .worker("sweep", {
-            let ticks = ticks.clone();
-            move |token| {
-                let (ticker, ticks) = (ticker.clone(), ticks.clone());
-                async move {
-                    ticker
-                        .run(token, move |_| {
-                            ticks.fetch_add(1, Ordering::SeqCst);
-                            async { Ok::<_, String>(()) }
-                        })
-                        .await
-                }
-            }
-        });
+    let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks);
     let probe = supervisor.probe();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(supervisor.run(shutdown.clone()));
@@ -953,45 +963,23 @@ async fn b6_the_launchers_and_the_supervisor_run_on_an_always_leader_elector() {
     let loops = Arc::new(AtomicUsize::new(0));
     let ticker = LeaderTicker::new("sweep", &elector, P);
     let launcher = WhileLeader::new("outbox", &elector);
-    let supervisor = Supervisor::new()
-        .worker("pg-elector", {
-            let elector = elector.clone();
-            move |token| {
-                let elector = elector.clone();
-                async move { elector.run(token).await }
+    let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks).worker("outbox", {
+        let loops = loops.clone();
+        move |token| {
+            let (launcher, loops) = (launcher.clone(), loops.clone());
+            async move {
+                launcher
+                    .run(token, move |term| {
+                        loops.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            term.cancelled().await;
+                            Ok::<_, String>(())
+                        }
+                    })
+                    .await
             }
-        })
-        .worker("sweep", {
-            let ticks = ticks.clone();
-            move |token| {
-                let (ticker, ticks) = (ticker.clone(), ticks.clone());
-                async move {
-                    ticker
-                        .run(token, move |_| {
-                            ticks.fetch_add(1, Ordering::SeqCst);
-                            async { Ok::<_, String>(()) }
-                        })
-                        .await
-                }
-            }
-        })
-        .worker("outbox", {
-            let loops = loops.clone();
-            move |token| {
-                let (launcher, loops) = (launcher.clone(), loops.clone());
-                async move {
-                    launcher
-                        .run(token, move |term| {
-                            loops.fetch_add(1, Ordering::SeqCst);
-                            async move {
-                                term.cancelled().await;
-                                Ok::<_, String>(())
-                            }
-                        })
-                        .await
-                }
-            }
-        });
+        }
+    });
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(supervisor.run(shutdown.clone()));
     tokio::time::sleep(P * 5 / 2).await;

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -92,14 +91,7 @@ async fn f2_a_reset_lock_connection_demotes_the_leader_within_100_ms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f2_a_fast_server_restart_demotes_the_leader_within_100_ms() {
     let _serial = serial();
-    init_tracing();
-    let server = Arc::new(
-        tokio::task::spawn_blocking(PgServer::spawn)
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
-    let db = server.create_database().await.unwrap();
+    let (server, db) = private_server().await;
     let (a, term, granted) = leading(db.pool(2), LockKey::new(0xf2, 3)).await;
     // An observer connection: its task ends the moment the server closes it.
     let (observer, connection) = db.config().connect(tokio_postgres::NoTls).await.unwrap();

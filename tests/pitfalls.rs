@@ -7,23 +7,24 @@ use std::time::Duration;
 use common::*;
 use pg_elector::LockKey;
 
-/// A pool of one connection through `proxy`, opened and idle.
-async fn one_idle_connection(db: &TestDb, proxy: &FaultProxy) -> deadpool_postgres::Pool {
+/// A pool of one connection through a proxy to the shared server, opened and idle; the proxy
+/// then blackholes it.
+async fn one_blackholed_connection(db: &TestDb) -> (FaultProxy, deadpool_postgres::Pool) {
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
     let pool = db.pool_via(proxy.addr(), 1);
     drop(pool.get().await.unwrap());
     assert_eq!(pool.status().size, 1);
-    pool
+    proxy.blackhole();
+    (proxy, pool)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pitfall_a_try_cut_off_by_shutdown_closes_its_connection_instead_of_returning_it() {
     let _serial = serial();
     let db = fresh_db().await;
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
-    let pool = one_idle_connection(&db, &proxy).await;
-    proxy.blackhole();
+    let (_proxy, pool) = one_blackholed_connection(&db).await;
     let replica = Replica::start(pool.clone(), LockKey::new(70, 1), I);
     tokio::time::sleep(I / 2).await; // the first try is in flight, unanswered
     replica.stop().await.unwrap();
@@ -35,11 +36,7 @@ async fn pitfall_a_try_cut_off_by_shutdown_closes_its_connection_instead_of_retu
 async fn pitfall_a_timed_out_try_closes_its_connection_and_the_next_try_uses_a_fresh_one() {
     let _serial = serial();
     let db = fresh_db().await;
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
-    let pool = one_idle_connection(&db, &proxy).await;
-    proxy.blackhole();
+    let (proxy, pool) = one_blackholed_connection(&db).await;
     let replica = Replica::start(pool.clone(), LockKey::new(70, 2), I);
     // The try's bound is max(I, 1 s).
     wait_for(Duration::from_millis(1500), || pool.status().size == 0)

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -15,14 +14,7 @@ use pg_elector_harness::ShutdownMode;
 const SAMPLE: Duration = Duration::from_millis(2);
 
 async fn restart_with_three_replicas(mode: ShutdownMode) {
-    init_tracing();
-    let server = Arc::new(
-        tokio::task::spawn_blocking(PgServer::spawn)
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
-    let db = server.create_database().await.unwrap();
+    let (server, db) = private_server().await;
     let key = LockKey::new(0x5253, 1);
     let replicas: Vec<Replica> = (0..3).map(|_| Replica::start(db.pool(2), key, I)).collect();
     let old = one_leader(&replicas, Duration::from_secs(10)).await;

@@ -125,6 +125,7 @@ impl PrivateServer {
     fn base_backup_into(&self, standby: &PrivateServer) -> Result<(), HarnessError> {
         let data = standby.data_dir.to_string_lossy().into_owned();
         let port = self.port.to_string();
+        let what = "taking a base backup for a standby";
         let out = standby.run(
             "pg_basebackup",
             &[
@@ -144,20 +145,9 @@ impl PrivateServer {
                 "fast",
                 "--no-sync",
             ],
-            "taking a base backup for a standby",
+            what,
         )?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(HarnessError::Server(format!(
-            "taking a base backup for a standby: pg_basebackup failed ({}): {}{}\n\
-             --- tail of the primary's log {} ---\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim(),
-            self.log_file.display(),
-            self.log_tail(30)
-        )))
+        self.check_command(&out, what, "pg_basebackup", "the primary's log ")
     }
 
     /// Copies this server's data dir while it is stopped, then makes the
@@ -402,11 +392,23 @@ impl PrivateServer {
     }
 
     fn check(&self, out: &Output, what: &str) -> Result<(), HarnessError> {
+        self.check_command(out, what, "pg_ctl", "")
+    }
+
+    /// Ok when `out` (of `tool`) succeeded; otherwise an error with its output and the tail of
+    /// this server's log, headed `--- tail of {log_label}{path} ---`.
+    fn check_command(
+        &self,
+        out: &Output,
+        what: &str,
+        tool: &str,
+        log_label: &str,
+    ) -> Result<(), HarnessError> {
         if out.status.success() {
             return Ok(());
         }
         Err(HarnessError::Server(format!(
-            "{what}: pg_ctl failed ({}): {}{}\n--- tail of {} ---\n{}",
+            "{what}: {tool} failed ({}): {}{}\n--- tail of {log_label}{} ---\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout).trim(),
             String::from_utf8_lossy(&out.stderr).trim(),

@@ -1,6 +1,7 @@
 //! Tests of the harness against real servers.
 
 use std::io::BufRead;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -355,6 +356,35 @@ fn rerun(test: &str, envs: &[(&str, &str)]) -> std::process::Child {
     cmd.spawn().unwrap()
 }
 
+/// Reruns `test` with `envs`, waits for it, and returns the stdout line it printed from
+/// `prefix` on (prefix included).
+fn rerun_printed_line(test: &str, envs: &[(&str, &str)], prefix: &str) -> String {
+    let out = rerun(test, envs).wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find(prefix).map(|i| l[i..].to_owned()))
+        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
+    eprintln!("{line}");
+    line
+}
+
+/// Starts `test` (left running) and reads from its stdout the path it prints after `prefix`;
+/// panics with "child printed no {what}" when it prints none.
+fn rerun_printed_path(test: &str, prefix: &str, what: &str) -> (std::process::Child, PathBuf) {
+    let mut child = rerun(test, &[]);
+    let stdout = child.stdout.take().unwrap();
+    let path = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.find(prefix)
+                .map(|i| PathBuf::from(&l[i + prefix.len()..]))
+        })
+        .unwrap_or_else(|| panic!("child printed no {what}"));
+    (child, path)
+}
+
 #[test]
 #[ignore = "helper run by missing_binaries_message"]
 fn child_print_spawn_error() {
@@ -364,15 +394,11 @@ fn child_print_spawn_error() {
 
 #[test]
 fn missing_binaries_message() {
-    let out = rerun("child_print_spawn_error", &[("PG_BINDIR", "/nonexistent")])
-        .wait_with_output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.find("SPAWN-ERROR: ").map(|i| &l[i..]))
-        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
-    eprintln!("{line}");
+    let line = rerun_printed_line(
+        "child_print_spawn_error",
+        &[("PG_BINDIR", "/nonexistent")],
+        "SPAWN-ERROR: ",
+    );
     for needle in [
         "PG_BINDIR",
         "/nonexistent",
@@ -393,16 +419,8 @@ fn child_spawn_and_hang() {
 
 #[test]
 fn killed_process_leaves_nothing_behind() {
-    let mut child = rerun("child_spawn_and_hang", &[]);
-    let stdout = child.stdout.take().unwrap();
-    let data_dir = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.find("DATA-DIR: ")
-                .map(|i| std::path::PathBuf::from(&l[i + "DATA-DIR: ".len()..]))
-        })
-        .expect("child printed no data dir");
+    let (mut child, data_dir) =
+        rerun_printed_path("child_spawn_and_hang", "DATA-DIR: ", "data dir");
     assert!(data_dir.join("postmaster.pid").exists());
     child.kill().unwrap(); // SIGKILL: no destructor runs.
     child.wait().unwrap();
@@ -535,18 +553,11 @@ fn child_print_pgbouncer_error() {
 
 #[test]
 fn missing_pgbouncer_message() {
-    let out = rerun(
+    let line = rerun_printed_line(
         "child_print_pgbouncer_error",
         &[("PGBOUNCER", "/nonexistent")],
-    )
-    .wait_with_output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.find("PGBOUNCER-ERROR: ").map(|i| &l[i..]))
-        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
-    eprintln!("{line}");
+        "PGBOUNCER-ERROR: ",
+    );
     assert!(line.contains("apt-get install pgbouncer"), "{line}");
     assert!(line.contains("/nonexistent"), "{line}");
 }
@@ -561,16 +572,11 @@ fn child_start_pgbouncer_and_hang() {
 
 #[test]
 fn a_killed_process_leaves_no_pgbouncer_behind() {
-    let mut child = rerun("child_start_pgbouncer_and_hang", &[]);
-    let stdout = child.stdout.take().unwrap();
-    let dir = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.find("PGBOUNCER-DIR: ")
-                .map(|i| std::path::PathBuf::from(&l[i + "PGBOUNCER-DIR: ".len()..]))
-        })
-        .expect("child printed no pgbouncer dir");
+    let (mut child, dir) = rerun_printed_path(
+        "child_start_pgbouncer_and_hang",
+        "PGBOUNCER-DIR: ",
+        "pgbouncer dir",
+    );
     let ini = dir.join("pgbouncer.ini");
     let running = || {
         let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();

@@ -4,7 +4,7 @@
 pub mod capture;
 
 use std::future::Future;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -37,6 +37,19 @@ pub async fn fresh_db() -> TestDb {
         .create_database()
         .await
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A private server of this test's own (one it may restart or stop), and a fresh database on it.
+pub async fn private_server() -> (Arc<PgServer>, TestDb) {
+    init_tracing();
+    let server = Arc::new(
+        tokio::task::spawn_blocking(PgServer::spawn)
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let db = server.create_database().await.unwrap();
+    (server, db)
 }
 
 /// One replica: an elector whose `run` is a task.
