@@ -373,6 +373,58 @@ async fn b2_the_loop_gets_each_term_is_stopped_at_its_end_and_restarts_in_the_ne
 }
 
 #[tokio::test(start_paused = true)]
+async fn b2_a_loop_whose_start_panics_is_caught_fails_the_probe_and_starts_again_next_term() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let (elector, control) = Elector::manual();
+    let probe = Probe::new("archiver");
+    let launcher = WhileLeader::new("archiver", &elector).probe(&probe);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (shutdown, calls) = (shutdown.clone(), calls.clone());
+        async move {
+            launcher
+                .run(shutdown, move |term: pg_elector::Term| {
+                    // The synchronous part of the loop's start: a bad setting found there.
+                    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                        panic!("archive bucket is not configured");
+                    }
+                    async move {
+                        term.cancelled().await;
+                        Ok::<_, String>(())
+                    }
+                })
+                .await
+        }
+    });
+    control.promote();
+    settle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(!task.is_finished(), "the launcher survives the panic");
+    assert!(
+        matches!(probe.status(), ProbeStatus::Fail(e) if e.contains("archive bucket is not configured")),
+        "{probe:?}"
+    );
+    let panicked = capture.events("loop panicked; it starts again in the next term");
+    assert_eq!(panicked.len(), 1);
+    assert_eq!(panicked[0].field("loop_name"), "archiver");
+
+    control.demote();
+    settle().await;
+    control.promote();
+    settle().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "started again in the next term"
+    );
+    assert!(probe.status().is_pass());
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn b2_a_loop_that_returns_early_restarts_only_in_a_later_term() {
     let capture = Capture::default();
     let _log = capture.install();
@@ -848,6 +900,69 @@ async fn b5_a_panicking_worker_is_logged_and_restarted() {
     assert!(!panicked[0].field("backtrace").is_empty());
     shutdown.cancel();
     task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn b5_a_worker_whose_start_panics_is_restarted_within_its_budget_then_given_up() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let supervisor = Supervisor::new()
+        .restart_policy(fast_policy())
+        .worker("misconfigured", {
+            let attempts = attempts.clone();
+            move |token: CancellationToken| {
+                // The synchronous part of the start, before any future exists.
+                attempts.fetch_add(1, Ordering::SeqCst);
+                panic!("SWEEP_BATCH is not a number");
+                #[allow(unreachable_code)]
+                async move {
+                    token.cancelled().await;
+                }
+            }
+        });
+    let probe = supervisor.probe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!task.is_finished() || attempts.load(Ordering::SeqCst) == 5);
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        5,
+        "the first start and 4 restarts"
+    );
+    let panicked = capture.events("worker panicked");
+    assert_eq!(panicked.len(), 5);
+    assert_eq!(panicked[0].field("panic"), "SWEEP_BATCH is not a number");
+    assert_eq!(
+        capture.events("worker stopped: restart budget spent").len(),
+        1
+    );
+    assert!(
+        matches!(probe.status(), ProbeStatus::Fail(e) if e.contains("misconfigured") && e.contains("SWEEP_BATCH")),
+        "{probe:?}"
+    );
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn b5_a_probe_taken_before_probe_name_is_renamed_and_still_reports() {
+    let early = Supervisor::new();
+    let probe = early.probe();
+    let supervisor = early
+        .probe_name("jobs")
+        .restart_policy(RestartPolicy::new().budget(0, Duration::from_secs(60)))
+        .worker("doomed", |_token| async { Err::<(), _>("schema mismatch") });
+    assert_eq!(probe.name(), "jobs", "the probe taken earlier is renamed");
+    assert_eq!(supervisor.probe().name(), "jobs");
+    let readiness = Readiness::new();
+    readiness.add(&probe);
+    supervisor.run(CancellationToken::new()).await;
+    let report = readiness.check();
+    assert_eq!(report.status_code(), 503, "{report}");
+    assert_eq!(report.failing()[0].name, "jobs");
+    assert!(report.failing()[0].error.contains("doomed"), "{report}");
 }
 
 #[tokio::test(start_paused = true)]

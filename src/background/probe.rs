@@ -71,12 +71,13 @@ pub struct Probe {
 }
 
 struct ProbeInner {
-    name: String,
     state: Mutex<State>,
 }
 
 #[derive(Clone, Debug)]
 struct State {
+    /// The loop's name; a supervisor's probe may be renamed after clones were handed out.
+    name: String,
     /// What the application said about boot; reported until the first tick.
     boot: ProbeStatus,
     /// The last tick's outcome; `None` before the first tick.
@@ -88,8 +89,8 @@ impl Probe {
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             inner: Arc::new(ProbeInner {
-                name: name.into(),
                 state: Mutex::new(State {
+                    name: name.into(),
                     boot: ProbeStatus::Pass,
                     last: None,
                 }),
@@ -98,8 +99,13 @@ impl Probe {
     }
 
     /// The loop's name, as readiness reports it.
-    pub fn name(&self) -> &str {
-        &self.inner.name
+    pub fn name(&self) -> String {
+        self.lock().name.clone()
+    }
+
+    /// Renames this probe and every clone of it.
+    pub(crate) fn rename(&self, name: String) {
+        self.lock().name = name;
     }
 
     /// Sets the boot state: what the probe reports before the loop's first tick, typically
@@ -143,7 +149,7 @@ fn to_status<E: fmt::Display>(outcome: Result<(), E>) -> ProbeStatus {
 impl fmt::Debug for Probe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Probe")
-            .field("name", &self.inner.name)
+            .field("name", &self.name())
             .field("status", &self.status())
             .finish()
     }

@@ -214,8 +214,11 @@ impl Supervisor {
     }
 
     /// Names the supervisor's probe. Default [`DEFAULT_SUPERVISOR_PROBE`] (`workers`).
-    pub fn probe_name(mut self, name: impl Into<String>) -> Self {
-        self.probe = Probe::new(name);
+    ///
+    /// Renames the one probe of this supervisor, so a probe taken earlier with
+    /// [`probe`](Self::probe) carries the new name too and reports the same state.
+    pub fn probe_name(self, name: impl Into<String>) -> Self {
+        self.probe.rename(name.into());
         self
     }
 
@@ -359,7 +362,9 @@ async fn supervise(watch: Watch, mut start: Factory, shutdown: CancellationToken
     loop {
         let token = shutdown.child_token();
         tracing::debug!(worker = %watch.name, "worker starting");
-        let error = match catch_panic(start(token)).await {
+        // `start` is called inside the guard too: a panic in its synchronous part (a bad
+        // setting found at start) is a failed start like any other.
+        let error = match catch_panic(async { start(token).await }).await {
             Ok(Ok(())) => {
                 if shutdown.is_cancelled() {
                     tracing::debug!(worker = %watch.name, "worker stopped");

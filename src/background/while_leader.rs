@@ -144,8 +144,11 @@ impl WhileLeader {
             let span = tracing::debug_span!("while_leader", loop_name = %self.name);
             let outcome = {
                 // Scoped, so the loop's future is dropped as soon as it is stopped.
-                let mut running =
-                    std::pin::pin!(catch_panic(run_loop(term.clone())).instrument(span));
+                // `run_loop` is called inside the guard, so a panic in its synchronous part
+                // is caught like one in the loop.
+                let mut running = std::pin::pin!(
+                    catch_panic(async { run_loop(term.clone()).await }).instrument(span)
+                );
                 let outcome = tokio::select! {
                     biased;
                     outcome = &mut running => Some(outcome),
