@@ -63,7 +63,16 @@ pub(crate) enum Mode {
     /// The advisory-lock election.
     Postgres(PgSettings),
     /// Local modes (B6): leader from the start, or promoted and demoted by hand.
-    Local,
+    Local(LocalKind),
+}
+
+/// Which local elector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LocalKind {
+    /// Leads from the start, and again whenever `run` is started.
+    AlwaysLeader,
+    /// Promoted and demoted by hand.
+    Manual,
 }
 
 /// What the election on PostgreSQL runs with.
@@ -196,11 +205,13 @@ impl Elector {
         F: FnOnce(Term) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        // `term` is this call's own handle: the tick gets another one, so a tick that cancels
+        // its token (to stop tasks it spawned) does not decide the answer; only leadership does.
         let term = self.term();
         if !term.is_leader() {
             return Ok(None);
         }
-        let outcome = f(term.clone()).await;
+        let outcome = f(term.handle()).await;
         if term.is_leader() {
             return outcome.map(Some);
         }
@@ -231,7 +242,7 @@ impl Elector {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         match &self.shared.mode {
             Mode::Postgres(pg) => crate::election::run(&self.shared, pg, shutdown).await,
-            Mode::Local => crate::local::run(&self.shared, shutdown).await,
+            Mode::Local(kind) => crate::local::run(&self.shared, *kind, shutdown).await,
         }
     }
 }
@@ -240,7 +251,7 @@ impl Shared {
     fn pg(&self) -> Option<&PgSettings> {
         match &self.mode {
             Mode::Postgres(pg) => Some(pg),
-            Mode::Local => None,
+            Mode::Local(_) => None,
         }
     }
 
@@ -265,6 +276,12 @@ impl Shared {
         }
     }
 
+    fn set_gauge(&self, leading: bool) {
+        if let Some(gauge) = &self.gauge {
+            gauge.set(leading);
+        }
+    }
+
     pub(crate) fn lease(&self) -> &Lease {
         &self.lease
     }
@@ -279,9 +296,8 @@ impl Shared {
             }
             hold(&self.lease);
             *current = Term::leading(Some(self.lease.clone()));
-        }
-        if let Some(gauge) = &self.gauge {
-            gauge.set(true);
+            // Under the term lock, so that a racing demotion cannot leave the gauge at 1.
+            self.set_gauge(true);
         }
         self.changes.send_modify(|n| *n += 1);
     }
@@ -295,12 +311,10 @@ impl Shared {
                 return;
             }
             self.lease.clear();
+            self.set_gauge(false);
             std::mem::replace(&mut *current, self.standby_term.clone())
         };
         term.finish(end);
-        if let Some(gauge) = &self.gauge {
-            gauge.set(false);
-        }
         self.changes.send_modify(|n| *n += 1);
     }
 }

@@ -5,7 +5,7 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::elector::{Elector, Mode, Shared};
+use crate::elector::{Elector, LocalKind, Mode, Shared};
 use crate::lease::Lease;
 use crate::metrics::GaugeSpec;
 use crate::term::{Term, TermEnd};
@@ -13,7 +13,7 @@ use crate::term::{Term, TermEnd};
 impl Elector {
     /// An elector that leads from the start, with no database: for a deployment of one
     /// process. Its term ends (with [`TermEnd::Shutdown`]) only when its `run`, if started,
-    /// is shut down.
+    /// is shut down; `run` started again leads again at once, in a new term.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -77,7 +77,7 @@ impl LocalBuilder {
     /// Never; use [`try_always_leader`](Self::try_always_leader) to see a registry's refusal,
     /// which this method logs and ignores (the elector then has no gauge).
     pub fn always_leader(self) -> Elector {
-        let elector = self.build_or_log();
+        let elector = self.build_or_log(LocalKind::AlwaysLeader);
         promote(&elector.shared);
         elector
     }
@@ -88,29 +88,29 @@ impl LocalBuilder {
     ///
     /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
     pub fn try_always_leader(self) -> Result<Elector, Error> {
-        let elector = self.build()?;
+        let elector = self.build(LocalKind::AlwaysLeader)?;
         promote(&elector.shared);
         Ok(elector)
     }
 
     /// A standby elector with a [`ManualControl`]; see [`Elector::manual`].
     pub fn manual(self) -> (Elector, ManualControl) {
-        let elector = self.build_or_log();
+        let elector = self.build_or_log(LocalKind::Manual);
         let control = ManualControl {
             elector: elector.clone(),
         };
         (elector, control)
     }
 
-    fn build(self) -> Result<Elector, Error> {
+    fn build(self, kind: LocalKind) -> Result<Elector, Error> {
         let gauge = self.gauge.register()?;
-        Ok(Elector::from_mode(Mode::Local, gauge))
+        Ok(Elector::from_mode(Mode::Local(kind), gauge))
     }
 
-    fn build_or_log(self) -> Elector {
-        self.build().unwrap_or_else(|e| {
+    fn build_or_log(self, kind: LocalKind) -> Elector {
+        self.build(kind).unwrap_or_else(|e| {
             tracing::error!(error = %e, "local elector built without its gauge");
-            Elector::from_mode(Mode::Local, None)
+            Elector::from_mode(Mode::Local(kind), None)
         })
     }
 }
@@ -143,9 +143,17 @@ fn promote(shared: &Shared) {
     shared.promote(Lease::hold_forever);
 }
 
-/// `run` of a local elector: waits for shutdown, then ends a live term with `Shutdown`.
-pub(crate) async fn run(shared: &Shared, shutdown: CancellationToken) -> Result<(), Error> {
+/// `run` of a local elector: an always-leader one leads (again, after an earlier `run`); then
+/// it waits for shutdown and ends a live term with `Shutdown`.
+pub(crate) async fn run(
+    shared: &Shared,
+    kind: LocalKind,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     let _slot = shared.claim_run()?;
+    if kind == LocalKind::AlwaysLeader {
+        promote(shared);
+    }
     shutdown.cancelled().await;
     shared.demote(TermEnd::Shutdown);
     Ok(())
@@ -228,6 +236,72 @@ mod tests {
         );
         assert!(control.promote().is_leader(), "a new term");
         assert!(!term.is_leader(), "the old term stays ended");
+    }
+
+    #[tokio::test]
+    async fn always_leader_leads_again_in_every_run() {
+        let elector = Elector::always_leader();
+        for round in 0..3 {
+            let shutdown = CancellationToken::new();
+            let run = tokio::spawn({
+                let (elector, shutdown) = (elector.clone(), shutdown.clone());
+                async move { elector.run(shutdown).await }
+            });
+            let term = elector.wait_for_leadership().await;
+            assert!(term.is_leader(), "round {round}");
+            shutdown.cancel();
+            run.await.unwrap().unwrap();
+            assert_eq!(term.end(), Some(TermEnd::Shutdown), "round {round}");
+            assert!(!elector.is_leader(), "round {round}: standby between runs");
+        }
+    }
+
+    #[test]
+    fn the_gauge_follows_promotions_and_demotions_racing_on_two_threads() {
+        use std::sync::{Arc, Barrier};
+        const ROUNDS: usize = 20_000;
+        const LINKED: usize = 50;
+        let registry = Registry::new();
+        let (elector, control) = Elector::local_builder().registry(&registry).manual();
+        // Each round: both threads flip at once, then the gauge is compared with is_leader().
+        let start = Arc::new(Barrier::new(3));
+        let done = Arc::new(Barrier::new(3));
+        let flipper = |promote: bool| {
+            let (control, start, done) = (control.clone(), start.clone(), done.clone());
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    start.wait();
+                    if promote {
+                        control.promote();
+                    } else {
+                        control.demote();
+                    }
+                    done.wait();
+                }
+            })
+        };
+        let threads = [flipper(true), flipper(false)];
+        let mut wrong = 0;
+        let parent = CancellationToken::new();
+        for _ in 0..ROUNDS {
+            // Terms linked to the live term make each demotion take a while to finish, which
+            // widens the window a racing promotion could slip into.
+            let linked: Vec<_> = (0..LINKED).map(|_| elector.term_with(&parent)).collect();
+            start.wait();
+            done.wait();
+            drop(linked);
+            let gauge = registry.gather()[0].get_metric()[0].get_gauge().value();
+            if gauge != f64::from(u8::from(elector.is_leader())) {
+                wrong += 1;
+                control.demote();
+                control.promote();
+                control.demote();
+            }
+        }
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(wrong, 0, "rounds that left the gauge unlike is_leader()");
     }
 
     #[tokio::test]

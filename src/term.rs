@@ -99,15 +99,19 @@ impl Term {
 
     /// A handle on this term for one caller: its token is a child of this term's, so a holder
     /// that cancels its token ends its own handle, never the term for everyone else.
+    ///
+    /// Made from a handle, it is a handle on the same term (not on that handle), so a holder
+    /// that cancels one handle never ends another.
     pub(crate) fn handle(&self) -> Self {
+        let term = self.inner.of.as_ref().unwrap_or(&self.inner);
         Self {
             inner: Arc::new(TermInner {
-                token: self.inner.token.child_token(),
+                token: term.token.child_token(),
                 end: OnceLock::new(),
-                leader: self.inner.leader,
-                lease: self.inner.lease.clone(),
+                leader: term.leader,
+                lease: term.lease.clone(),
                 linked: Mutex::new(Vec::new()),
-                of: Some(self.inner.clone()),
+                of: Some(term.clone()),
             }),
         }
     }
@@ -273,6 +277,17 @@ mod tests {
         term.finish(TermEnd::LeadershipLost);
         assert_eq!(b.end(), Some(TermEnd::LeadershipLost));
         assert!(b.token().is_cancelled());
+    }
+
+    #[test]
+    fn a_handle_of_a_handle_is_a_handle_on_the_term() {
+        let term = Term::leading(None);
+        let first = term.handle();
+        let second = first.handle();
+        first.token().cancel();
+        assert!(second.is_leader(), "cancelling one handle leaves the other");
+        term.finish(TermEnd::Shutdown);
+        assert_eq!(second.end(), Some(TermEnd::Shutdown));
     }
 
     #[test]

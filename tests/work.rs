@@ -165,6 +165,39 @@ async fn e10_do_work_on_the_leader_returns_fs_result() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e10_a_tick_that_cancels_its_own_token_still_gets_its_result_while_the_replica_leads() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let a = leading_replica(&db, LockKey::new(10, 4)).await;
+    for fails in [false, true] {
+        let got: Result<Option<&str>, &str> = a
+            .elector
+            .do_work(|term| async move {
+                // A tick stops the tasks it spawned by cancelling its token.
+                term.token().cancel();
+                if fails {
+                    Err("tick failed")
+                } else {
+                    Ok("done")
+                }
+            })
+            .await;
+        let want = if fails {
+            Err("tick failed")
+        } else {
+            Ok(Some("done"))
+        };
+        assert_eq!(
+            got, want,
+            "the replica still leads, so the tick's own answer counts"
+        );
+        assert!(a.elector.is_leader());
+        assert!(a.elector.term().is_leader(), "the term goes on");
+    }
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
     let _serial = serial();
     for f_fails in [false, true] {
