@@ -8,7 +8,10 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::elector::{PgSettings, Shared};
 use crate::lease::{Lease, deadline_after, now_ms};
-use crate::lock_session::{Attempt, Check, LockSession, SessionError, WATCH_POLL, try_acquire};
+use crate::lock_session::{
+    AppliedBounds, Attempt, Borrower, Check, LockSession, SessionBounds, SessionError, WATCH_POLL,
+    try_acquire,
+};
 use crate::term::TermEnd;
 
 /// What the logs say when a transaction-mode pooler is detected (E16).
@@ -35,26 +38,70 @@ pub(crate) async fn run(
     let _slot = shared.claim_run()?;
     let mut ticks = interval(pg.interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut borrower = Borrower::new(pg.pool.clone());
+    let bounds = SessionBounds::for_interval(pg.interval);
     let mut held = Held {
         shared,
         pg,
         session: None,
     };
     loop {
-        let Some((session, sent_at, unbounded)) = standby(pg, &shutdown, &mut ticks).await else {
+        let Some(grant) = standby(pg, &bounds, &shutdown, &mut ticks, &mut borrower).await else {
             return Ok(());
         };
-        if unbounded {
+        if grant.unbounded {
             shared.warn_no_idle_session_timeout(pg.key);
         }
         // Guarded from here on: a drop or a panic closes the session (E7).
-        let session = held.session.insert(session);
-        let deadline = deadline_after(sent_at, lease_length(pg.interval));
+        let session = held.session.insert(grant.session);
+        let applied = &grant.applied;
+        tracing::debug!(
+            key = %pg.key,
+            idle_session_timeout = applied.idle_session_timeout.as_deref().unwrap_or("(none)"),
+            tcp_user_timeout = applied.tcp_user_timeout.as_deref().unwrap_or("(none)"),
+            tcp_keepalives_idle = applied.keepalives_idle.as_deref().unwrap_or("(none)"),
+            tcp_keepalives_interval = applied.keepalives_interval.as_deref().unwrap_or("(none)"),
+            tcp_keepalives_count = applied.keepalives_count.as_deref().unwrap_or("(none)"),
+            "lock granted; the server's bounds on the lock session"
+        );
+        // A grant that took longer than one interval to answer would start a lease that runs
+        // out before (or soon after) the first check: check the session at once instead, and
+        // lead from that check's send time (or give the lock back if it fails).
+        let mut held_since = grant.sent_at;
+        if now_ms().saturating_sub(grant.sent_at) > millis(pg.interval) {
+            let sent_at = now_ms();
+            let checked = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => {
+                    if let Some(session) = held.session.take() {
+                        release(shared, pg, session).await;
+                    }
+                    return Ok(());
+                }
+                checked = session.check(pg.interval) => checked,
+            };
+            match checked {
+                Ok(Check::Holds) => held_since = sent_at,
+                other => {
+                    drop(held.session.take());
+                    tracing::warn!(
+                        key = %pg.key,
+                        cause = %LossCause::from_check(other),
+                        "a late grant failed its first check; its session is closed"
+                    );
+                    continue;
+                }
+            }
+        }
+        let deadline = deadline_after(held_since, lease_length(pg.interval));
         if now_ms() >= deadline {
             drop(held.session.take());
-            tracing::warn!(key = %pg.key, "the grant answered after the lease it would start had expired; closing that session");
+            tracing::warn!(key = %pg.key, "the grant's check answered after the lease it would start had expired; its session is closed");
             continue;
         }
+        let Some(session) = held.session.as_deref() else {
+            continue;
+        };
         shared.promote(|lease| lease.hold_until(deadline));
         tracing::info!(key = %pg.key, "leadership acquired");
         ticks.reset();
@@ -68,19 +115,24 @@ pub(crate) async fn run(
             Led::Lost(cause) => {
                 shared.demote(TermEnd::LeadershipLost);
                 drop(held.session.take());
-                tracing::warn!(key = %pg.key, %cause, "leadership lost: {cause}");
+                tracing::warn!(key = %pg.key, %cause, "leadership lost");
             }
         }
     }
 }
 
-/// Tries the lock every tick until it is granted (`Some`, with the try's send time and whether
-/// the server lacks `idle_session_timeout`) or `shutdown` is cancelled (`None`).
+fn millis(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// Tries the lock every tick until it is granted (`Some`) or `shutdown` is cancelled (`None`).
 async fn standby(
     pg: &PgSettings,
+    bounds: &SessionBounds,
     shutdown: &CancellationToken,
     ticks: &mut Interval,
-) -> Option<(Box<LockSession>, u64, bool)> {
+    borrower: &mut Borrower,
+) -> Option<Grant> {
     let mut repeats = Repeats::default();
     loop {
         tokio::select! {
@@ -92,9 +144,9 @@ async fn standby(
             biased;
             () = shutdown.cancelled() => return None,
             attempt = try_acquire(
-                &pg.pool,
+                borrower,
                 pg.key,
-                4 * pg.interval,
+                bounds,
                 pg.interval,
                 pg.interval.max(MIN_TRY_BOUND),
             ) => attempt,
@@ -104,7 +156,15 @@ async fn standby(
                 session,
                 sent_at,
                 unbounded,
-            }) => return Some((session, sent_at, unbounded)),
+                applied,
+            }) => {
+                return Some(Grant {
+                    session,
+                    sent_at,
+                    unbounded,
+                    applied,
+                });
+            }
             Ok(Attempt::Refused) => {
                 repeats.clear();
                 tracing::trace!(key = %pg.key, "lock held by another session")
@@ -125,13 +185,23 @@ async fn standby(
             }
             Err(e) => {
                 if repeats.loud("acquire") {
-                    tracing::warn!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                    tracing::warn!(key = %pg.key, error = %e, "acquire lock connection")
                 } else {
-                    tracing::debug!(key = %pg.key, error = %e, "acquire lock connection: {e}")
+                    tracing::debug!(key = %pg.key, error = %e, "acquire lock connection")
                 }
             }
         }
     }
+}
+
+/// A granted try.
+struct Grant {
+    session: Box<LockSession>,
+    /// When the try was sent ([`now_ms`]).
+    sent_at: u64,
+    /// The server has no `idle_session_timeout`.
+    unbounded: bool,
+    applied: AppliedBounds,
 }
 
 /// How often a standby repeats the same complaint at its full level; in between, at DEBUG.
@@ -164,10 +234,56 @@ impl Repeats {
 
 enum Led {
     Shutdown,
-    Lost(String),
+    Lost(LossCause),
+}
+
+/// Why a leader stopped leading.
+#[derive(Debug)]
+pub(crate) enum LossCause {
+    /// The lock connection closed (noticed between checks).
+    ConnectionClosed,
+    /// The local lease ran out: the process was paused or starved for longer than the lease.
+    LeaseExpired,
+    /// The check found the session no longer holds the lock.
+    LockGone,
+    /// The check ran on a server session that is not (only) the lock session: a pooler.
+    Pooler,
+    /// The check got no answer within its bound.
+    CheckTimeout(Duration),
+    /// The check failed.
+    CheckFailed(SessionError),
+}
+
+impl LossCause {
+    /// The cause of a check that did not find the lock held (a `Holds` is not a loss; it maps
+    /// to [`LossCause::LockGone`] only if passed by mistake).
+    fn from_check(check: Result<Check, SessionError>) -> Self {
+        match check {
+            Ok(Check::Holds | Check::Lost) => Self::LockGone,
+            Ok(Check::SharedSession) => Self::Pooler,
+            Err(SessionError::Timeout(bound)) => Self::CheckTimeout(bound),
+            Err(e) => Self::CheckFailed(e),
+        }
+    }
+}
+
+impl std::fmt::Display for LossCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ConnectionClosed => f.write_str("the lock connection closed"),
+            Self::LeaseExpired => f.write_str(LEASE_EXPIRED),
+            Self::LockGone => f.write_str("the session no longer holds the lock"),
+            Self::Pooler => f.write_str(POOLER),
+            Self::CheckTimeout(bound) => {
+                write!(f, "the leader check got no answer within {bound:?}")
+            }
+            Self::CheckFailed(e) => write!(f, "the leader check failed: {e}"),
+        }
+    }
 }
 
 /// Checks the session every tick (E5) until leadership is lost or `shutdown` is cancelled.
+/// The connection and the lease are watched all along, during a check too (F2, E18).
 async fn lead(
     shared: &Shared,
     pg: &PgSettings,
@@ -179,36 +295,33 @@ async fn lead(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            cause = watch(shared.lease(), session) => return Led::Lost(cause.into()),
+            cause = watch(shared.lease(), session) => return Led::Lost(cause),
             _ = ticks.tick() => {}
         }
         if !shared.lease().is_live() {
-            return Led::Lost(LEASE_EXPIRED.into());
+            return Led::Lost(LossCause::LeaseExpired);
         }
         let sent_at = now_ms();
         let check = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
+            cause = watch(shared.lease(), session) => return Led::Lost(cause),
             check = session.check(pg.interval) => check,
         };
         match check {
             // A late answer does not revive a lease that has run out: the term has ended for
             // everyone who read `is_leader` meanwhile.
             Ok(Check::Holds) if !shared.lease().is_live() => {
-                return Led::Lost(LEASE_EXPIRED.into());
+                return Led::Lost(LossCause::LeaseExpired);
             }
             Ok(Check::Holds) => shared
                 .lease()
                 .hold_until(deadline_after(sent_at, lease_length(pg.interval))),
-            Ok(Check::Lost) => return Led::Lost("the session no longer holds the lock".into()),
             Ok(Check::SharedSession) => {
                 tracing::error!(key = %pg.key, "{POOLER}: the leader check ran on a server session that is not the lock session, or that another elector's try reached");
-                return Led::Lost(POOLER.into());
+                return Led::Lost(LossCause::Pooler);
             }
-            Err(SessionError::Timeout(bound)) => {
-                return Led::Lost(format!("the leader check got no answer within {bound:?}"));
-            }
-            Err(e) => return Led::Lost(format!("the leader check failed: {e}")),
+            other => return Led::Lost(LossCause::from_check(other)),
         }
     }
 }
@@ -217,15 +330,15 @@ const LEASE_EXPIRED: &str =
     "the local lease expired: the process was paused or starved for longer than the lease";
 
 /// Completes, with the cause, when the lock connection closes (F2) or the local lease expires
-/// (E18) between two checks: within [`WATCH_POLL`] of either, so that a process resumed after
-/// a freeze ends its term (and cancels its token) at once rather than at its next tick.
-async fn watch(lease: &Lease, session: &LockSession) -> &'static str {
+/// (E18): within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
+/// term (and cancels its token) at once rather than at its next tick or when its check ends.
+async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     loop {
         if session.is_closed() {
-            return "the lock connection closed";
+            return LossCause::ConnectionClosed;
         }
         if !lease.is_live() {
-            return LEASE_EXPIRED;
+            return LossCause::LeaseExpired;
         }
         tokio::time::sleep(WATCH_POLL).await;
     }

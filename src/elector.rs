@@ -271,7 +271,7 @@ impl Shared {
         {
             tracing::warn!(
                 key = %key,
-                "the server has no idle_session_timeout (PostgreSQL 13 or older): a leader that vanishes without closing its connection keeps the lock until TCP gives up on it"
+                "the server has no idle_session_timeout (PostgreSQL 13 or older): a leader whose host vanishes keeps the lock until the server's TCP keepalives drop its session (about 5 intervals), and a frozen leader process keeps it until the process resumes"
             );
         }
     }

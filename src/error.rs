@@ -46,3 +46,55 @@ pub enum Error {
     #[error("cannot register the leader gauge")]
     Metric(#[source] prometheus::Error),
 }
+
+/// An error and its sources on one line, with a server error's own message.
+///
+/// tokio-postgres displays a server error as just "db error"; the severity, SQLSTATE and
+/// message are in its source. Links whose text the previous one already ends with (a pool
+/// error that prints its cause) are not repeated.
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = String::new();
+    let mut link = Some(error);
+    while let Some(error) = link {
+        let piece = match error.downcast_ref::<tokio_postgres::error::DbError>() {
+            Some(db) => server_message(db),
+            None => error.to_string(),
+        };
+        if !text.ends_with(&piece) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&piece);
+        }
+        link = error.source();
+    }
+    text
+}
+
+fn server_message(db: &tokio_postgres::error::DbError) -> String {
+    let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!(" (detail: {detail})"));
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str(&format!(" (hint: {hint})"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[test]
+    fn a_chain_without_repeats() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: inner")]
+        struct Outer(#[source] Inner);
+        #[derive(Debug, thiserror::Error)]
+        #[error("inner")]
+        struct Inner;
+        assert_eq!(chain(&Outer(Inner)), "outer: inner");
+        assert_eq!(chain(&Inner), "inner");
+    }
+}

@@ -6,41 +6,53 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
 use tokio::time::timeout;
+use tokio_postgres::types::Type;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::LockKey;
 use crate::lease::now_ms;
 
 /// The try (E1, E3), in one statement so that even a transaction pooler runs it on one
 /// server session, and so that a granted lock never exists on a session without its bounds.
-/// It answers:
+/// Its first column answers:
 /// - `recovery`: the server is a hot standby (E16), whose advisory locks are local to it, so a
 ///   lock granted there proves nothing;
 /// - `marked`: this server session already carries some elector's mark, so it is shared by a
 ///   transaction-mode pooler (E16); the try leaves a visit mark for that elector to find;
-/// - `granted`: the lock is ours; the session now carries our mark ($3) and
-///   `idle_session_timeout` = $4 ms (E13), and its TCP timeouts are the system's (E14, see
-///   [`LockSession`]);
+/// - `granted`: the lock is ours; the session now carries our mark ($3),
+///   `idle_session_timeout` = $4 ms (E13) and the TCP bounds of [`SessionBounds`] (E14);
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
 ///
+/// The other columns read back the bounds as the server applied them to the session (a
+/// keepalive setting the kernel refused shows the kernel's value); they are logged at the grant.
+/// `OFFSET 0` keeps the answer's subquery from being flattened, so the settings are read
+/// after they were set.
+///
 /// Setting the bounds in the granting statement matters: if the answer is lost (a partition
 /// right after the grant), the server still ends the silent session after 4·I.
-const TRY_LOCK: &str = "SELECT CASE \
+const TRY_LOCK: &str = "SELECT answer, \
+     pg_catalog.current_setting('idle_session_timeout', true), \
+     pg_catalog.current_setting('tcp_user_timeout', true), \
+     pg_catalog.current_setting('tcp_keepalives_idle', true), \
+     pg_catalog.current_setting('tcp_keepalives_interval', true), \
+     pg_catalog.current_setting('tcp_keepalives_count', true) \
+   FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.visited', $3::text, false) = $3::text \
             THEN 'marked' END \
      WHEN pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
-             AND pg_catalog.set_config('tcp_user_timeout', '0', false) IS NOT NULL \
-             AND pg_catalog.set_config('tcp_keepalives_idle', '0', false) IS NOT NULL \
-             AND pg_catalog.set_config('tcp_keepalives_interval', '0', false) IS NOT NULL \
-             AND pg_catalog.set_config('tcp_keepalives_count', '0', false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_user_timeout', $5::text, false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_keepalives_idle', $6::text, false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_keepalives_interval', $7::text, false) IS NOT NULL \
+             AND pg_catalog.set_config('tcp_keepalives_count', $8::text, false) IS NOT NULL \
        THEN CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 \
                  THEN 'granted_unbounded' \
                  WHEN pg_catalog.set_config('idle_session_timeout', $4::text, false) IS NOT NULL \
                  THEN 'granted' END END \
-     ELSE 'refused' END";
+     ELSE 'refused' END AS answer OFFSET 0) AS try";
 
 /// The leader check (E5): the session answers, still holds the lock, and is still ours alone
 /// (E16): it carries our mark and no other elector's visit.
@@ -59,17 +71,79 @@ const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
 /// time rather than at the next check.
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(20);
 
-/// Why a try or a check failed.
+/// Why a try or a check failed. Displays the server's own message for a server error.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SessionError {
     #[error("no pool connection within {0:?}")]
     PoolTimeout(Duration),
-    #[error("{0}")]
+    #[error("{}", crate::error::chain(.0))]
     Pool(#[source] PoolError),
-    #[error("{0}")]
+    #[error("{}", crate::error::chain(.0))]
     Query(#[source] tokio_postgres::Error),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The try answered something this elector does not know; the lock state of that session
+    /// is unknown, so its connection is closed.
+    #[error("unexpected answer to the try: {0:?}")]
+    Unexpected(Option<String>),
+    #[error("the connection attempt was cancelled")]
+    BorrowCancelled,
+}
+
+/// The server-side bounds a granted lock session gets, all derived from the interval I.
+///
+/// `idle_session_timeout` (4·I) is the server's bound on a silent session (E13). The TCP
+/// settings make sure no server-side TCP timeout ends the session, and frees the lock, earlier
+/// than that while the old leader may still think it leads (E14): PostgreSQL's `0` means the
+/// operating system's default (keepalive idle time often 60–300 s on cloud images), not "off".
+/// So `tcp_user_timeout` is 4·I, and the keepalive idle time plus its probes add up to at least
+/// 4·I (the kernel takes at most 32767 s for the idle time and the interval, 127 probes). On a
+/// server without `idle_session_timeout` (PostgreSQL 13) the keepalives are then the bound: a
+/// peer that stops answering is dropped about idle + interval after its last packet, that is
+/// ⌈4·I⌉ + ⌈I⌉ in whole seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SessionBounds {
+    pub(crate) idle_session_timeout_ms: u64,
+    pub(crate) tcp_user_timeout_ms: u64,
+    pub(crate) keepalives_idle_s: u64,
+    pub(crate) keepalives_interval_s: u64,
+    pub(crate) keepalives_count: u64,
+}
+
+/// The kernel's largest `TCP_KEEPIDLE` and `TCP_KEEPINTVL` (Linux), in seconds.
+const MAX_KEEPALIVE_S: u64 = 32_767;
+/// The kernel's largest `TCP_KEEPCNT` (Linux).
+const MAX_KEEPALIVE_COUNT: u64 = 127;
+
+impl SessionBounds {
+    pub(crate) fn for_interval(interval: Duration) -> Self {
+        let bound_ms = (4 * interval).as_millis() as u64;
+        let ceil_s = |ms: u64| ms.div_ceil(1000).clamp(1, MAX_KEEPALIVE_S);
+        let keepalives_idle_s = ceil_s(bound_ms);
+        let keepalives_interval_s = ceil_s(interval.as_millis() as u64);
+        let left_s = bound_ms.div_ceil(1000).saturating_sub(keepalives_idle_s);
+        let keepalives_count = left_s
+            .div_ceil(keepalives_interval_s)
+            .clamp(1, MAX_KEEPALIVE_COUNT);
+        Self {
+            idle_session_timeout_ms: bound_ms,
+            tcp_user_timeout_ms: bound_ms,
+            keepalives_idle_s,
+            keepalives_interval_s,
+            keepalives_count,
+        }
+    }
+}
+
+/// The bounds as the server reports them on the lock session right after the grant; `None`
+/// for a setting the server does not have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AppliedBounds {
+    pub(crate) idle_session_timeout: Option<String>,
+    pub(crate) tcp_user_timeout: Option<String>,
+    pub(crate) keepalives_idle: Option<String>,
+    pub(crate) keepalives_interval: Option<String>,
+    pub(crate) keepalives_count: Option<String>,
 }
 
 /// What a try found.
@@ -80,6 +154,7 @@ pub(crate) enum Attempt {
         sent_at: u64,
         /// The server has no `idle_session_timeout` (PostgreSQL 13 and older).
         unbounded: bool,
+        applied: AppliedBounds,
     },
     /// Another session holds the lock.
     Refused,
@@ -87,6 +162,30 @@ pub(crate) enum Attempt {
     InRecovery,
     /// The server session carries another elector's mark: a transaction pooler shares it.
     SharedSession,
+}
+
+/// The try's first column, as far as this elector knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Granted,
+    GrantedUnbounded,
+    Refused,
+    Recovery,
+    Marked,
+}
+
+impl Answer {
+    /// `None` for anything else (a NULL included): the lock state is then unknown.
+    fn parse(answer: Option<&str>) -> Option<Self> {
+        Some(match answer? {
+            "granted" => Self::Granted,
+            "granted_unbounded" => Self::GrantedUnbounded,
+            "refused" => Self::Refused,
+            "recovery" => Self::Recovery,
+            "marked" => Self::Marked,
+            _ => return None,
+        })
+    }
 }
 
 /// What a leader check found.
@@ -101,41 +200,110 @@ pub(crate) enum Check {
     SharedSession,
 }
 
-/// Tries the lock once on a connection borrowed from `pool`, waiting at most `wait` for the
-/// connection and `bound` for the query.
+/// A standby's way to the pool. A borrow that is still under way when the standby stops
+/// waiting (a slow connect, a full pool) goes on in the background and is picked up by the
+/// next try, so a connect slower than I is finished rather than abandoned and started again
+/// every I. Dropping the borrower cancels a borrow still under way.
+pub(crate) struct Borrower {
+    pool: Pool,
+    pending: Option<AbortOnDropHandle<Result<Object, PoolError>>>,
+}
+
+impl Borrower {
+    pub(crate) fn new(pool: Pool) -> Self {
+        Self {
+            pool,
+            pending: None,
+        }
+    }
+
+    /// A pool connection, waiting at most `wait`.
+    ///
+    /// Cancel safe: a borrow under way when the future is dropped is kept for the next call.
+    async fn get(&mut self, wait: Duration) -> Result<Object, SessionError> {
+        let pending = self.pending.get_or_insert_with(|| {
+            let pool = self.pool.clone();
+            AbortOnDropHandle::new(tokio::spawn(async move { pool.get().await }))
+        });
+        let joined = timeout(wait, pending)
+            .await
+            .map_err(|_| SessionError::PoolTimeout(wait))?;
+        self.pending = None;
+        match joined {
+            Ok(got) => got.map_err(SessionError::Pool),
+            // A panic in the pool (a hook of the application's) unwinds through `run`, as it
+            // would have had the borrow run in place.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(SessionError::BorrowCancelled),
+        }
+    }
+}
+
+/// Tries the lock once on a connection borrowed through `borrower`, waiting at most `wait`
+/// for the connection and `bound` for the query.
+///
+/// The query is one unnamed statement (parse, bind and execute in one round trip), so it works
+/// through any pooler and leaves no prepared statement behind on the server session.
 ///
 /// A refused try gives the connection back to the pool unchanged. A granted one takes it out
-/// of the pool for good. Any other outcome (an error, a timeout, or this future being dropped
-/// mid-way) closes the connection instead of returning it, because the lock may have been
-/// granted on it without our hearing of it.
+/// of the pool for good. Any other outcome (an error, a timeout, an answer this elector does
+/// not know, or this future being dropped mid-way) closes the connection instead of returning
+/// it, because the lock may have been granted on it without our hearing of it.
 pub(crate) async fn try_acquire(
-    pool: &Pool,
+    borrower: &mut Borrower,
     key: LockKey,
-    idle_session_timeout: Duration,
+    bounds: &SessionBounds,
     wait: Duration,
     bound: Duration,
 ) -> Result<Attempt, SessionError> {
-    let object = timeout(wait, pool.get())
-        .await
-        .map_err(|_| SessionError::PoolTimeout(wait))?
-        .map_err(SessionError::Pool)?;
+    let object = borrower.get(wait).await?;
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
-    let idle_ms = idle_session_timeout.as_millis().to_string();
+    let text = |n: u64| n.to_string();
+    let (idle, user, k_idle, k_interval, k_count) = (
+        text(bounds.idle_session_timeout_ms),
+        text(bounds.tcp_user_timeout_ms),
+        text(bounds.keepalives_idle_s),
+        text(bounds.keepalives_interval_s),
+        text(bounds.keepalives_count),
+    );
     let sent_at = now_ms();
-    let answer: String = bounded(bound, async {
-        let client = borrowed.client();
-        let statement = client.prepare_cached(TRY_LOCK).await?;
-        let row = client
-            .query_one(&statement, &[&key.class(), &key.object(), &mark, &idle_ms])
+    let row = bounded(bound, async {
+        let rows = borrowed
+            .client()
+            .query_typed(
+                TRY_LOCK,
+                &[
+                    (&key.class(), Type::INT4),
+                    (&key.object(), Type::INT4),
+                    (&mark, Type::TEXT),
+                    (&idle, Type::TEXT),
+                    (&user, Type::TEXT),
+                    (&k_idle, Type::TEXT),
+                    (&k_interval, Type::TEXT),
+                    (&k_count, Type::TEXT),
+                ],
+            )
             .await?;
-        row.try_get(0)
+        Ok(rows.into_iter().next())
     })
     .await?;
-    let attempt = match answer.as_str() {
-        granted @ ("granted" | "granted_unbounded") => {
+    let Some(row) = row else {
+        return Err(SessionError::Unexpected(None));
+    };
+    let answer: Option<String> = row.try_get(0).map_err(SessionError::Query)?;
+    let attempt = match Answer::parse(answer.as_deref()) {
+        Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
+            let setting = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
             return Ok(Attempt::Granted {
-                unbounded: granted == "granted_unbounded",
+                unbounded: granted == Answer::GrantedUnbounded,
+                applied: AppliedBounds {
+                    idle_session_timeout: setting(1),
+                    tcp_user_timeout: setting(2),
+                    keepalives_idle: setting(3),
+                    keepalives_interval: setting(4),
+                    keepalives_count: setting(5),
+                },
                 session: Box::new(LockSession {
                     client: Object::take(borrowed.keep()),
                     key,
@@ -144,9 +312,11 @@ pub(crate) async fn try_acquire(
                 sent_at,
             });
         }
-        "refused" => Attempt::Refused,
-        "recovery" => Attempt::InRecovery,
-        _ => Attempt::SharedSession,
+        Some(Answer::Refused) => Attempt::Refused,
+        Some(Answer::Recovery) => Attempt::InRecovery,
+        Some(Answer::Marked) => Attempt::SharedSession,
+        // Dropping `borrowed` closes the connection.
+        None => return Err(SessionError::Unexpected(answer)),
     };
     borrowed.give_back();
     Ok(attempt)
@@ -154,11 +324,6 @@ pub(crate) async fn try_acquire(
 
 /// The connection that holds the lock, out of the pool. Dropping it closes the connection,
 /// and the server frees the lock with the session.
-///
-/// The session's `tcp_user_timeout` and keepalives are reset to the system's when it is
-/// granted: a short server-side TCP timeout could end a partitioned session, and free the lock,
-/// before the old leader has demoted itself (≤ 2·I), which would break the self-fencing order
-/// (E14). `idle_session_timeout` (4·I) stays the server's only bound on a silent session.
 pub(crate) struct LockSession {
     client: ClientWrapper,
     key: LockKey,
@@ -167,18 +332,25 @@ pub(crate) struct LockSession {
 }
 
 impl LockSession {
-    /// The leader check (E5, E16).
+    /// The leader check (E5, E16), as one unnamed statement.
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
         let (holds, ours, unvisited): (bool, bool, bool) = bounded(bound, async {
-            let statement = self.client.prepare_cached(CHECK).await?;
-            let row = self
+            let rows = self
                 .client
-                .query_one(
-                    &statement,
-                    &[&self.key.class_oid(), &self.key.object_oid(), &self.mark],
+                .query_typed(
+                    CHECK,
+                    &[
+                        (&self.key.class_oid(), Type::OID),
+                        (&self.key.object_oid(), Type::OID),
+                        (&self.mark, Type::TEXT),
+                    ],
                 )
                 .await?;
-            Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+            match rows.first() {
+                Some(row) => Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)),
+                // A SELECT without FROM always returns one row.
+                None => Ok((false, false, false)),
+            }
         })
         .await?;
         Ok(if !(ours && unvisited) {
@@ -193,11 +365,20 @@ impl LockSession {
     /// Gives the lock up (E6): `Ok(true)` when it was held.
     pub(crate) async fn unlock(&self, bound: Duration) -> Result<bool, SessionError> {
         bounded(bound, async {
-            let row = self
+            let rows = self
                 .client
-                .query_one(UNLOCK, &[&self.key.class(), &self.key.object()])
+                .query_typed(
+                    UNLOCK,
+                    &[
+                        (&self.key.class(), Type::INT4),
+                        (&self.key.object(), Type::INT4),
+                    ],
+                )
                 .await?;
-            row.try_get(0)
+            match rows.first() {
+                Some(row) => row.try_get(0),
+                None => Ok(false),
+            }
         })
         .await
     }
@@ -258,6 +439,61 @@ impl Drop for Borrowed {
     fn drop(&mut self) {
         if let Some(object) = self.0.take() {
             drop(Object::take(object));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_the_elector_does_not_know_is_not_taken_for_a_known_one() {
+        for known in [
+            "granted",
+            "granted_unbounded",
+            "refused",
+            "recovery",
+            "marked",
+        ] {
+            assert!(Answer::parse(Some(known)).is_some(), "{known}");
+        }
+        for unknown in [None, Some(""), Some("GRANTED"), Some("shared"), Some("t")] {
+            assert_eq!(Answer::parse(unknown), None, "{unknown:?}");
+        }
+    }
+
+    #[test]
+    fn no_server_side_tcp_bound_is_shorter_than_four_intervals() {
+        for interval in [
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+            Duration::from_secs(5),
+            Duration::from_secs(3600),
+            Duration::from_secs(3 * 3600),
+            crate::MAX_CHECK_INTERVAL,
+        ] {
+            let b = SessionBounds::for_interval(interval);
+            let four = (4 * interval).as_millis() as u64;
+            assert_eq!(b.idle_session_timeout_ms, four);
+            assert_eq!(b.tcp_user_timeout_ms, four);
+            assert!(b.tcp_user_timeout_ms <= i32::MAX as u64, "{interval:?}");
+            let keepalive_ms =
+                (b.keepalives_idle_s + b.keepalives_interval_s * b.keepalives_count) * 1000;
+            assert!(keepalive_ms >= four, "{interval:?}: {b:?}");
+            assert!(b.keepalives_idle_s * 1000 >= four.min(MAX_KEEPALIVE_S * 1000));
+            assert!(
+                (1..=MAX_KEEPALIVE_S).contains(&b.keepalives_idle_s),
+                "{b:?}"
+            );
+            assert!(
+                (1..=MAX_KEEPALIVE_S).contains(&b.keepalives_interval_s),
+                "{b:?}"
+            );
+            assert!(
+                (1..=MAX_KEEPALIVE_COUNT).contains(&b.keepalives_count),
+                "{b:?}"
+            );
         }
     }
 }

@@ -325,6 +325,111 @@ async fn e14_a_partitioned_leader_process_demotes_within_two_intervals_before_an
     );
 }
 
+/// The longest stretch (µs) any replica said it led, up to `until` for one still leading.
+fn longest_term(events: &[Event], n: usize, until: u64) -> u64 {
+    let mut since = vec![None; n];
+    let mut longest = 0;
+    for e in transitions(events) {
+        match e.what {
+            What::Leader => since[e.replica] = Some(e.at),
+            _ => {
+                if let Some(began) = since[e.replica].take() {
+                    longest = longest.max(e.at - began);
+                }
+            }
+        }
+    }
+    since
+        .iter()
+        .flatten()
+        .fold(longest, |longest, &began| longest.max(until - began))
+}
+
+/// Whether a log line reports a server error as just "db error", without the server's message.
+fn says_only_db_error(line: &str) -> bool {
+    line.match_indices("db error")
+        .any(|(at, text)| !line[at + text.len()..].starts_with(": "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e16_two_replica_processes_behind_a_transaction_pooler_name_it_and_no_statement_collides() {
+    let _serial = serial();
+    init_tracing();
+    // A private server, whose log this test reads.
+    let server = tokio::task::block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
+    let db = server.create_database().await.unwrap();
+    let bouncer = tokio::task::block_in_place(|| {
+        pg_elector_harness::Pgbouncer::start(&server, pg_elector_harness::PoolMode::Transaction, 2)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let key = LockKey::new(16, 20);
+    let mut fleet = new_fleet(&db, key, I);
+    let started = unix_us();
+    fleet.spawn(Some(bouncer.addr()));
+    fleet.spawn(Some(bouncer.addr()));
+    fleet
+        .wait(STARTUP, |events| {
+            (events.iter().filter(|e| e.what == What::Started).count() == 2).then_some(())
+        })
+        .await
+        .expect("both replicas start");
+    tokio::time::sleep(15 * I).await;
+    let ended = unix_us();
+
+    let events = fleet.events();
+    let terms = events.iter().filter(|e| e.what == What::Leader).count();
+    let longest = longest_term(&events, 2, ended);
+    let logs = fleet.board.logs.lock().unwrap().clone();
+    let pooler_errors = logs
+        .iter()
+        .filter(|l| l.contains("ERROR") && l.contains("transaction-mode pooler"))
+        .count();
+    let bare: Vec<&String> = logs.iter().filter(|l| says_only_db_error(l)).collect();
+    let server_log = server.log_tail(100_000);
+    let collisions: Vec<&str> = server_log
+        .lines()
+        .filter(|l| l.contains("prepared statement") && l.contains("already exists"))
+        .collect();
+    eprintln!(
+        "two replica processes behind PgBouncer (transaction mode) for {:.0} ms: {terms} terms, \
+         longest {:.1} ms, {pooler_errors} pooler errors logged",
+        ms(ended - started),
+        ms(longest)
+    );
+    assert!(
+        collisions.is_empty(),
+        "statement names collided on a shared server session: {collisions:?}"
+    );
+    assert!(
+        bare.is_empty(),
+        "log lines without the server's message: {bare:?}"
+    );
+    assert!(
+        pooler_errors > 0,
+        "the replicas' log names the transaction-mode pooler: {logs:#?}"
+    );
+    assert!(
+        longest <= us(I + I / 2),
+        "a replica led for {:.1} ms behind a transaction pooler; one check is {I:?}",
+        ms(longest)
+    );
+    drop(fleet);
+    drop(bouncer);
+}
+
+#[test]
+fn a_bare_db_error_is_told_from_one_with_the_servers_message() {
+    assert!(says_only_db_error(
+        "WARN acquire lock connection error=db error key=1:2"
+    ));
+    assert!(says_only_db_error(
+        "leadership lost: the leader check failed: db error"
+    ));
+    assert!(!says_only_db_error(
+        "error=db error: ERROR 42P05: prepared statement \"s0\" already exists"
+    ));
+}
+
 #[test]
 fn the_overlap_of_a_timeline_is_measured() {
     let e = |replica, at, what| Event { replica, at, what };

@@ -93,6 +93,70 @@ async fn e3_ten_thousand_refused_tries_open_no_new_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_a_pool_that_recycles_with_discard_all_opens_no_backend_in_a_thousand_refused_tries() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(3, 1_000);
+    let leader = Replica::start(db.pool(1), key, I);
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("a leader");
+
+    // DISCARD ALL on every return to the pool forgets any prepared statement on the session:
+    // a try that relied on one would fail on every other borrow, and each failure closes its
+    // connection (its lock state is unknown), so the pool would open a backend per failure.
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let manager = deadpool_postgres::Manager::from_config(
+        db.config_via(proxy.addr()),
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Custom("DISCARD ALL".into()),
+        },
+    );
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(4)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .unwrap();
+    let warm: Vec<_> = futures_join_all((0..4).map(|_| pool.get())).await;
+    drop(warm);
+    let opened = proxy.accepted();
+    assert_eq!(opened, 4);
+    let standbys: Vec<_> = (0..10)
+        .map(|_| Replica::start(pool.clone(), key, Duration::from_millis(10)))
+        .collect();
+
+    // Each refused try is one transaction, and each recycle (DISCARD ALL) another.
+    let client = db.connect().await.unwrap();
+    let start = commits(&client).await;
+    wait_for_async(Duration::from_secs(60), || async {
+        client
+            .query("SELECT pg_stat_clear_snapshot()", &[])
+            .await
+            .unwrap();
+        commits(&client).await - start >= 2_000
+    })
+    .await
+    .expect("1 000 tries within 60 s");
+    assert_eq!(
+        leaders(&standbys),
+        Vec::<usize>::new(),
+        "every try was refused"
+    );
+    assert_eq!(
+        proxy.accepted(),
+        opened,
+        "refused tries on a DISCARD ALL pool opened no new backend"
+    );
+    for standby in standbys {
+        standby.stop().await.unwrap();
+    }
+    leader.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e3_an_unreachable_server_leaves_the_replica_standby_and_it_leads_once_back() {
     let _serial = serial();
     let db = fresh_db().await;
