@@ -1,16 +1,27 @@
-//! [`FaultProxy`]: a loopback TCP proxy that can partition or reset connections.
+//! [`FaultProxy`]: a loopback TCP proxy that can delay, partition or reset connections.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+/// Size of one read: a chunk of bytes moved at once.
+const CHUNK: usize = 16 * 1024;
+
+/// Chunks read from the server but not yet written to the client, at most,
+/// per connection while a delay is set (so at most 4 MiB): past that the
+/// proxy stops reading and TCP flow control holds the server back.
+const MAX_DELAYED_CHUNKS: usize = 256;
 
 /// What the proxy does with bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,22 +33,39 @@ enum Mode {
 #[derive(Debug)]
 struct Shared {
     mode: watch::Sender<Mode>,
+    /// Latency added to every chunk from the server to the client.
+    delay: watch::Sender<Duration>,
     /// Bumped by `reset()`; every connection accepted before closes.
     reset: watch::Sender<u64>,
     accepted: AtomicU64,
     open: AtomicUsize,
 }
 
-/// A loopback TCP proxy for fault injection: pass, blackhole, reset.
+/// A loopback TCP proxy for fault injection: pass, delay, blackhole, reset.
 ///
 /// Listens on `127.0.0.1:<free port>` and forwards each accepted connection
-/// to the target. The mode applies to every connection, current and new:
+/// to the target. Each setting applies to every connection, current and new:
 ///
 /// - [`pass`](Self::pass) (the default): bytes flow both ways.
+/// - [`delay`](Self::delay)`(d)`: a slow network or server, on the answers
+///   only. Every chunk of bytes read from the target (the server) is written
+///   to the client `d` after it was read, not earlier: a latency of `d` per
+///   chunk, not cumulative (chunks read 1 ms apart are written 1 ms apart,
+///   each `d` late, so two pipelined queries both take about `d`).
+///   Client→server bytes are never delayed, nor is the TCP connect to the
+///   target; the server's startup and authentication answers are. It
+///   combines with the modes: `delay(Duration::ZERO)` (the default) turns it
+///   off, and a blackhole or reset while a delay is set behaves as below.
+///   A new delay applies at once to the chunks already waiting (setting zero
+///   writes them out now). While a delay is set, up to 256 chunks (4 MiB)
+///   per connection wait inside the proxy; past that it stops reading from
+///   the server.
 /// - [`blackhole`](Self::blackhole): a network partition. Every socket stays
 ///   open but no byte moves in either direction: the proxy stops reading, so
 ///   data waits in kernel buffers (and at most one read buffer per direction
-///   inside the proxy). New connections are accepted but not connected to the
+///   inside the proxy, plus, with a delay set, the server's chunks read but
+///   not yet written: they stay held, and go out once the partition heals and
+///   their delay is over). New connections are accepted but not connected to the
 ///   target. Neither peer sees an error; only timeouts or keepalives can tell.
 ///   When [`pass`](Self::pass) is called again the partition heals: held bytes
 ///   are delivered, as TCP retransmission would, and waiting new connections
@@ -64,6 +92,7 @@ impl fmt::Debug for FaultProxy {
             .field("addr", &self.addr)
             .field("target", &self.target)
             .field("mode", &*self.shared.mode.borrow())
+            .field("delay", &*self.shared.delay.borrow())
             .field("accepted", &self.accepted())
             .field("open", &self.open())
             .finish()
@@ -77,6 +106,7 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             mode: watch::Sender::new(Mode::Pass),
+            delay: watch::Sender::new(Duration::ZERO),
             reset: watch::Sender::new(0),
             accepted: AtomicU64::new(0),
             open: AtomicUsize::new(0),
@@ -105,6 +135,21 @@ impl FaultProxy {
     pub fn pass(&self) {
         tracing::debug!(addr = %self.addr, "fault proxy: pass");
         self.shared.mode.send_replace(Mode::Pass);
+    }
+
+    /// Delays every chunk of bytes from the server to the client by `delay`
+    /// (per chunk, not cumulative), on current and new connections;
+    /// `Duration::ZERO` turns it off. Client→server bytes are never delayed.
+    /// Combines with [`blackhole`](Self::blackhole) and
+    /// [`reset`](Self::reset) (see the type docs).
+    pub fn delay(&self, delay: Duration) {
+        tracing::debug!(addr = %self.addr, ?delay, "fault proxy: delay");
+        self.shared.delay.send_replace(delay);
+    }
+
+    /// The delay currently set on server→client bytes (zero: none).
+    pub fn current_delay(&self) -> Duration {
+        *self.shared.delay.borrow()
     }
 
     /// Starts a partition: sockets stay open, no byte moves either way, new
@@ -170,10 +215,11 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shar
                     shared.accepted.fetch_add(1, Ordering::SeqCst);
                     let guard = OpenGuard::new(&shared);
                     let mode = shared.mode.subscribe();
+                    let delay = shared.delay.subscribe();
                     let reset = shared.reset.subscribe();
                     conns.spawn(async move {
                         let _guard = guard;
-                        handle(socket, target, mode, reset).await;
+                        handle(socket, target, mode, delay, reset).await;
                     });
                 }
                 Err(e) => {
@@ -192,10 +238,11 @@ async fn handle(
     mut client: TcpStream,
     target: SocketAddr,
     mut mode: watch::Receiver<Mode>,
+    delay: watch::Receiver<Duration>,
     mut reset: watch::Receiver<u64>,
 ) {
     let _ = client.set_nodelay(true);
-    // Connect to the target only once traffic may flow.
+    // Connect to the target only once traffic may flow (never delayed).
     let mut upstream = tokio::select! {
         connected = async {
             wait_for(&mut mode, Mode::Pass).await?;
@@ -219,7 +266,7 @@ async fn handle(
         let (ur, uw) = upstream.split();
         let (mode_up, mode_down) = (mode.clone(), mode);
         tokio::select! {
-            r = async { tokio::try_join!(pump(cr, uw, mode_up), pump(ur, cw, mode_down)) } => {
+            r = async { tokio::try_join!(pump(cr, uw, mode_up), pump_delayed(ur, cw, mode_down, delay)) } => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "fault proxy: connection ended with an error");
                 }
@@ -243,8 +290,12 @@ fn abort(socket: &TcpStream) {
 async fn wait_for(mode: &mut watch::Receiver<Mode>, want: Mode) -> io::Result<()> {
     match mode.wait_for(|m| *m == want).await {
         Ok(_) => Ok(()),
-        Err(_) => Err(io::Error::other("fault proxy stopped")),
+        Err(_) => Err(stopped()),
     }
+}
+
+fn stopped() -> io::Error {
+    io::Error::other("fault proxy stopped")
 }
 
 /// Copies `from` to `to` while the mode is `Pass`, pausing (neither reading
@@ -254,7 +305,7 @@ async fn pump(
     mut to: WriteHalf<'_>,
     mut mode: watch::Receiver<Mode>,
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; CHUNK];
     loop {
         wait_for(&mut mode, Mode::Pass).await?;
         let n = tokio::select! {
@@ -277,4 +328,80 @@ async fn pump(
             return to.shutdown().await;
         }
     }
+}
+
+/// A chunk read from the server and not yet fully written to the client.
+struct Delayed {
+    read_at: Instant,
+    /// Empty: the server's EOF.
+    bytes: Vec<u8>,
+    /// How much of `bytes` the client has been sent.
+    sent: usize,
+}
+
+/// Copies `from` (the server) to `to` (the client) like [`pump`], writing
+/// each chunk no earlier than the current delay after it was read.
+///
+/// One loop drives both ends: it reads while the mode is `Pass` and the
+/// queue has room, and writes the queue's head once it is due and the mode
+/// is `Pass`. So chunks are late by the delay each, not by the sum of the
+/// delays before them. With a zero delay it reads the next chunk only once
+/// the last one is written, exactly as [`pump`] does.
+async fn pump_delayed(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    mut mode: watch::Receiver<Mode>,
+    mut delay: watch::Receiver<Duration>,
+) -> io::Result<()> {
+    let mut buf = vec![0u8; CHUNK];
+    let mut queue: VecDeque<Delayed> = VecDeque::new();
+    let mut read_eof = false;
+    loop {
+        // Mark both as seen: `changed()` below then wakes only on news.
+        let passing = *mode.borrow_and_update() == Mode::Pass;
+        let lag = *delay.borrow_and_update();
+        let now = Instant::now();
+        let due = queue.front().map(|c| c.read_at + lag);
+        let may_read = passing
+            && !read_eof
+            && queue.len() < MAX_DELAYED_CHUNKS
+            && (queue.is_empty() || !lag.is_zero());
+        let may_write = passing && due.is_some_and(|d| d <= now);
+        // Sleep until the head is due, unless a blackhole holds it anyway.
+        let wake_at = due.filter(|d| passing && *d > now);
+        if may_write && queue.front().is_some_and(|c| c.bytes.is_empty()) {
+            return to.shutdown().await;
+        }
+        tokio::select! {
+            r = from.read(&mut buf), if may_read => {
+                let n = r?;
+                queue.push_back(Delayed {
+                    read_at: Instant::now(),
+                    bytes: buf[..n].to_vec(),
+                    sent: 0,
+                });
+                read_eof = n == 0;
+            }
+            r = write_head(&mut to, &mut queue), if may_write => r?,
+            _ = tokio::time::sleep_until(wake_at.unwrap_or(now)), if wake_at.is_some() => {}
+            r = mode.changed() => r.map_err(|_| stopped())?,
+            r = delay.changed() => r.map_err(|_| stopped())?,
+        }
+    }
+}
+
+/// Writes what it can of the queue's head (which must hold bytes) to `to`,
+/// and drops the head once it is all written. Cancel-safe.
+async fn write_head(to: &mut WriteHalf<'_>, queue: &mut VecDeque<Delayed>) -> io::Result<()> {
+    let Some(head) = queue.front_mut() else {
+        return Ok(());
+    };
+    match to.write(&head.bytes[head.sent..]).await? {
+        0 => return Err(io::ErrorKind::WriteZero.into()),
+        k => head.sent += k,
+    }
+    if head.sent == head.bytes.len() {
+        queue.pop_front();
+    }
+    Ok(())
 }

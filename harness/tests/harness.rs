@@ -337,6 +337,222 @@ async fn dropping_the_proxy_closes_everything() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
 
+/// The delay the delay tests set on the proxy.
+const DELAY: Duration = Duration::from_millis(300);
+/// Slack on top of [`DELAY`] for a loaded 2-core CI machine.
+const SLACK: Duration = Duration::from_millis(250);
+
+/// A client through `proxy`, its connection driven by a spawned task.
+async fn client_via(db: &pg_elector_harness::TestDb, proxy: &FaultProxy) -> tokio_postgres::Client {
+    connect(db.config_via(proxy.addr())).await
+}
+
+#[tokio::test]
+async fn proxy_delay_adds_latency_per_answer() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let client = client_via(&db, &proxy).await;
+    client.simple_query("SELECT 1").await.unwrap();
+
+    proxy.delay(DELAY);
+    assert_eq!(proxy.current_delay(), DELAY);
+    let t = Instant::now();
+    client.simple_query("SELECT 1").await.unwrap();
+    let took = t.elapsed();
+    eprintln!("SELECT 1 with a {DELAY:?} delay: {took:?}");
+    assert!(took >= DELAY, "answered in {took:?}, before the delay");
+    assert!(took < DELAY + SLACK, "answered in {took:?}");
+
+    // New connections are delayed too, startup answers included.
+    let t = Instant::now();
+    let fresh = client_via(&db, &proxy).await;
+    eprintln!("connect with a {DELAY:?} delay: {:?}", t.elapsed());
+    assert!(t.elapsed() >= DELAY, "connected in {:?}", t.elapsed());
+    let t = Instant::now();
+    fresh.simple_query("SELECT 1").await.unwrap();
+    assert!(t.elapsed() >= DELAY, "answered in {:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn proxy_delay_is_per_chunk_not_cumulative() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let client = client_via(&db, &proxy).await;
+    client.simple_query("SELECT 1").await.unwrap();
+
+    proxy.delay(DELAY);
+    // Pipelined: both queries go out at once. The server answers the second
+    // GAP after the first, so the proxy surely reads two chunks; each is
+    // DELAY late: about DELAY and DELAY + GAP, where a delay that added up
+    // would give the second 2 * DELAY.
+    const GAP: Duration = Duration::from_millis(50);
+    let t = Instant::now();
+    let (a, b) = tokio::join!(
+        async {
+            let r = client.simple_query("SELECT 1").await;
+            (r, t.elapsed())
+        },
+        async {
+            let r = client.simple_query("SELECT pg_sleep(0.05)").await;
+            (r, t.elapsed())
+        },
+    );
+    eprintln!(
+        "two pipelined queries with a {DELAY:?} delay: {:?}, {:?}",
+        a.1, b.1
+    );
+    a.0.unwrap();
+    b.0.unwrap();
+    assert!(
+        a.1 >= DELAY,
+        "first answered in {:?}, before the delay",
+        a.1
+    );
+    assert!(
+        b.1 >= DELAY + GAP,
+        "second answered in {:?}, before the delay",
+        b.1
+    );
+    for took in [a.1, b.1] {
+        assert!(
+            took < DELAY + SLACK,
+            "answered in {took:?}: the delay adds up"
+        );
+    }
+}
+
+#[tokio::test]
+async fn proxy_delay_zero_turns_it_off() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let client = client_via(&db, &proxy).await;
+    proxy.delay(DELAY);
+    let t = Instant::now();
+    client.simple_query("SELECT 1").await.unwrap();
+    assert!(t.elapsed() >= DELAY, "answered in {:?}", t.elapsed());
+
+    proxy.delay(Duration::ZERO);
+    assert_eq!(proxy.current_delay(), Duration::ZERO);
+    let t = Instant::now();
+    client.simple_query("SELECT 1").await.unwrap();
+    let took = t.elapsed();
+    eprintln!("SELECT 1 after delay(0): {took:?}");
+    assert!(took < Duration::from_millis(100), "answered in {took:?}");
+
+    // Answers already waiting go out as soon as the delay is lifted.
+    proxy.delay(Duration::from_secs(30));
+    let t = Instant::now();
+    let query = client.simple_query("SELECT 1");
+    tokio::pin!(query);
+    assert!(
+        timeout(Duration::from_millis(200), &mut query)
+            .await
+            .is_err(),
+        "answered through a 30 s delay"
+    );
+    proxy.delay(Duration::ZERO);
+    timeout(Duration::from_secs(1), query)
+        .await
+        .expect("a waiting answer stayed held after delay(0)")
+        .unwrap();
+    eprintln!("lifted a 30 s delay after {:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn proxy_blackhole_holds_delayed_answers() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let client = client_via(&db, &proxy).await;
+    client.simple_query("SELECT 1").await.unwrap();
+    proxy.delay(DELAY);
+
+    // Blackhole while the answer waits in the proxy: it must not come out
+    // when its delay is over, only once the partition heals.
+    let t = Instant::now();
+    let query = client.simple_query("SELECT 1");
+    tokio::pin!(query);
+    assert!(
+        timeout(DELAY / 3, &mut query).await.is_err(),
+        "answered before the delay"
+    );
+    proxy.blackhole();
+    assert!(
+        timeout(DELAY + 2 * SLACK, &mut query).await.is_err(),
+        "answered through a blackhole"
+    );
+    assert_eq!(proxy.open(), 1);
+    assert!(!client.is_closed());
+
+    // A query sent into the blackhole is held too.
+    let t2 = Instant::now();
+    let second = client.simple_query("SELECT 2");
+    tokio::pin!(second);
+    assert!(
+        timeout(DELAY + SLACK, &mut second).await.is_err(),
+        "answered through a blackhole"
+    );
+
+    proxy.pass();
+    let heal = Instant::now();
+    timeout(DELAY + SLACK, &mut query)
+        .await
+        .expect("the held answer did not come after the partition healed")
+        .unwrap();
+    eprintln!(
+        "held answer delivered {:?} after pass ({:?} after the query)",
+        heal.elapsed(),
+        t.elapsed()
+    );
+    // Its delay was long over: it went out at once.
+    assert!(heal.elapsed() < SLACK, "{:?}", heal.elapsed());
+    timeout(DELAY + SLACK, &mut second)
+        .await
+        .expect("the second answer did not come")
+        .unwrap();
+    assert!(t2.elapsed() >= DELAY, "{:?}", t2.elapsed());
+}
+
+#[tokio::test]
+async fn proxy_reset_works_while_delayed() {
+    let _serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let client = client_via(&db, &proxy).await;
+    assert!(try_lock(&client, 77).await);
+    let direct = db.connect().await.unwrap();
+    assert!(!try_lock(&direct, 77).await);
+
+    proxy.delay(DELAY);
+    let query = client.simple_query("SELECT 1");
+    tokio::pin!(query);
+    assert!(timeout(DELAY / 3, &mut query).await.is_err());
+    let t = Instant::now();
+    proxy.reset();
+    let r = timeout(DELAY / 2, &mut query)
+        .await
+        .expect("the reset waited for the delay");
+    r.expect_err("query succeeded after reset");
+    // The server saw the RST: the session ended and released its lock.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !try_lock(&direct, 77).await {
+        assert!(
+            Instant::now() < deadline,
+            "server kept the session after reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    eprintln!("lock free after reset: {:?}", t.elapsed());
+}
+
 /// Runs this test binary again with one test selected and extra env vars.
 fn rerun(test: &str, envs: &[(&str, &str)]) -> std::process::Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
