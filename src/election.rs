@@ -391,6 +391,54 @@ impl Drop for Held<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Elector, LockKey};
+    use pg_elector_harness::{FaultProxy, PgServer, serial};
+
+    /// A machine suspend moves the lease's clock (`CLOCK_BOOTTIME`) but not tokio's timers, so
+    /// a check in flight across it would not time out for up to I. The test makes the lease
+    /// run out while a check hangs in a partition, and wants the term over within the watch's
+    /// poll, not at the check's timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_term_ends_when_the_lease_runs_out_during_a_check_not_when_the_check_times_out() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let proxy = FaultProxy::start(server.addr()).await.unwrap();
+        let interval = Duration::from_secs(1);
+        let elector = Elector::builder(db.pool_via(proxy.addr(), 2), LockKey::new(10, 10))
+            .check_interval(interval)
+            .build()
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn({
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        });
+        // Promoted at t; the first check goes out at t + I and, in the partition, hangs until
+        // its bound at t + 2·I.
+        let term = elector.wait_for_leadership().await;
+        tokio::time::sleep(interval / 2).await;
+        proxy.blackhole();
+        tokio::time::sleep(interval).await;
+        assert!(term.is_leader(), "the check is still in flight");
+        let expired = Instant::now();
+        elector.shared.lease().hold_until(now_ms());
+        tokio::time::timeout(interval / 4, term.cancelled())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the token was still live {:?} after the lease ran out",
+                    interval / 4
+                )
+            });
+        assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+        eprintln!(
+            "token cancelled {:?} after the lease ran out mid-check",
+            expired.elapsed()
+        );
+        shutdown.cancel();
+        run.await.unwrap().unwrap();
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_repeated_failure_is_loud_once_a_minute_and_a_new_one_at_once() {
