@@ -933,7 +933,11 @@ async fn b5_a_worker_whose_start_panics_is_restarted_within_its_budget_then_give
     );
     let panicked = capture.events("worker panicked");
     assert_eq!(panicked.len(), 5);
-    assert!(panicked[0].field("panic").starts_with("SWEEP_BATCH is not a number"));
+    assert!(
+        panicked[0]
+            .field("panic")
+            .starts_with("SWEEP_BATCH is not a number")
+    );
     assert_eq!(
         capture.events("worker stopped: restart budget spent").len(),
         1
