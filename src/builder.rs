@@ -1,11 +1,12 @@
-//! Building an [`Elector`].
+//! Building an [`Elector`]: on PostgreSQL, or a local one; both over one set of gauge options.
 
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use prometheus::Registry;
 
-use crate::elector::{Elector, Mode, PgSettings};
+use crate::elector::{Elector, LocalKind, Mode, PgSettings};
+use crate::local::{ManualControl, promote};
 use crate::metrics::GaugeSpec;
 use crate::{Error, LockKey};
 
@@ -108,5 +109,70 @@ impl ElectorBuilder {
             }),
             gauge,
         ))
+    }
+}
+
+/// Configures a local elector; made by [`Elector::local_builder`].
+#[must_use = "a builder does nothing until it builds"]
+#[derive(Debug, Default)]
+pub struct LocalBuilder {
+    gauge: GaugeSpec,
+}
+
+impl LocalBuilder {
+    /// Registers the leader gauge in `registry`, as [`ElectorBuilder::registry`](crate::ElectorBuilder::registry) does. Default: no gauge.
+    pub fn registry(mut self, registry: &Registry) -> Self {
+        self.gauge.registry = Some(registry.clone());
+        self
+    }
+
+    /// The leader gauge's name (default `pg_elector_leader`).
+    pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
+        self.gauge.name = name.into();
+        self
+    }
+
+    /// An elector that leads from the start; see [`Elector::always_leader`].
+    ///
+    /// # Panics
+    ///
+    /// Never; use [`try_always_leader`](Self::try_always_leader) to see a registry's refusal,
+    /// which this method logs and ignores (the elector then has no gauge).
+    pub fn always_leader(self) -> Elector {
+        let elector = self.build_or_log(LocalKind::AlwaysLeader);
+        promote(&elector.shared);
+        elector
+    }
+
+    /// Like [`always_leader`](Self::always_leader), with the registry's refusal as an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    pub fn try_always_leader(self) -> Result<Elector, Error> {
+        let elector = self.build(LocalKind::AlwaysLeader)?;
+        promote(&elector.shared);
+        Ok(elector)
+    }
+
+    /// A standby elector with a [`ManualControl`]; see [`Elector::manual`].
+    pub fn manual(self) -> (Elector, ManualControl) {
+        let elector = self.build_or_log(LocalKind::Manual);
+        let control = ManualControl {
+            elector: elector.clone(),
+        };
+        (elector, control)
+    }
+
+    fn build(self, kind: LocalKind) -> Result<Elector, Error> {
+        let gauge = self.gauge.register()?;
+        Ok(Elector::from_mode(Mode::Local(kind), gauge))
+    }
+
+    fn build_or_log(self, kind: LocalKind) -> Elector {
+        self.build(kind).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "local elector built without its gauge");
+            Elector::from_mode(Mode::Local(kind), None)
+        })
     }
 }

@@ -10,8 +10,9 @@ use deadpool_postgres::Pool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::builder::ElectorBuilder;
+use crate::builder::{ElectorBuilder, LocalBuilder};
 use crate::lease::Lease;
+use crate::local::ManualControl;
 use crate::metrics::LeaderGauge;
 use crate::term::{Term, TermEnd, lock};
 use crate::{Error, LockKey};
@@ -108,6 +109,44 @@ impl Elector {
     /// the pool's recycling and lifetime limits never close it.
     pub fn builder(pool: Pool, key: LockKey) -> ElectorBuilder {
         ElectorBuilder::new(pool, key)
+    }
+
+    /// An elector that leads from the start, with no database: for a deployment of one
+    /// process. Its term ends (with [`TermEnd::Shutdown`]) only when its `run`, if started,
+    /// is shut down; `run` started again leads again at once, in a new term.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let elector = pg_elector::Elector::always_leader();
+    /// assert!(elector.is_leader());
+    /// let out = elector.do_work(|_term| async { Ok::<_, ()>(1) }).await;
+    /// assert_eq!(out, Ok(Some(1)));
+    /// # }
+    /// ```
+    pub fn always_leader() -> Elector {
+        LocalBuilder::default().always_leader()
+    }
+
+    /// A standby elector with no database, promoted and demoted by hand through the returned
+    /// [`ManualControl`]: for unit tests of code that takes an `Elector`.
+    ///
+    /// ```
+    /// use pg_elector::{Elector, TermEnd};
+    ///
+    /// let (elector, control) = Elector::manual();
+    /// assert!(!elector.is_leader());
+    /// let term = control.promote();
+    /// assert!(elector.is_leader() && term.is_leader());
+    /// control.demote();
+    /// assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+    /// ```
+    pub fn manual() -> (Elector, ManualControl) {
+        LocalBuilder::default().manual()
+    }
+
+    /// Configures a local elector (for example with a registry for its gauge).
+    pub fn local_builder() -> LocalBuilder {
+        LocalBuilder::default()
     }
 
     pub(crate) fn from_mode(mode: Mode, gauge: Option<LeaderGauge>) -> Self {
@@ -241,7 +280,7 @@ impl Elector {
     /// frees the lock with the session. `run` may be called again afterwards.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         match &self.shared.mode {
-            Mode::Postgres(pg) => crate::election::run(&self.shared, pg, shutdown).await,
+            Mode::Postgres(pg) => crate::postgres::run(&self.shared, pg, shutdown).await,
             Mode::Local(kind) => crate::local::run(&self.shared, *kind, shutdown).await,
         }
     }

@@ -1,124 +1,17 @@
-//! Local electors (B6): an always-leader one for single-process deployments, and a manual
-//! one for tests. Both are plain [`Elector`]s, so the code that uses them does not change.
+//! What the local electors (B6) run on: the manual control and the local `run`. They are
+//! made by [`Elector::always_leader`], [`Elector::manual`] and [`Elector::local_builder`].
 
-use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::elector::{Elector, LocalKind, Mode, Shared};
+use crate::elector::{Elector, LocalKind, Shared};
 use crate::lease::Lease;
-use crate::metrics::GaugeSpec;
 use crate::term::{Term, TermEnd};
-
-impl Elector {
-    /// An elector that leads from the start, with no database: for a deployment of one
-    /// process. Its term ends (with [`TermEnd::Shutdown`]) only when its `run`, if started,
-    /// is shut down; `run` started again leads again at once, in a new term.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let elector = pg_elector::Elector::always_leader();
-    /// assert!(elector.is_leader());
-    /// let out = elector.do_work(|_term| async { Ok::<_, ()>(1) }).await;
-    /// assert_eq!(out, Ok(Some(1)));
-    /// # }
-    /// ```
-    pub fn always_leader() -> Elector {
-        LocalBuilder::default().always_leader()
-    }
-
-    /// A standby elector with no database, promoted and demoted by hand through the returned
-    /// [`ManualControl`]: for unit tests of code that takes an `Elector`.
-    ///
-    /// ```
-    /// use pg_elector::{Elector, TermEnd};
-    ///
-    /// let (elector, control) = Elector::manual();
-    /// assert!(!elector.is_leader());
-    /// let term = control.promote();
-    /// assert!(elector.is_leader() && term.is_leader());
-    /// control.demote();
-    /// assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
-    /// ```
-    pub fn manual() -> (Elector, ManualControl) {
-        LocalBuilder::default().manual()
-    }
-
-    /// Configures a local elector (for example with a registry for its gauge).
-    pub fn local_builder() -> LocalBuilder {
-        LocalBuilder::default()
-    }
-}
-
-/// Configures a local elector; made by [`Elector::local_builder`].
-#[must_use = "a builder does nothing until it builds"]
-#[derive(Debug, Default)]
-pub struct LocalBuilder {
-    gauge: GaugeSpec,
-}
-
-impl LocalBuilder {
-    /// Registers the leader gauge in `registry`, as [`ElectorBuilder::registry`](crate::ElectorBuilder::registry) does. Default: no gauge.
-    pub fn registry(mut self, registry: &Registry) -> Self {
-        self.gauge.registry = Some(registry.clone());
-        self
-    }
-
-    /// The leader gauge's name (default `pg_elector_leader`).
-    pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
-        self.gauge.name = name.into();
-        self
-    }
-
-    /// An elector that leads from the start; see [`Elector::always_leader`].
-    ///
-    /// # Panics
-    ///
-    /// Never; use [`try_always_leader`](Self::try_always_leader) to see a registry's refusal,
-    /// which this method logs and ignores (the elector then has no gauge).
-    pub fn always_leader(self) -> Elector {
-        let elector = self.build_or_log(LocalKind::AlwaysLeader);
-        promote(&elector.shared);
-        elector
-    }
-
-    /// Like [`always_leader`](Self::always_leader), with the registry's refusal as an error.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
-    pub fn try_always_leader(self) -> Result<Elector, Error> {
-        let elector = self.build(LocalKind::AlwaysLeader)?;
-        promote(&elector.shared);
-        Ok(elector)
-    }
-
-    /// A standby elector with a [`ManualControl`]; see [`Elector::manual`].
-    pub fn manual(self) -> (Elector, ManualControl) {
-        let elector = self.build_or_log(LocalKind::Manual);
-        let control = ManualControl {
-            elector: elector.clone(),
-        };
-        (elector, control)
-    }
-
-    fn build(self, kind: LocalKind) -> Result<Elector, Error> {
-        let gauge = self.gauge.register()?;
-        Ok(Elector::from_mode(Mode::Local(kind), gauge))
-    }
-
-    fn build_or_log(self, kind: LocalKind) -> Elector {
-        self.build(kind).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "local elector built without its gauge");
-            Elector::from_mode(Mode::Local(kind), None)
-        })
-    }
-}
 
 /// Promotes and demotes a manual elector by hand; made by [`Elector::manual`].
 #[derive(Clone, Debug)]
 pub struct ManualControl {
-    elector: Elector,
+    pub(crate) elector: Elector,
 }
 
 impl ManualControl {
@@ -139,7 +32,7 @@ impl ManualControl {
     }
 }
 
-fn promote(shared: &Shared) {
+pub(crate) fn promote(shared: &Shared) {
     shared.promote(Lease::hold_forever);
 }
 
@@ -162,6 +55,7 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::Registry;
 
     #[tokio::test]
     async fn b6_always_leader_leads_until_its_run_shuts_down() {

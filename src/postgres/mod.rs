@@ -1,4 +1,5 @@
-//! The election loop behind [`Elector::run`](crate::Elector::run).
+//! Everything PostgreSQL-specific: the election loop behind [`Elector::run`](crate::Elector::run)
+//! (here) and the SQL of the lock session ([`session`]).
 
 use std::time::Duration;
 
@@ -8,11 +9,13 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::elector::{PgSettings, Shared};
 use crate::lease::{Lease, deadline_after, now_ms};
-use crate::lock_session::{
+use crate::term::TermEnd;
+use session::{
     AppliedBounds, Attempt, Borrower, Check, LockSession, SessionBounds, SessionError, WATCH_POLL,
     try_acquire,
 };
-use crate::term::TermEnd;
+
+mod session;
 
 /// What the logs say when a transaction-mode pooler is detected (E16).
 const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
