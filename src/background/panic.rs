@@ -33,8 +33,10 @@ static INSTALL: Once = Once::new();
 /// Installs, once per process, the panic hook that lets the background plane log the
 /// backtrace of a panicking tick or worker.
 ///
-/// The launchers and the [`Supervisor`](super::Supervisor) call this themselves when they
-/// start, so calling it is only needed to install the hook earlier. The hook is chained: it
+/// **This changes process-wide state.** It is installed the first time a tick, a while-leader
+/// loop or a worker runs (whichever comes first), so calling it is only needed to install the
+/// hook earlier, for example before the application installs a hook of its own. The hook is
+/// chained: it
 /// records the panic site (only for panics inside a tick or worker of this module) and then
 /// calls the hook that was installed before it, so the default message on stderr, or the
 /// application's own hook, still runs for every panic. Later calls do nothing.
@@ -42,6 +44,9 @@ static INSTALL: Once = Once::new();
 /// An application that replaces the panic hook afterwards (with [`std::panic::set_hook`]
 /// without chaining to the previous one) loses the backtraces: panics are still caught and
 /// logged, with `backtrace` saying it was not captured.
+///
+/// Catching needs unwinding: built with `panic = "abort"`, a panic in a tick, loop or worker
+/// aborts the whole process, as any other panic does, and nothing is caught or restarted.
 pub fn install_panic_hook() {
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();
@@ -90,6 +95,38 @@ impl CaughtPanic {
             message,
             location,
             backtrace,
+        }
+    }
+}
+
+/// Where a panic was caught, for its log line.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum CaughtIn<'a> {
+    /// A leader ticker's tick, by loop name.
+    Tick(&'a str),
+    /// A while-leader loop, by loop name.
+    Loop(&'a str),
+    /// A supervisor's worker, by worker name.
+    Worker(&'a str),
+}
+
+impl CaughtPanic {
+    /// Logs the panic at ERROR with its message, location and backtrace: the one place that
+    /// says how a caught panic is reported.
+    pub(crate) fn log(&self, caught_in: CaughtIn<'_>) {
+        let location = self.location.as_deref().unwrap_or("unknown");
+        let (panic, backtrace) = (&self.message, &self.backtrace);
+        match caught_in {
+            CaughtIn::Tick(loop_name) => tracing::error!(
+                loop_name, panic = %panic, location, backtrace = %backtrace, "tick panicked"
+            ),
+            CaughtIn::Loop(loop_name) => tracing::error!(
+                loop_name, panic = %panic, location, backtrace = %backtrace,
+                "loop panicked; it starts again in the next term"
+            ),
+            CaughtIn::Worker(worker) => tracing::error!(
+                worker, panic = %panic, location, backtrace = %backtrace, "worker panicked"
+            ),
         }
     }
 }

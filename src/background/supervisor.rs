@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::panic::catch_panic;
+use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
 
 /// The supervisor probe's default name.
@@ -260,7 +260,6 @@ impl Supervisor {
     /// Dropping this future aborts every worker's task (each worker's future is dropped at
     /// its current `.await`); no task outlives it.
     pub async fn run(self, shutdown: CancellationToken) {
-        super::install_panic_hook();
         let stopped = Arc::new(Mutex::new(Vec::<String>::new()));
         let mut tasks = JoinSet::new();
         let mut running = Vec::new();
@@ -375,13 +374,7 @@ async fn supervise(watch: Watch, mut start: Factory, shutdown: CancellationToken
             }
             Ok(Err(error)) => error,
             Err(panic) => {
-                tracing::error!(
-                    worker = %watch.name,
-                    panic = %panic.message,
-                    location = panic.location.as_deref().unwrap_or("unknown"),
-                    backtrace = %panic.backtrace,
-                    "worker panicked"
-                );
+                panic.log(CaughtIn::Worker(&watch.name));
                 format!("panicked: {}", panic.message)
             }
         };

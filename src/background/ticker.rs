@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::gate::Gate;
-use super::panic::catch_panic;
+use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
 use crate::Term;
 
@@ -142,7 +142,6 @@ impl LeaderTicker {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        super::install_panic_hook();
         let mut due = Instant::now();
         if !self.tick_at_start {
             due += self.period;
@@ -172,13 +171,7 @@ impl LeaderTicker {
                     TickOutcome::Failed(error.to_string())
                 }
                 Err(panic) => {
-                    tracing::error!(
-                        loop_name = %self.name,
-                        panic = %panic.message,
-                        location = panic.location.as_deref().unwrap_or("unknown"),
-                        backtrace = %panic.backtrace,
-                        "tick panicked"
-                    );
+                    panic.log(CaughtIn::Tick(&self.name));
                     TickOutcome::Failed(format!(
                         "background loop {:?}: tick panicked: {}",
                         &*self.name, panic.message
@@ -196,6 +189,11 @@ impl LeaderTicker {
 
 /// The first grid point (`due + k·period`, k ≥ 1) that is not in the past: grid points a tick
 /// overran are skipped, never run late in a row.
+///
+/// Not `tokio::time::interval_at` with `MissedTickBehavior::Skip`: that fires the overdue tick
+/// at once and only then realigns, so a tick that overruns 2.5 periods is followed at once by
+/// the next (measured on paused time: starts at 0, 2.5, 5, 7.5 periods, against 0, 3, 6, 9
+/// here), which is the burst this ticker promises not to make.
 fn next_due(due: Instant, period: Duration, now: Instant) -> Instant {
     let next = due + period;
     if next >= now {

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::gate::Gate;
-use super::panic::catch_panic;
+use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
 use crate::Term;
 
@@ -130,7 +130,6 @@ impl WhileLeader {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        super::install_panic_hook();
         tracing::debug!(loop_name = %self.name, "while-leader launcher started");
         loop {
             if !self.gate.is_open() {
@@ -175,13 +174,7 @@ impl WhileLeader {
                     self.record(TickOutcome::Failed(error.to_string()));
                 }
                 Some(Err(panic)) => {
-                    tracing::error!(
-                        loop_name = %self.name,
-                        panic = %panic.message,
-                        location = panic.location.as_deref().unwrap_or("unknown"),
-                        backtrace = %panic.backtrace,
-                        "loop panicked; it starts again in the next term"
-                    );
+                    panic.log(CaughtIn::Loop(&self.name));
                     self.record(TickOutcome::Failed(format!(
                         "background loop {:?}: loop panicked: {}",
                         &*self.name, panic.message
