@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: replicas, polling, and looking at `pg_locks`.
 #![allow(dead_code, unused_imports, unreachable_pub)]
 
+pub mod background;
 pub mod capture;
 
 use std::future::Future;
