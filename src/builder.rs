@@ -1,13 +1,14 @@
-//! Building an [`Elector`]: on PostgreSQL, or a local one; both over one set of gauge options.
+//! Building an [`Elector`]: on PostgreSQL, or a local one; both over one set of metrics options.
 
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+#[cfg(feature = "prometheus")]
 use prometheus::Registry;
 
 use crate::elector::{Elector, LocalKind, Mode, PgSettings};
 use crate::local::{ManualControl, promote};
-use crate::metrics::GaugeSpec;
+use crate::metrics::MetricsSpec;
 use crate::{Error, LockKey};
 
 /// The default check interval: 5 s.
@@ -40,7 +41,7 @@ pub struct ElectorBuilder {
     pool: Pool,
     key: LockKey,
     check_interval: Duration,
-    gauge: GaugeSpec,
+    metrics: MetricsSpec,
 }
 
 impl ElectorBuilder {
@@ -49,7 +50,7 @@ impl ElectorBuilder {
             pool,
             key,
             check_interval: DEFAULT_CHECK_INTERVAL,
-            gauge: GaugeSpec::default(),
+            metrics: MetricsSpec::default(),
         }
     }
 
@@ -69,19 +70,30 @@ impl ElectorBuilder {
         self
     }
 
-    /// Registers the leader gauge (default name `pg_elector_leader`) in `registry`.
+    /// Registers the elector's metrics in `registry`. Default: no metrics.
     ///
-    /// Default: no gauge. Electors given the same registry share one series, which counts the
-    /// electors of this process that lead (0 or 1 for one key); registering twice is not an
-    /// error.
+    /// | metric | type | labels |
+    /// |---|---|---|
+    /// | `pg_elector_leader` (see [`gauge_name`](Self::gauge_name)) | gauge: 1 while this replica leads, else 0 | `key` |
+    /// | `pg_elector_leadership_changes_total` | counter of promotions and demotions | `key`, `cause` |
+    /// | `pg_elector_check_duration_seconds` | histogram of the leader's checks | `key` |
+    ///
+    /// `key` is `class:object`. `cause` is `acquired` for a promotion, and for a demotion one of
+    /// `released` (shutdown), `connection_closed`, `lease_expired`, `lock_gone`, `pooler`,
+    /// `check_timeout`, `check_failed`, `abandoned` (`run` dropped while leading), `demoted`
+    /// (a manual elector). Electors given the same registry share the collectors; summed over
+    /// the replicas, the gauge is 1 per key in steady state.
+    #[cfg(feature = "prometheus")]
     pub fn registry(mut self, registry: &Registry) -> Self {
-        self.gauge.registry = Some(registry.clone());
+        self.metrics.registry = Some(registry.clone());
         self
     }
 
-    /// The leader gauge's name (default `pg_elector_leader`).
+    /// The leader gauge's name (default `pg_elector_leader`), for example
+    /// `scheduler_is_leader`.
+    #[cfg(feature = "prometheus")]
     pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
-        self.gauge.name = name.into();
+        self.metrics.gauge_name = name.into();
         self
     }
 
@@ -100,14 +112,16 @@ impl ElectorBuilder {
         if interval > MAX_CHECK_INTERVAL {
             return Err(Error::IntervalTooLarge { interval });
         }
-        let gauge = self.gauge.register()?;
+        let metrics =
+            self.metrics
+                .register(&format!("{}:{}", self.key.class(), self.key.object()))?;
         Ok(Elector::from_mode(
             Mode::Postgres(PgSettings {
                 pool: self.pool,
                 key: self.key,
                 interval,
             }),
-            gauge,
+            metrics,
         ))
     }
 }
@@ -116,19 +130,23 @@ impl ElectorBuilder {
 #[must_use = "a builder does nothing until it builds"]
 #[derive(Debug, Default)]
 pub struct LocalBuilder {
-    gauge: GaugeSpec,
+    metrics: MetricsSpec,
 }
 
 impl LocalBuilder {
-    /// Registers the leader gauge in `registry`, as [`ElectorBuilder::registry`](crate::ElectorBuilder::registry) does. Default: no gauge.
+    /// Registers the elector's metrics in `registry`, as
+    /// [`ElectorBuilder::registry`](crate::ElectorBuilder::registry) does, with the `key` label
+    /// `local`. Default: no metrics.
+    #[cfg(feature = "prometheus")]
     pub fn registry(mut self, registry: &Registry) -> Self {
-        self.gauge.registry = Some(registry.clone());
+        self.metrics.registry = Some(registry.clone());
         self
     }
 
     /// The leader gauge's name (default `pg_elector_leader`).
+    #[cfg(feature = "prometheus")]
     pub fn gauge_name(mut self, name: impl Into<String>) -> Self {
-        self.gauge.name = name.into();
+        self.metrics.gauge_name = name.into();
         self
     }
 
@@ -137,7 +155,7 @@ impl LocalBuilder {
     /// # Panics
     ///
     /// Never; use [`try_always_leader`](Self::try_always_leader) to see a registry's refusal,
-    /// which this method logs and ignores (the elector then has no gauge).
+    /// which this method logs and ignores (the elector then has no metrics).
     pub fn always_leader(self) -> Elector {
         let elector = self.build_or_log(LocalKind::AlwaysLeader);
         promote(&elector.shared);
@@ -165,13 +183,13 @@ impl LocalBuilder {
     }
 
     fn build(self, kind: LocalKind) -> Result<Elector, Error> {
-        let gauge = self.gauge.register()?;
-        Ok(Elector::from_mode(Mode::Local(kind), gauge))
+        let metrics = self.metrics.register("local")?;
+        Ok(Elector::from_mode(Mode::Local(kind), metrics))
     }
 
     fn build_or_log(self, kind: LocalKind) -> Elector {
         self.build(kind).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "local elector built without its gauge");
+            tracing::error!(error = %e, "local elector built without its metrics");
             Elector::from_mode(Mode::Local(kind), None)
         })
     }

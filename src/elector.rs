@@ -1,7 +1,7 @@
 //! The elector handle: who leads, terms, and gated work.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
@@ -9,12 +9,13 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::builder::{ElectorBuilder, LocalBuilder};
 use crate::lease::Lease;
 use crate::local::ManualControl;
-use crate::metrics::LeaderGauge;
-use crate::term::{Term, TermEnd, lock};
+use crate::metrics::{Change, Metrics};
+use crate::term::{Leadership, Term, TermEnd, lock};
 use crate::{Error, LockKey};
 
 /// One replica's part in the election: a cheap, cloneable handle.
@@ -86,7 +87,7 @@ pub(crate) struct PgSettings {
 /// The state every clone of an elector shares.
 pub(crate) struct Shared {
     pub(crate) mode: Mode,
-    gauge: Option<LeaderGauge>,
+    metrics: Option<Metrics>,
     /// Leading and not expired (E11, E18).
     lease: Arc<Lease>,
     /// The current term; a standby's ended term while not leading.
@@ -94,7 +95,9 @@ pub(crate) struct Shared {
     /// The one ended term every standby call hands out.
     standby_term: Term,
     /// Bumped at every promotion and demotion, for [`Elector::wait_for_leadership`].
-    changes: watch::Sender<u64>,
+    changes: watch::Sender<Leadership>,
+    /// How many promotions and demotions there were; bumped under the term lock.
+    change_count: AtomicU64,
     /// One `run` at a time (E8).
     running: AtomicBool,
     /// The missing `idle_session_timeout` has been warned about.
@@ -149,15 +152,16 @@ impl Elector {
         LocalBuilder::default()
     }
 
-    pub(crate) fn from_mode(mode: Mode, gauge: Option<LeaderGauge>) -> Self {
+    pub(crate) fn from_mode(mode: Mode, metrics: Option<Metrics>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 mode,
-                gauge,
+                metrics,
                 lease: Arc::new(Lease::default()),
                 term: Mutex::new(Term::not_leader()),
                 standby_term: Term::not_leader(),
-                changes: watch::Sender::new(0),
+                changes: watch::Sender::new(Leadership::default()),
+                change_count: AtomicU64::new(0),
                 running: AtomicBool::new(false),
                 warned_no_idle_session_timeout: AtomicBool::new(false),
             }),
@@ -221,6 +225,37 @@ impl Elector {
         }
     }
 
+    /// A receiver of this replica's leadership, told of every promotion and demotion.
+    ///
+    /// It holds the latest [`Leadership`]: whether this replica leads, how many changes there
+    /// have been, and why the last term ended. A receiver that falls behind sees the latest
+    /// state, and [`Leadership::changes`] says how many changes it missed. For a `Stream`, wrap
+    /// it in `tokio_stream::wrappers::WatchStream`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use pg_elector::{Elector, TermEnd};
+    ///
+    /// let (elector, control) = Elector::manual();
+    /// let mut leadership = elector.subscribe();
+    /// assert!(!leadership.borrow().is_leader);
+    ///
+    /// control.promote();
+    /// leadership.changed().await.unwrap();
+    /// assert!(leadership.borrow_and_update().is_leader);
+    ///
+    /// control.demote();
+    /// leadership.changed().await.unwrap();
+    /// let now = leadership.borrow_and_update().clone();
+    /// assert!(!now.is_leader);
+    /// assert_eq!(now.last_end, Some(TermEnd::LeadershipLost));
+    /// assert_eq!(now.changes, 2);
+    /// # }
+    /// ```
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        self.shared.changes.subscribe()
+    }
+
     /// Runs one unit of background work on the leader only (E10).
     ///
     /// | replica | `f` called | result |
@@ -280,7 +315,12 @@ impl Elector {
     /// frees the lock with the session. `run` may be called again afterwards.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         match &self.shared.mode {
-            Mode::Postgres(pg) => crate::postgres::run(&self.shared, pg, shutdown).await,
+            Mode::Postgres(pg) => {
+                let span = tracing::info_span!("election", key = %pg.key, interval = ?pg.interval);
+                crate::postgres::run(&self.shared, pg, shutdown)
+                    .instrument(span)
+                    .await
+            }
             Mode::Local(kind) => crate::local::run(&self.shared, *kind, shutdown).await,
         }
     }
@@ -316,9 +356,14 @@ impl Shared {
     }
 
     fn set_gauge(&self, leading: bool) {
-        if let Some(gauge) = &self.gauge {
-            gauge.set(leading);
+        if let Some(metrics) = &self.metrics {
+            metrics.set_leading(leading);
         }
+    }
+
+    /// The elector's metrics, if it has a registry.
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
     }
 
     pub(crate) fn lease(&self) -> &Lease {
@@ -328,7 +373,7 @@ impl Shared {
     /// Starts a new term holding the lease `hold` sets, unless a term is live. The term lock
     /// makes promotions and demotions atomic with respect to each other.
     pub(crate) fn promote(&self, hold: impl FnOnce(&Lease)) {
-        {
+        let changes = {
             let mut current = lock(&self.term);
             if current.end().is_none() {
                 return;
@@ -337,24 +382,54 @@ impl Shared {
             *current = Term::leading(Some(self.lease.clone()));
             // Under the term lock, so that a racing demotion cannot leave the gauge at 1.
             self.set_gauge(true);
+            self.count_change(Change::Acquired)
+        };
+        self.publish(Leadership {
+            is_leader: true,
+            changes,
+            last_end: None,
+        });
+    }
+
+    /// Counts a promotion or demotion and returns its number; called under the term lock.
+    fn count_change(&self, change: Change) -> u64 {
+        if let Some(metrics) = &self.metrics {
+            metrics.count(change);
         }
-        self.changes.send_modify(|n| *n += 1);
+        self.change_count.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Tells subscribers, unless a later change was told already (two changes racing on two
+    /// threads may publish in either order; the later one stays).
+    fn publish(&self, next: Leadership) {
+        self.changes.send_if_modified(|current| {
+            let newer = next.changes > current.changes;
+            if newer {
+                *current = next;
+            }
+            newer
+        });
     }
 
     /// Ends the current term, if one is live, with `end`. The lease goes first, so that
     /// whoever is woken by the term's token already reads `is_leader() == false`.
-    pub(crate) fn demote(&self, end: TermEnd) {
-        let term = {
+    pub(crate) fn demote(&self, end: TermEnd, change: Change) {
+        let (term, changes) = {
             let mut current = lock(&self.term);
             if current.end().is_some() {
                 return;
             }
             self.lease.clear();
             self.set_gauge(false);
-            std::mem::replace(&mut *current, self.standby_term.clone())
+            let ended = std::mem::replace(&mut *current, self.standby_term.clone());
+            (ended, self.count_change(change))
         };
         term.finish(end);
-        self.changes.send_modify(|n| *n += 1);
+        self.publish(Leadership {
+            is_leader: false,
+            changes,
+            last_end: Some(end),
+        });
     }
 }
 

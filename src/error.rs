@@ -31,19 +31,19 @@ pub enum Error {
         interval: Duration,
     },
 
-    /// The registry already holds a metric of this name that is not a `pg-elector` leader
-    /// gauge (another collector type, or a gauge of the application's own).
-    #[error(
-        "metric {name:?} is already registered by a collector that is not a pg-elector leader gauge"
-    )]
+    /// The registry already holds a metric of this name that is not one of `pg-elector`'s
+    /// (another collector type, or a metric of the application's own).
+    #[cfg(feature = "prometheus")]
+    #[error("metric {name:?} is already registered by a collector that is not pg-elector's")]
     MetricClash {
         /// The metric name.
         name: String,
     },
 
-    /// The registry refused the leader gauge (an invalid name, or the same name with other
-    /// help text or labels).
-    #[error("cannot register the leader gauge")]
+    /// The registry refused a metric (an invalid name, or the same name with other help text
+    /// or labels).
+    #[cfg(feature = "prometheus")]
+    #[error("cannot register the elector's metrics")]
     Metric(#[source] prometheus::Error),
 }
 

@@ -17,5 +17,5 @@ pub use elector::Elector;
 pub use error::Error;
 pub use key::LockKey;
 pub use local::ManualControl;
-pub use metrics::DEFAULT_GAUGE_NAME;
-pub use term::{Term, TermEnd};
+pub use metrics::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME};
+pub use term::{Leadership, Term, TermEnd};

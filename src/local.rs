@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::elector::{Elector, LocalKind, Shared};
 use crate::lease::Lease;
+use crate::metrics::Change;
 use crate::term::{Term, TermEnd};
 
 /// Promotes and demotes a manual elector by hand; made by [`Elector::manual`].
@@ -28,7 +29,9 @@ impl ManualControl {
 
     /// Ends the live term, if any, with [`TermEnd::LeadershipLost`], as a lost lock would.
     pub fn demote(&self) {
-        self.elector.shared.demote(TermEnd::LeadershipLost);
+        self.elector
+            .shared
+            .demote(TermEnd::LeadershipLost, Change::Demoted);
     }
 }
 
@@ -48,7 +51,7 @@ pub(crate) async fn run(
         promote(shared);
     }
     shutdown.cancelled().await;
-    shared.demote(TermEnd::Shutdown);
+    shared.demote(TermEnd::Shutdown, Change::Released);
     Ok(())
 }
 
@@ -57,15 +60,24 @@ mod tests {
     use super::*;
     use prometheus::Registry;
 
+    /// The leader gauge's value for the local electors' `key` label.
+    fn gauge_value(registry: &Registry) -> f64 {
+        registry
+            .gather()
+            .iter()
+            .find(|family| family.name() == crate::DEFAULT_GAUGE_NAME)
+            .expect("the leader gauge is registered")
+            .get_metric()[0]
+            .get_gauge()
+            .value()
+    }
+
     #[tokio::test]
     async fn b6_always_leader_leads_until_its_run_shuts_down() {
         let registry = Registry::new();
         let elector = Elector::local_builder().registry(&registry).always_leader();
         assert!(elector.is_leader());
-        assert_eq!(
-            registry.gather()[0].get_metric()[0].get_gauge().value(),
-            1.0
-        );
+        assert_eq!(gauge_value(&registry), 1.0);
         let term = elector.term();
         let shutdown = CancellationToken::new();
         let run = tokio::spawn({
@@ -81,10 +93,7 @@ mod tests {
         run.await.unwrap().unwrap();
         assert_eq!(term.end(), Some(TermEnd::Shutdown));
         assert!(!elector.is_leader());
-        assert_eq!(
-            registry.gather()[0].get_metric()[0].get_gauge().value(),
-            0.0
-        );
+        assert_eq!(gauge_value(&registry), 0.0);
     }
 
     #[tokio::test]
@@ -108,10 +117,7 @@ mod tests {
             elector.do_work(|_| async { Ok::<_, ()>(2) }).await,
             Ok(Some(2))
         );
-        assert_eq!(
-            registry.gather()[0].get_metric()[0].get_gauge().value(),
-            1.0
-        );
+        assert_eq!(gauge_value(&registry), 1.0);
 
         // A demotion while the work runs: Ok(None).
         let control = &control;
@@ -124,10 +130,7 @@ mod tests {
             .await;
         assert_eq!(out, Ok(None));
         assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
-        assert_eq!(
-            registry.gather()[0].get_metric()[0].get_gauge().value(),
-            0.0
-        );
+        assert_eq!(gauge_value(&registry), 0.0);
         assert!(control.promote().is_leader(), "a new term");
         assert!(!term.is_leader(), "the old term stays ended");
     }
@@ -184,7 +187,7 @@ mod tests {
             start.wait();
             done.wait();
             drop(linked);
-            let gauge = registry.gather()[0].get_metric()[0].get_gauge().value();
+            let gauge = gauge_value(&registry);
             if gauge != f64::from(u8::from(elector.is_leader())) {
                 wrong += 1;
                 control.demote();

@@ -1,198 +1,382 @@
-//! The leader gauge (E12).
+//! Prometheus metrics: the leader gauge, leadership changes by cause, and how long leader
+//! checks take. Behind the default-on `prometheus` feature; without it, [`Metrics`] records
+//! nothing.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
-use prometheus::{IntGauge, Opts, Registry};
-
-use crate::Error;
-
-/// The gauge's default name.
+/// The leader gauge's default name.
 pub const DEFAULT_GAUGE_NAME: &str = "pg_elector_leader";
 
-const HELP: &str = "1 while this replica leads the pg-elector election, 0 otherwise.";
+/// The counter of leadership changes, labelled by `key` and `cause`.
+pub const CHANGES_NAME: &str = "pg_elector_leadership_changes_total";
 
-/// Where the leader gauge goes, as the builders collect it.
-#[derive(Debug, Clone)]
-pub(crate) struct GaugeSpec {
-    pub(crate) registry: Option<Registry>,
-    pub(crate) name: String,
+/// The histogram of leader check durations, labelled by `key`.
+pub const CHECK_DURATION_NAME: &str = "pg_elector_check_duration_seconds";
+
+/// Why leadership changed, as the `cause` label of the changes counter says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// This replica started leading.
+    Acquired,
+    /// It gave the lock up at shutdown (or a resign).
+    Released,
+    /// A local elector was demoted by hand.
+    Demoted,
+    /// `run` was dropped or panicked while leading.
+    Abandoned,
+    /// The lock connection closed.
+    ConnectionClosed,
+    /// The local lease ran out.
+    LeaseExpired,
+    /// A check found the lock gone.
+    LockGone,
+    /// A check found a pooler sharing the session.
+    Pooler,
+    /// A check got no answer in time.
+    CheckTimeout,
+    /// A check failed.
+    CheckFailed,
 }
 
-impl Default for GaugeSpec {
-    fn default() -> Self {
-        Self {
-            registry: None,
-            name: DEFAULT_GAUGE_NAME.to_owned(),
+impl Change {
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Released => "released",
+            Self::Demoted => "demoted",
+            Self::Abandoned => "abandoned",
+            Self::ConnectionClosed => "connection_closed",
+            Self::LeaseExpired => "lease_expired",
+            Self::LockGone => "lock_gone",
+            Self::Pooler => "pooler",
+            Self::CheckTimeout => "check_timeout",
+            Self::CheckFailed => "check_failed",
         }
     }
 }
 
-impl GaugeSpec {
-    /// The gauge, registered; `None` without a registry.
-    pub(crate) fn register(&self) -> Result<Option<LeaderGauge>, Error> {
-        self.registry
-            .as_ref()
-            .map(|registry| LeaderGauge::register(registry, &self.name))
-            .transpose()
+#[cfg(feature = "prometheus")]
+pub(crate) use enabled::{Metrics, MetricsSpec};
+
+#[cfg(not(feature = "prometheus"))]
+pub(crate) use disabled::{Metrics, MetricsSpec};
+
+#[cfg(not(feature = "prometheus"))]
+mod disabled {
+    use super::Change;
+    use crate::Error;
+    use std::time::Duration;
+
+    /// Nothing to configure without the `prometheus` feature.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct MetricsSpec {
+        _nothing: (),
+    }
+
+    impl MetricsSpec {
+        pub(crate) fn register(&self, _key: &str) -> Result<Option<Metrics>, Error> {
+            Ok(None)
+        }
+    }
+
+    /// Records nothing.
+    #[derive(Debug)]
+    pub(crate) struct Metrics;
+
+    impl Metrics {
+        pub(crate) fn set_leading(&self, _leading: bool) {}
+        pub(crate) fn count(&self, _change: Change) {}
+        pub(crate) fn observe_check(&self, _took: Duration) {}
     }
 }
 
-/// This elector's share of the leader gauge.
-///
-/// Electors that are given the same registry and name share one gauge, which counts the
-/// electors of this process that lead; so summed over the replicas it is 1 in steady state.
-#[derive(Debug)]
-pub(crate) struct LeaderGauge {
-    gauge: IntGauge,
-    leading: AtomicBool,
-}
+#[cfg(feature = "prometheus")]
+mod enabled {
+    use std::any::Any;
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
-impl LeaderGauge {
-    /// Registers the gauge in `registry`, or joins the one an earlier elector registered there.
-    pub(crate) fn register(registry: &Registry, name: &str) -> Result<Self, Error> {
-        let gauge = IntGauge::with_opts(Opts::new(name, HELP)).map_err(Error::Metric)?;
-        let gauge = match registry.register(Box::new(SharedGauge(gauge.clone()))) {
-            Ok(()) => gauge,
+    use prometheus::core::{Collector, Desc};
+    use prometheus::proto::MetricFamily;
+    use prometheus::{
+        Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+        Registry,
+    };
+
+    use super::{CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME};
+    use crate::Error;
+
+    const GAUGE_HELP: &str =
+        "1 while this replica leads the pg-elector election for the key, 0 otherwise.";
+    const CHANGES_HELP: &str = "Leadership changes of this replica, by key and cause.";
+    const CHECK_HELP: &str = "How long the leader's checks of its lock session took, by key.";
+
+    /// Where the metrics go, as the builders collect it.
+    #[derive(Debug, Clone)]
+    pub(crate) struct MetricsSpec {
+        pub(crate) registry: Option<Registry>,
+        pub(crate) gauge_name: String,
+    }
+
+    impl Default for MetricsSpec {
+        fn default() -> Self {
+            Self {
+                registry: None,
+                gauge_name: DEFAULT_GAUGE_NAME.to_owned(),
+            }
+        }
+    }
+
+    impl MetricsSpec {
+        /// The metrics of one elector for `key` (its label), registered; `None` without a
+        /// registry.
+        pub(crate) fn register(&self, key: &str) -> Result<Option<Metrics>, Error> {
+            let Some(registry) = &self.registry else {
+                return Ok(None);
+            };
+            let gauge: IntGaugeVec = register_shared(
+                registry,
+                &self.gauge_name,
+                IntGaugeVec::new(Opts::new(&self.gauge_name, GAUGE_HELP), &["key"]),
+            )?;
+            let changes: IntCounterVec = register_shared(
+                registry,
+                CHANGES_NAME,
+                IntCounterVec::new(Opts::new(CHANGES_NAME, CHANGES_HELP), &["key", "cause"]),
+            )?;
+            let checks: HistogramVec = register_shared(
+                registry,
+                CHECK_DURATION_NAME,
+                HistogramVec::new(
+                    HistogramOpts::new(CHECK_DURATION_NAME, CHECK_HELP),
+                    &["key"],
+                ),
+            )?;
+            Ok(Some(Metrics {
+                leader: gauge.with_label_values(&[key]),
+                leading: AtomicBool::new(false),
+                changes,
+                checks: checks.with_label_values(&[key]),
+                key: key.to_owned(),
+            }))
+        }
+    }
+
+    /// One elector's series.
+    ///
+    /// Electors of one process given the same registry share the collectors; the gauge's
+    /// series for a key counts the electors of this process that lead for it (0 or 1), so
+    /// summed over the replicas it is 1 per key in steady state.
+    #[derive(Debug)]
+    pub(crate) struct Metrics {
+        leader: IntGauge,
+        leading: AtomicBool,
+        changes: IntCounterVec,
+        checks: Histogram,
+        key: String,
+    }
+
+    impl Metrics {
+        /// Records whether this elector leads; idempotent.
+        pub(crate) fn set_leading(&self, leading: bool) {
+            if self.leading.swap(leading, Ordering::AcqRel) != leading {
+                if leading {
+                    self.leader.inc();
+                } else {
+                    self.leader.dec();
+                }
+            }
+        }
+
+        pub(crate) fn count(&self, change: Change) {
+            self.changes
+                .with_label_values(&[self.key.as_str(), change.label()])
+                .inc();
+        }
+
+        pub(crate) fn observe_check(&self, took: Duration) {
+            self.checks.observe(took.as_secs_f64());
+        }
+    }
+
+    impl Drop for Metrics {
+        fn drop(&mut self) {
+            self.set_leading(false);
+        }
+    }
+
+    /// Registers `made` under `name`, or finds the collector of ours an earlier elector
+    /// registered there.
+    fn register_shared<C>(
+        registry: &Registry,
+        name: &str,
+        made: prometheus::Result<C>,
+    ) -> Result<C, Error>
+    where
+        C: Collector + Clone + 'static,
+    {
+        let collector = made.map_err(Error::Metric)?;
+        match registry.register(Box::new(Shared(collector.clone()))) {
+            Ok(()) => Ok(collector),
             Err(prometheus::Error::AlreadyReg) => {
                 find_registered(registry, name).ok_or_else(|| Error::MetricClash {
                     name: name.to_owned(),
-                })?
+                })
             }
-            Err(e) => return Err(Error::Metric(e)),
-        };
-        Ok(Self {
-            gauge,
-            leading: AtomicBool::new(false),
-        })
-    }
-
-    /// Records whether this elector leads; idempotent.
-    pub(crate) fn set(&self, leading: bool) {
-        if self.leading.swap(leading, Ordering::AcqRel) != leading {
-            if leading {
-                self.gauge.inc();
-            } else {
-                self.gauge.dec();
-            }
+            Err(e) => Err(Error::Metric(e)),
         }
     }
-}
 
-impl Drop for LeaderGauge {
-    fn drop(&mut self) {
-        self.set(false);
-    }
-}
+    /// A collector as registered: one that can be found again in a registry.
+    struct Shared<C>(C);
 
-/// The gauge as registered: a collector that can be found again in a registry.
-struct SharedGauge(IntGauge);
+    /// While `find_registered` gathers a registry: the name looked for, and the collector of
+    /// that name once it has been collected.
+    type Search = Option<(String, Option<Box<dyn Any>>)>;
 
-thread_local! {
-    /// Set while `find_registered` gathers a registry: the name looked for, and the gauge of
-    /// that name once its collector has been collected.
-    static SEARCH: RefCell<Option<(String, Option<IntGauge>)>> = const { RefCell::new(None) };
-}
-
-impl Collector for SharedGauge {
-    fn desc(&self) -> Vec<&Desc> {
-        self.0.desc()
+    thread_local! {
+        static SEARCH: RefCell<Search> = const { RefCell::new(None) };
     }
 
-    fn collect(&self) -> Vec<MetricFamily> {
-        SEARCH.with(|search| {
-            if let Some((name, found)) = search.borrow_mut().as_mut() {
-                if self.0.desc().first().is_some_and(|d| d.fq_name == *name) {
-                    *found = Some(self.0.clone());
+    impl<C: Collector + Clone + 'static> Collector for Shared<C> {
+        fn desc(&self) -> Vec<&Desc> {
+            self.0.desc()
+        }
+
+        fn collect(&self) -> Vec<MetricFamily> {
+            SEARCH.with(|search| {
+                if let Some((name, found)) = search.borrow_mut().as_mut() {
+                    if self.0.desc().first().is_some_and(|d| d.fq_name == *name) {
+                        *found = Some(Box::new(self.0.clone()));
+                    }
                 }
-            }
-        });
-        self.0.collect()
-    }
-}
-
-/// The shared gauge registered under `name`, if the collector there is one of ours.
-///
-/// prometheus' `AlreadyReg` does not hand back the registered collector, so we gather the
-/// registry once, on this thread, and let our own collector say who it is.
-fn find_registered(registry: &Registry, name: &str) -> Option<IntGauge> {
-    SEARCH.with(|search| *search.borrow_mut() = Some((name.to_owned(), None)));
-    let _ = registry.gather();
-    SEARCH.with(|search| search.borrow_mut().take().and_then(|(_, found)| found))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn value(registry: &Registry, name: &str) -> Option<i64> {
-        registry
-            .gather()
-            .iter()
-            .find(|family| family.name() == name)
-            .map(|family| family.get_metric()[0].get_gauge().value() as i64)
-    }
-
-    #[test]
-    fn two_electors_on_one_registry_write_one_series() {
-        let registry = Registry::new();
-        let a = LeaderGauge::register(&registry, DEFAULT_GAUGE_NAME).unwrap();
-        let b = LeaderGauge::register(&registry, DEFAULT_GAUGE_NAME).unwrap();
-        assert_eq!(value(&registry, DEFAULT_GAUGE_NAME), Some(0));
-        a.set(true);
-        a.set(true);
-        assert_eq!(value(&registry, DEFAULT_GAUGE_NAME), Some(1));
-        b.set(false);
-        assert_eq!(
-            value(&registry, DEFAULT_GAUGE_NAME),
-            Some(1),
-            "a standby leaves it be"
-        );
-        a.set(false);
-        b.set(true);
-        assert_eq!(value(&registry, DEFAULT_GAUGE_NAME), Some(1));
-        drop(b);
-        assert_eq!(
-            value(&registry, DEFAULT_GAUGE_NAME),
-            Some(0),
-            "a dropped elector leads no more"
-        );
-        assert_eq!(registry.gather().len(), 1);
-    }
-
-    #[test]
-    fn separate_registries_do_not_share() {
-        let (r1, r2) = (Registry::new(), Registry::new());
-        let a = LeaderGauge::register(&r1, "g").unwrap();
-        let _b = LeaderGauge::register(&r2, "g").unwrap();
-        a.set(true);
-        assert_eq!(value(&r1, "g"), Some(1));
-        assert_eq!(value(&r2, "g"), Some(0));
-    }
-
-    #[test]
-    fn a_foreign_collector_of_the_same_name_is_a_clash() {
-        let registry = Registry::new();
-        let counter = prometheus::IntCounter::new("jobs", HELP).unwrap();
-        registry.register(Box::new(counter)).unwrap();
-        match LeaderGauge::register(&registry, "jobs") {
-            Err(Error::MetricClash { name }) => assert_eq!(name, "jobs"),
-            other => panic!("expected a clash, got {other:?}"),
+            });
+            self.0.collect()
         }
-        let other_help = prometheus::IntCounter::new("runs", "other help").unwrap();
-        registry.register(Box::new(other_help)).unwrap();
-        assert!(
-            matches!(
-                LeaderGauge::register(&registry, "runs"),
-                Err(Error::MetricClash { .. })
-            ),
-            "a counter of the same name with other help text"
-        );
-        assert!(matches!(
-            LeaderGauge::register(&registry, "bad name!"),
-            Err(Error::Metric(_))
-        ));
+    }
+
+    /// The collector of ours registered under `name`, if it is one (of type `C`).
+    ///
+    /// prometheus' `AlreadyReg` does not hand back the registered collector, so we gather the
+    /// registry once, on this thread, and let our own collector say who it is.
+    fn find_registered<C: 'static>(registry: &Registry, name: &str) -> Option<C> {
+        SEARCH.with(|search| *search.borrow_mut() = Some((name.to_owned(), None)));
+        let _ = registry.gather();
+        SEARCH
+            .with(|search| search.borrow_mut().take())
+            .and_then(|(_, found)| found)
+            .and_then(|found| found.downcast::<C>().ok())
+            .map(|found| *found)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn spec(registry: &Registry, name: &str) -> MetricsSpec {
+            MetricsSpec {
+                registry: Some(registry.clone()),
+                gauge_name: name.to_owned(),
+            }
+        }
+
+        /// The gauge's value for `key`.
+        fn value(registry: &Registry, name: &str, key: &str) -> Option<i64> {
+            registry
+                .gather()
+                .iter()
+                .find(|family| family.name() == name)?
+                .get_metric()
+                .iter()
+                .find(|m| m.get_label().iter().any(|l| l.value() == key))
+                .map(|m| m.get_gauge().value() as i64)
+        }
+
+        #[test]
+        fn two_electors_on_one_registry_write_one_series_per_key() {
+            let registry = Registry::new();
+            let a = spec(&registry, DEFAULT_GAUGE_NAME)
+                .register("1:1")
+                .unwrap()
+                .unwrap();
+            let b = spec(&registry, DEFAULT_GAUGE_NAME)
+                .register("1:1")
+                .unwrap()
+                .unwrap();
+            let other = spec(&registry, DEFAULT_GAUGE_NAME)
+                .register("1:2")
+                .unwrap()
+                .unwrap();
+            assert_eq!(value(&registry, DEFAULT_GAUGE_NAME, "1:1"), Some(0));
+            a.set_leading(true);
+            a.set_leading(true);
+            other.set_leading(true);
+            assert_eq!(value(&registry, DEFAULT_GAUGE_NAME, "1:1"), Some(1));
+            assert_eq!(
+                value(&registry, DEFAULT_GAUGE_NAME, "1:2"),
+                Some(1),
+                "a key of its own"
+            );
+            b.set_leading(false);
+            assert_eq!(
+                value(&registry, DEFAULT_GAUGE_NAME, "1:1"),
+                Some(1),
+                "a standby leaves it be"
+            );
+            a.set_leading(false);
+            b.set_leading(true);
+            assert_eq!(value(&registry, DEFAULT_GAUGE_NAME, "1:1"), Some(1));
+            drop(b);
+            assert_eq!(
+                value(&registry, DEFAULT_GAUGE_NAME, "1:1"),
+                Some(0),
+                "a dropped elector leads no more"
+            );
+            a.count(Change::Acquired);
+            a.observe_check(Duration::from_millis(3));
+            let names: Vec<String> = registry
+                .gather()
+                .iter()
+                .map(|f| f.name().to_owned())
+                .collect();
+            assert_eq!(
+                names,
+                [CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, CHANGES_NAME]
+            );
+        }
+
+        #[test]
+        fn separate_registries_do_not_share() {
+            let (r1, r2) = (Registry::new(), Registry::new());
+            let a = spec(&r1, "g").register("k").unwrap().unwrap();
+            let _b = spec(&r2, "g").register("k").unwrap().unwrap();
+            a.set_leading(true);
+            assert_eq!(value(&r1, "g", "k"), Some(1));
+            assert_eq!(value(&r2, "g", "k"), Some(0));
+        }
+
+        #[test]
+        fn a_foreign_collector_of_the_same_name_is_a_clash() {
+            let registry = Registry::new();
+            let counter = prometheus::IntCounter::new("jobs", GAUGE_HELP).unwrap();
+            registry.register(Box::new(counter)).unwrap();
+            match spec(&registry, "jobs").register("k") {
+                Err(Error::MetricClash { name }) => assert_eq!(name, "jobs"),
+                other => panic!("expected a clash, got {other:?}"),
+            }
+            let foreign = IntGaugeVec::new(Opts::new("mine", GAUGE_HELP), &["key"]).unwrap();
+            registry.register(Box::new(foreign)).unwrap();
+            assert!(
+                matches!(
+                    spec(&registry, "mine").register("k"),
+                    Err(Error::MetricClash { .. })
+                ),
+                "the application's own gauge of the same shape is not ours"
+            );
+            assert!(matches!(
+                spec(&registry, "bad name!").register("k"),
+                Err(Error::Metric(_))
+            ));
+        }
     }
 }

@@ -22,6 +22,19 @@ pub enum TermEnd {
     NotLeader,
 }
 
+/// This replica's leadership, as [`Elector::subscribe`](crate::Elector::subscribe) reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leadership {
+    /// Whether this replica leads.
+    pub is_leader: bool,
+    /// How many times leadership changed (promotions and demotions) since the elector was
+    /// built.
+    pub changes: u64,
+    /// Why the last term ended; `None` while leading, and before the first term ended.
+    pub last_end: Option<TermEnd>,
+}
+
 /// One leadership term of this replica, or a standby's empty term.
 ///
 /// A term is what background work holds on to while it runs on the leader: its

@@ -257,9 +257,28 @@ async fn e12_the_gauge_reads_one_on_the_leader_and_zero_after_shutdown() {
     // A second elector on the same registry: one series, still 1.
     let b = Replica::run(build());
     tokio::time::sleep(I).await;
-    assert_eq!(registry.gather().len(), 1, "one family");
-    assert_eq!(registry.gather()[0].get_metric().len(), 1, "one series");
+    let families = registry.gather();
+    let leader = families
+        .iter()
+        .find(|f| f.name() == "pg_elector_leader")
+        .expect("the gauge");
+    assert_eq!(leader.get_metric().len(), 1, "one series");
+    assert_eq!(
+        leader.get_metric()[0].get_label()[0].value(),
+        "12:1",
+        "labelled by key"
+    );
     assert_eq!(gauge(&registry, "pg_elector_leader"), Some(1));
+    let checked = || {
+        registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == pg_elector::CHECK_DURATION_NAME)
+            .is_some_and(|f| f.get_metric()[0].get_histogram().get_sample_count() >= 1)
+    };
+    wait_for(2 * I, checked)
+        .await
+        .expect("the leader's first check is timed within 2·I");
 
     a.stop().await.unwrap();
     wait_for(2 * I, || b.elector.is_leader())
@@ -272,4 +291,23 @@ async fn e12_the_gauge_reads_one_on_the_leader_and_zero_after_shutdown() {
     );
     b.stop().await.unwrap();
     assert_eq!(gauge(&registry, "pg_elector_leader"), Some(0));
+
+    // Both promotions and both releases are counted by cause, and the checks are timed.
+    let families = registry.gather();
+    let changes = families
+        .iter()
+        .find(|f| f.name() == pg_elector::CHANGES_NAME)
+        .expect("the changes counter");
+    let count = |cause: &str| {
+        changes
+            .get_metric()
+            .iter()
+            .find(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "cause" && l.value() == cause)
+            })
+            .map_or(0.0, |m| m.get_counter().value())
+    };
+    assert_eq!((count("acquired"), count("released")), (2.0, 2.0));
 }

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::elector::{PgSettings, Shared};
 use crate::lease::{Lease, deadline_after, now_ms};
+use crate::metrics::Change;
 use crate::term::TermEnd;
 use session::{
     AppliedBounds, Attempt, Borrower, Check, LockSession, SessionBounds, SessionError, WATCH_POLL,
@@ -116,7 +117,7 @@ pub(crate) async fn run(
                 return Ok(());
             }
             Led::Lost(cause) => {
-                shared.demote(TermEnd::LeadershipLost);
+                shared.demote(TermEnd::LeadershipLost, cause.change());
                 drop(held.session.take());
                 tracing::warn!(key = %pg.key, %cause, "leadership lost");
             }
@@ -270,6 +271,20 @@ impl LossCause {
     }
 }
 
+impl LossCause {
+    /// The `cause` label of the changes counter.
+    fn change(&self) -> Change {
+        match self {
+            Self::ConnectionClosed => Change::ConnectionClosed,
+            Self::LeaseExpired => Change::LeaseExpired,
+            Self::LockGone => Change::LockGone,
+            Self::Pooler => Change::Pooler,
+            Self::CheckTimeout(_) => Change::CheckTimeout,
+            Self::CheckFailed(_) => Change::CheckFailed,
+        }
+    }
+}
+
 impl std::fmt::Display for LossCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -305,12 +320,16 @@ async fn lead(
             return Led::Lost(LossCause::LeaseExpired);
         }
         let sent_at = now_ms();
+        let started = Instant::now();
         let check = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
             cause = watch(shared.lease(), session) => return Led::Lost(cause),
             check = session.check(pg.interval) => check,
         };
+        if let Some(metrics) = shared.metrics() {
+            metrics.observe_check(started.elapsed());
+        }
         match check {
             // A late answer does not revive a lease that has run out: the term has ended for
             // everyone who read `is_leader` meanwhile.
@@ -350,7 +369,7 @@ async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
 /// Gives the lock up at shutdown (E6). The term ends first, so that no instant has two
 /// leaders: a standby can only take the lock after the unlock.
 async fn release(shared: &Shared, pg: &PgSettings, session: Box<LockSession>) {
-    shared.demote(TermEnd::Shutdown);
+    shared.demote(TermEnd::Shutdown, Change::Released);
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
         Ok(Ok(true)) => tracing::info!(key = %pg.key, "leadership released"),
@@ -384,7 +403,8 @@ struct Held<'a> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
-            self.shared.demote(TermEnd::LeadershipLost);
+            self.shared
+                .demote(TermEnd::LeadershipLost, Change::Abandoned);
             drop(session);
             tracing::warn!(key = %self.pg.key, "lock abandoned: run was dropped or panicked while leading; closing its session frees the lock");
         }

@@ -76,10 +76,12 @@ pub(crate) const WATCH_POLL: Duration = Duration::from_millis(20);
 pub(crate) enum SessionError {
     #[error("no pool connection within {0:?}")]
     PoolTimeout(Duration),
+    // The text is the whole chain, with the server's message, so the source is not exposed a
+    // second time.
     #[error("{}", crate::error::chain(.0))]
-    Pool(#[source] PoolError),
+    Pool(PoolError),
     #[error("{}", crate::error::chain(.0))]
-    Query(#[source] tokio_postgres::Error),
+    Query(tokio_postgres::Error),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// The try answered something this elector does not know; the lock state of that session
