@@ -64,7 +64,7 @@ pub struct Elector {
 pub(crate) enum Mode {
     /// The advisory-lock election.
     Postgres(PgSettings),
-    /// Local modes (B6): leader from the start, or promoted and demoted by hand.
+    /// Local modes: leader from the start, or promoted and demoted by hand.
     Local(LocalKind),
 }
 
@@ -88,7 +88,7 @@ pub(crate) struct PgSettings {
 pub(crate) struct Shared {
     pub(crate) mode: Mode,
     metrics: Option<Metrics>,
-    /// Leading and not expired (E11, E18).
+    /// Leading and not expired.
     lease: Arc<Lease>,
     /// The current term; a standby's ended term while not leading.
     term: Mutex<Term>,
@@ -98,7 +98,7 @@ pub(crate) struct Shared {
     changes: watch::Sender<Leadership>,
     /// How many promotions and demotions there were; bumped under the term lock.
     change_count: AtomicU64,
-    /// One `run` at a time (E8).
+    /// One `run` at a time.
     running: AtomicBool,
     /// The missing `idle_session_timeout` has been warned about.
     warned_no_idle_session_timeout: AtomicBool,
@@ -179,7 +179,7 @@ impl Elector {
     }
 
     /// Whether this replica leads now: one atomic load, plus a clock read on the leader for
-    /// its local lease (E18). Callable from any thread, inside or outside a runtime.
+    /// its local lease. Callable from any thread, inside or outside a runtime.
     #[inline]
     pub fn is_leader(&self) -> bool {
         self.shared.lease.is_live()
@@ -256,7 +256,7 @@ impl Elector {
         self.shared.changes.subscribe()
     }
 
-    /// Runs one unit of background work on the leader only (E10).
+    /// Runs one unit of background work on the leader only.
     ///
     /// | replica | `f` called | result |
     /// |---|---|---|
@@ -334,7 +334,7 @@ impl Shared {
         }
     }
 
-    /// Claims the single `run` slot (E8); the returned guard frees it.
+    /// Claims the single `run` slot; the returned guard frees it.
     pub(crate) fn claim_run(&self) -> Result<RunSlot<'_>, Error> {
         if self.running.swap(true, Ordering::AcqRel) {
             return Err(Error::AlreadyRunning);

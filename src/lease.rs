@@ -1,4 +1,4 @@
-//! The local lease (E18): leadership as seen by `is_leader` expires on the replica's own clock.
+//! The local lease: leadership as seen by `is_leader` expires on the replica's own clock.
 //!
 //! The server cannot free the lock before the lock session has been silent for
 //! `idle_session_timeout` (4 × interval) after the last check. The lease therefore ends at the

@@ -1,4 +1,4 @@
-//! What the local electors (B6) run on: the manual control and the local `run`. They are
+//! What the local electors run on: the manual control and the local `run`. They are
 //! made by [`Elector::always_leader`], [`Elector::manual`] and [`Elector::local_builder`].
 
 use tokio_util::sync::CancellationToken;

@@ -76,7 +76,7 @@ struct TermInner {
     end: OnceLock<TermEnd>,
     /// Whether this term was born leading; a standby's term is not.
     leader: bool,
-    /// The replica's lease, which expires on its own clock (E18).
+    /// The replica's lease, which expires on its own clock.
     lease: Option<Arc<Lease>>,
     /// Terms made by `term_with` from this one; they end when this one does.
     linked: Mutex<Vec<Weak<TermInner>>>,

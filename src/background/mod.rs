@@ -1,12 +1,12 @@
 //! The background plane: running a service's background work on the leader only.
 //!
-//! | rule | piece |
+//! | piece | what it does |
 //! |---|---|
-//! | B1 | [`LeaderTicker`]: a named tick every period, on the leader, panics caught |
-//! | B2 | [`WhileLeader`]: a self-paced loop handed one term at a time |
-//! | B3 | [`Probe`] per loop, [`Readiness`] for `/readyz` |
-//! | B4 | [`Gate`]: open on the leader, always open without an elector |
-//! | B5 | [`Supervisor`]: named workers restarted with backoff within a budget |
+//! | [`LeaderTicker`] | a named tick every period, on the leader, panics caught |
+//! | [`WhileLeader`] | a self-paced loop handed one term at a time |
+//! | [`Probe`], [`Readiness`] | a probe per loop, and the set of them for `/readyz` |
+//! | [`Gate`] | open on the leader, always open without an elector |
+//! | [`Supervisor`] | named workers restarted with backoff within a budget |
 //!
 //! A service typically builds one [`Elector`](crate::Elector), wraps each periodic job in a
 //! [`LeaderTicker`] and each self-paced one in a [`WhileLeader`], gives every loop a probe

@@ -1,4 +1,4 @@
-//! Readiness probes (B3): what a loop's last tick on this replica says about readiness.
+//! Readiness probes: what a loop's last tick on this replica says about readiness.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -35,7 +35,7 @@ impl ProbeStatus {
     }
 }
 
-/// A readiness probe reporting the last tick of one loop on this replica (B3).
+/// A readiness probe reporting the last tick of one loop on this replica.
 ///
 /// | replica state | status |
 /// |---|---|

@@ -1,4 +1,4 @@
-//! A set of probes rendered for a `/readyz` endpoint (B3).
+//! A set of probes rendered for a `/readyz` endpoint.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

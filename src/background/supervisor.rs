@@ -1,4 +1,4 @@
-//! The worker supervisor (B5): named workers, restarted with backoff within a budget.
+//! The worker supervisor: named workers, restarted with backoff within a budget.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -120,7 +120,7 @@ impl Restarts {
     }
 }
 
-/// Runs named workers, restarts those that fail, and stops them all at shutdown (B5).
+/// Runs named workers, restarts those that fail, and stops them all at shutdown.
 ///
 /// A worker is a function that is given a [`CancellationToken`] and returns a future: it
 /// should return when the token is cancelled. Each worker runs in its own task. When its
@@ -131,7 +131,7 @@ impl Restarts {
 ///
 /// Run the elector's [`run`](crate::Elector::run) as one of the workers: this is the
 /// documented way to start the election, and a panic in it is then logged and restarted
-/// (`run` may be called again after a panic; see E7/E8).
+/// (`run` may be called again after a panic).
 ///
 /// Logs: ERROR `worker panicked` (`worker`, `panic`, `location`, `backtrace`), WARN
 /// `worker failed` (`worker`, `error`, `restart_in`), ERROR `worker stopped: restart

@@ -1,4 +1,4 @@
-//! The leader ticker (B1): a named tick on a fixed period, on the leader only.
+//! The leader ticker: a named tick on a fixed period, on the leader only.
 
 use std::fmt;
 use std::future::Future;
@@ -14,7 +14,7 @@ use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
 use crate::Term;
 
-/// Runs a named tick every period on the leader (B1).
+/// Runs a named tick every period on the leader.
 ///
 /// Before each tick the ticker asks the gate's [`do_work`](crate::Elector::do_work): on a
 /// standby the tick is not called; on the leader it gets the term, so it can stop early when

@@ -1,4 +1,4 @@
-//! The while-leader launcher (B2): a self-paced loop that runs for one term at a time.
+//! The while-leader launcher: a self-paced loop that runs for one term at a time.
 
 use std::fmt;
 use std::future::Future;
@@ -13,7 +13,7 @@ use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
 use crate::Term;
 
-/// Runs a self-paced loop on the leader, one leadership term at a time (B2).
+/// Runs a self-paced loop on the leader, one leadership term at a time.
 ///
 /// For each term this replica leads, the launcher calls the loop once with that term (linked
 /// to the launcher's shutdown token). When the term ends, the term's token is cancelled, so a

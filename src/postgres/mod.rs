@@ -18,14 +18,14 @@ use session::{
 
 mod session;
 
-/// What the logs say when a transaction-mode pooler is detected (E16).
+/// What the logs say when a transaction-mode pooler is detected.
 const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
 
 const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
 
 const SHARED_TRY: &str = "this try ran on a server session that another elector holds the lock on; this replica stays standby";
 
-/// How long the unlock at shutdown may take (E6).
+/// How long the unlock at shutdown may take.
 pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
 
 /// The least time a standby's try query is given. A try that times out costs a backend: its
@@ -300,8 +300,8 @@ impl std::fmt::Display for LossCause {
     }
 }
 
-/// Checks the session every tick (E5) until leadership is lost or `shutdown` is cancelled.
-/// The connection and the lease are watched all along, during a check too (F2, E18).
+/// Checks the session every tick until leadership is lost or `shutdown` is cancelled.
+/// The connection and the lease are watched all along, during a check too.
 async fn lead(
     shared: &Shared,
     pg: &PgSettings,
@@ -351,8 +351,8 @@ async fn lead(
 const LEASE_EXPIRED: &str =
     "the local lease expired: the process was paused or starved for longer than the lease";
 
-/// Completes, with the cause, when the lock connection closes (F2) or the local lease expires
-/// (E18): within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
+/// Completes, with the cause, when the lock connection closes or the local lease expires
+///: within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
 /// term (and cancels its token) at once rather than at its next tick or when its check ends.
 async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     loop {
@@ -366,7 +366,7 @@ async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     }
 }
 
-/// Gives the lock up at shutdown (E6). The term ends first, so that no instant has two
+/// Gives the lock up at shutdown. The term ends first, so that no instant has two
 /// leaders: a standby can only take the lock after the unlock.
 async fn release(shared: &Shared, pg: &PgSettings, session: Box<LockSession>) {
     shared.demote(TermEnd::Shutdown, Change::Released);
@@ -386,14 +386,14 @@ async fn release(shared: &Shared, pg: &PgSettings, session: Box<LockSession>) {
     drop(session);
 }
 
-/// The local lease (E18): the server cannot free the lock within 4·I of the last check's
+/// The local lease: the server cannot free the lock within 4·I of the last check's
 /// send time; one I of that is kept as a margin.
 fn lease_length(interval: Duration) -> Duration {
     3 * interval
 }
 
 /// The session of a running election. If `run` is dropped or unwinds while leading, the
-/// session is closed without an unlock, since it may be mid-query (E7).
+/// session is closed without an unlock, since it may be mid-query.
 struct Held<'a> {
     shared: &'a Shared,
     pg: &'a PgSettings,

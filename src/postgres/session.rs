@@ -12,15 +12,15 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::LockKey;
 use crate::lease::now_ms;
 
-/// The try (E1, E3), in one statement so that even a transaction pooler runs it on one
+/// The try, in one statement so that even a transaction pooler runs it on one
 /// server session, and so that a granted lock never exists on a session without its bounds.
 /// Its first column answers:
-/// - `recovery`: the server is a hot standby (E16), whose advisory locks are local to it, so a
+/// - `recovery`: the server is a hot standby, whose advisory locks are local to it, so a
 ///   lock granted there proves nothing;
 /// - `marked`: this server session already carries some elector's mark, so it is shared by a
-///   transaction-mode pooler (E16); the try leaves a visit mark for that elector to find;
+///   transaction-mode pooler; the try leaves a visit mark for that elector to find;
 /// - `granted`: the lock is ours; the session now carries our mark ($3),
-///   `idle_session_timeout` = $4 ms (E13) and the TCP bounds of [`SessionBounds`] (E14);
+///   `idle_session_timeout` = $4 ms and the TCP bounds of [`SessionBounds`];
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
 ///
@@ -54,8 +54,8 @@ const TRY_LOCK: &str = "SELECT answer, \
                  THEN 'granted' END END \
      ELSE 'refused' END AS answer OFFSET 0) AS try";
 
-/// The leader check (E5): the session answers, still holds the lock, and is still ours alone
-/// (E16): it carries our mark and no other elector's visit.
+/// The leader check: the session answers, still holds the lock, and is still ours alone
+///: it carries our mark and no other elector's visit.
 const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
      AND granted AND pid = pg_catalog.pg_backend_pid() \
@@ -66,7 +66,7 @@ const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
 
 const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
 
-/// How often the leader looks at its connection and its lease between checks (F2, E18): a
+/// How often the leader looks at its connection and its lease between checks: a
 /// closed socket, or a lease that expired while the process was frozen, is noticed within this
 /// time rather than at the next check.
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(20);
@@ -94,9 +94,9 @@ pub(crate) enum SessionError {
 
 /// The server-side bounds a granted lock session gets, all derived from the interval I.
 ///
-/// `idle_session_timeout` (4·I) is the server's bound on a silent session (E13). The TCP
+/// `idle_session_timeout` (4·I) is the server's bound on a silent session. The TCP
 /// settings make sure no server-side TCP timeout ends the session, and frees the lock, earlier
-/// than that while the old leader may still think it leads (E14): PostgreSQL's `0` means the
+/// than that while the old leader may still think it leads: PostgreSQL's `0` means the
 /// operating system's default (keepalive idle time often 60–300 s on cloud images), not "off".
 /// So `tcp_user_timeout` is 4·I, and the keepalive idle time plus its probes add up to at least
 /// 4·I (the kernel takes at most 32767 s for the idle time and the interval, 127 probes). On a
@@ -329,12 +329,12 @@ pub(crate) async fn try_acquire(
 pub(crate) struct LockSession {
     client: ClientWrapper,
     key: LockKey,
-    /// This grant's mark on the server session (E16).
+    /// This grant's mark on the server session.
     mark: String,
 }
 
 impl LockSession {
-    /// The leader check (E5, E16), as one unnamed statement.
+    /// The leader check, as one unnamed statement.
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
         let (holds, ours, unvisited): (bool, bool, bool) = bounded(bound, async {
             let rows = self
@@ -364,7 +364,7 @@ impl LockSession {
         })
     }
 
-    /// Gives the lock up (E6): `Ok(true)` when it was held.
+    /// Gives the lock up: `Ok(true)` when it was held.
     pub(crate) async fn unlock(&self, bound: Duration) -> Result<bool, SessionError> {
         bounded(bound, async {
             let rows = self
@@ -385,7 +385,7 @@ impl LockSession {
         .await
     }
 
-    /// Whether the connection has closed (F2). tokio-postgres notices a FIN or RST as soon as
+    /// Whether the connection has closed. tokio-postgres notices a FIN or RST as soon as
     /// it arrives, because its connection task always reads; the client only exposes that as a
     /// flag, which the leader polls every [`WATCH_POLL`].
     pub(crate) fn is_closed(&self) -> bool {
