@@ -16,14 +16,25 @@
 //! | `LISTEN` | `127.0.0.1:8080` | the HTTP address (`127.0.0.1:0`: any free port) |
 //! | `CHECK_INTERVAL_MS` | `1000` | the elector's check interval |
 //! | `TICK_MS` | `500` | the tickers' period |
+//! | `READYZ_LOOPS` | `1` | `0`: the loops' health is on `/loops` only, not in `/readyz` |
 //!
 //! Routes:
 //!
 //! - `GET /metrics`: the registry in Prometheus text format (`pg_elector_leader` is 1 on the
 //!   leader, `service_ticks_total{loop,outcome}` counts ticks);
-//! - `GET /readyz`: 200 `ok`, or 503 naming the failing loops;
+//! - `GET /readyz`: 200 `ok`, or 503 naming what fails;
+//! - `GET /loops`: the loops' own health, 200 or 503 naming the failing loops;
 //! - `POST /fail-ticks?count=N`: the next N leader ticks of `sweep` fail (default 1), which
-//!   turns this instance's `/readyz` to 503 while it leads, until a later tick succeeds.
+//!   turns this instance's `/loops` (and, by default, `/readyz`) to 503 while it leads, until a
+//!   later tick succeeds.
+//!
+//! **A failing loop in `/readyz`, or not.** By default `/readyz` fails the leader while one of
+//! its loops fails, as the reference systems do on purpose: an operator sees the failure where
+//! they look first. Under Kubernetes that takes the leader out of its Service's endpoints
+//! (no more traffic), but it keeps the lock and stays the leader, so the failing job does not
+//! move to another replica; it only moves if the pod is restarted (a liveness probe, or a
+//! human). With `READYZ_LOOPS=0` the loops' health is on `/loops` alone: point an alert (or a
+//! dashboard) at it, and `/readyz` then fails only when a worker stopped for good.
 //!
 //! The instance prints `listening on http://<addr>` once it serves, and stops gracefully on
 //! SIGINT or SIGTERM (the leader unlocks, so another instance takes over within one interval).
@@ -49,6 +60,7 @@ const KEY: LockKey = LockKey::new(0x7376_6365, 1); // "svce"
 struct App {
     registry: Registry,
     readiness: Readiness,
+    loops: Readiness,
     fail_ticks: Arc<AtomicU32>,
 }
 
@@ -104,96 +116,82 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     registry.register(Box::new(ticks.clone()))?;
 
+    // Two probe sets: `loops` holds every loop's last outcome, `readiness` what /readyz
+    // reports. See the module docs for the choice between them.
+    let loops = Readiness::new();
     let readiness = Readiness::new();
+    let loops_in_readyz = std::env::var("READYZ_LOOPS").map_or(true, |v| v != "0");
     let fail_ticks = Arc::new(AtomicU32::new(0));
 
-    // Two leader tickers; `sweep` fails on demand.
-    let sweep = LeaderTicker::new("sweep", &elector, period).probe(&readiness.probe("sweep"));
-    let expire = LeaderTicker::new("expire", &elector, period).probe(&readiness.probe("expire"));
-    // A self-paced loop: a batch every 100 ms while this term lasts.
-    let outbox = WhileLeader::new("outbox", &elector).probe(&readiness.probe("outbox"));
+    // Two leader tickers (`sweep` fails on demand) and a self-paced loop: a batch every 100 ms
+    // while this term lasts.
+    let probe = |name: &str| {
+        let probe = loops.probe(name);
+        if loops_in_readyz {
+            readiness.add(&probe);
+        }
+        probe
+    };
+    let sweep = LeaderTicker::new("sweep", &elector, period).probe(&probe("sweep"));
+    let expire = LeaderTicker::new("expire", &elector, period).probe(&probe("expire"));
+    let outbox = WhileLeader::new("outbox", &elector).probe(&probe("outbox"));
 
     let supervisor = Supervisor::new()
-        .worker("pg-elector", {
-            let elector = elector.clone();
-            move |token| {
-                let elector = elector.clone();
-                async move { elector.run(token).await }
-            }
-        })
-        .worker("sweep", {
+        .election(&elector)
+        .ticker(sweep, {
             let (ticks, fail_ticks) = (ticks.clone(), fail_ticks.clone());
-            move |token| {
-                let (sweep, ticks, fail_ticks) = (sweep.clone(), ticks.clone(), fail_ticks.clone());
+            move |_term| {
+                let fail = fail_ticks
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                ticks
+                    .with_label_values(&["sweep", if fail { "failed" } else { "ok" }])
+                    .inc();
                 async move {
-                    sweep
-                        .run(token, |_term| {
-                            let fail = fail_ticks
-                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok();
-                            let outcome = if fail { "failed" } else { "ok" };
-                            ticks.with_label_values(&["sweep", outcome]).inc();
-                            async move {
-                                if fail {
-                                    Err("failure requested through /fail-ticks")
-                                } else {
-                                    Ok(())
-                                }
-                            }
-                        })
-                        .await
+                    match fail {
+                        true => Err("failure requested through /fail-ticks"),
+                        false => Ok(()),
+                    }
                 }
             }
         })
-        .worker("expire", {
+        .ticker(expire, {
             let ticks = ticks.clone();
-            move |token| {
-                let (expire, ticks) = (expire.clone(), ticks.clone());
-                async move {
-                    expire
-                        .run(token, |_term| {
-                            ticks.with_label_values(&["expire", "ok"]).inc();
-                            async { Ok::<_, std::io::Error>(()) }
-                        })
-                        .await
-                }
+            move |_term| {
+                ticks.with_label_values(&["expire", "ok"]).inc();
+                async { Ok::<_, std::io::Error>(()) }
             }
         })
-        .worker("outbox", {
+        .while_leader(outbox, {
             let ticks = ticks.clone();
-            move |token| {
-                let (outbox, ticks) = (outbox.clone(), ticks.clone());
+            move |term| {
+                let ticks = ticks.clone();
                 async move {
-                    outbox
-                        .run(token, |term| {
-                            let ticks = ticks.clone();
-                            async move {
-                                while term.is_leader() {
-                                    ticks.with_label_values(&["outbox", "ok"]).inc();
-                                    tokio::select! {
-                                        _ = term.cancelled() => {}
-                                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                                    }
-                                }
-                                Ok::<_, std::io::Error>(())
-                            }
-                        })
-                        .await
+                    while term.is_leader() {
+                        ticks.with_label_values(&["outbox", "ok"]).inc();
+                        tokio::select! {
+                            _ = term.cancelled() => {}
+                            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        }
+                    }
+                    Ok::<_, std::io::Error>(())
                 }
             }
         });
+    // A worker that stopped for good (past its restart budget) fails both.
     readiness.add(&supervisor.probe());
+    loops.add(&supervisor.probe());
 
     let app = App {
         registry,
         readiness,
+        loops,
         fail_ticks,
     };
     let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/readyz", get(readyz))
+        .route("/loops", get(loop_health))
         .route("/fail-ticks", post(fail))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(&listen).await?;
@@ -239,7 +237,15 @@ async fn metrics(State(app): State<App>) -> (StatusCode, String) {
 }
 
 async fn readyz(State(app): State<App>) -> (StatusCode, String) {
-    let report = app.readiness.check();
+    report(&app.readiness)
+}
+
+async fn loop_health(State(app): State<App>) -> (StatusCode, String) {
+    report(&app.loops)
+}
+
+fn report(probes: &Readiness) -> (StatusCode, String) {
+    let report = probes.check();
     let status =
         StatusCode::from_u16(report.status_code()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (status, report.body())

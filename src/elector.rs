@@ -298,6 +298,18 @@ impl Elector {
         Ok(None)
     }
 
+    /// Spawns [`run`](Self::run) on the current tokio runtime: the short form of
+    /// `tokio::spawn({ let e = elector.clone(); async move { e.run(shutdown).await } })`.
+    /// Cancel `shutdown` and await the handle for a graceful handover.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn spawn(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<Result<(), Error>> {
+        let elector = self.clone();
+        tokio::spawn(async move { elector.run(shutdown).await })
+    }
+
     /// Takes part in the election until `shutdown` is cancelled; see the crate docs for the
     /// rules it follows.
     ///

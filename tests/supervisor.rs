@@ -402,6 +402,78 @@ async fn b6_the_launchers_and_the_supervisor_run_on_an_always_leader_elector() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_short_path_runs_the_election_a_ticker_and_a_loop_as_named_workers() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let elector = Elector::always_leader();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let loops = Arc::new(AtomicUsize::new(0));
+    let supervisor = Supervisor::new()
+        .election(&elector)
+        .ticker(LeaderTicker::new("sweep", &elector, P), {
+            let ticks = ticks.clone();
+            move |_term| {
+                ticks.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, String>(()) }
+            }
+        })
+        .while_leader(WhileLeader::new("outbox", &elector), {
+            let loops = loops.clone();
+            move |term| {
+                loops.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    term.cancelled().await;
+                    Err::<(), _>("stopped")
+                }
+            }
+        });
+    assert_eq!(
+        format!("{supervisor:?}").matches("pg-elector").count()
+            + format!("{supervisor:?}").matches("sweep").count()
+            + format!("{supervisor:?}").matches("outbox").count(),
+        3,
+        "one worker each, named after the election, the ticker and the loop: {supervisor:?}"
+    );
+    let term = elector.term();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    tokio::time::sleep(P * 5 / 2).await;
+    assert_eq!(ticks.load(Ordering::SeqCst), 3);
+    assert_eq!(loops.load(Ordering::SeqCst), 1);
+    shutdown.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        term.end(),
+        Some(TermEnd::Shutdown),
+        "the election worker shut down"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawn_runs_the_election_until_shutdown() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xb5, 2);
+    let elector = Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let election = elector.spawn(shutdown.clone());
+    wait_for(3 * I, || elector.is_leader())
+        .await
+        .expect("the spawned election leads");
+    shutdown.cancel();
+    election.await.unwrap().unwrap();
+    assert!(!elector.is_leader());
+    let admin = db.connect().await.unwrap();
+    assert!(
+        holders(&admin, key).await.is_empty(),
+        "unlocked at shutdown"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // The public types go into the supervisor's workers.
 

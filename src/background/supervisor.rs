@@ -14,6 +14,8 @@ use tracing::Instrument;
 
 use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
+use super::{LeaderTicker, WhileLeader};
+use crate::{Elector, Term};
 
 /// The supervisor probe's default name.
 pub const DEFAULT_SUPERVISOR_PROBE: &str = "workers";
@@ -237,6 +239,48 @@ impl Supervisor {
         let name: String = name.into();
         self.workers.push((name.into(), factory));
         self
+    }
+
+    /// Runs `elector`'s election as the worker `pg-elector`: the short form of
+    /// `.worker("pg-elector", move |token| { let e = elector.clone(); async move { e.run(token).await } })`.
+    pub fn election(self, elector: &Elector) -> Self {
+        let elector = elector.clone();
+        self.worker("pg-elector", move |token| {
+            let elector = elector.clone();
+            async move { elector.run(token).await }
+        })
+    }
+
+    /// Runs `ticker` as a worker named after it, calling `tick` for every tick on the leader
+    /// (see [`LeaderTicker::run`]).
+    pub fn ticker<F, Fut, E>(self, ticker: LeaderTicker, tick: F) -> Self
+    where
+        F: Fn(Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let tick = Arc::new(tick);
+        let name = ticker.name().to_owned();
+        self.worker(name, move |token| {
+            let (ticker, tick) = (ticker.clone(), tick.clone());
+            async move { ticker.run(token, move |term| tick(term)).await }
+        })
+    }
+
+    /// Runs `launcher` as a worker named after it, calling `run_loop` in every term this
+    /// replica leads (see [`WhileLeader::run`]).
+    pub fn while_leader<F, Fut, E>(self, launcher: WhileLeader, run_loop: F) -> Self
+    where
+        F: Fn(Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        let run_loop = Arc::new(run_loop);
+        let name = launcher.name().to_owned();
+        self.worker(name, move |token| {
+            let (launcher, run_loop) = (launcher.clone(), run_loop.clone());
+            async move { launcher.run(token, move |term| run_loop(term)).await }
+        })
     }
 
     /// The probe that fails once a worker stopped for good, naming every such worker. Add it
