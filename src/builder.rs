@@ -9,6 +9,7 @@ use prometheus::Registry;
 use crate::elector::{Elector, LocalKind, Mode, PgSettings};
 use crate::local::{ManualControl, promote};
 use crate::metrics::MetricsSpec;
+use crate::postgres::{DEFAULT_FENCING_TABLE, FenceTable};
 use crate::{Error, LockKey};
 
 /// The default check interval: 5 s.
@@ -42,6 +43,11 @@ pub struct ElectorBuilder {
     key: LockKey,
     check_interval: Duration,
     metrics: MetricsSpec,
+    identity: Option<String>,
+    fencing: bool,
+    fencing_schema: Option<String>,
+    fencing_table: String,
+    drain_timeout: Option<Duration>,
 }
 
 impl ElectorBuilder {
@@ -51,7 +57,55 @@ impl ElectorBuilder {
             key,
             check_interval: DEFAULT_CHECK_INTERVAL,
             metrics: MetricsSpec::default(),
+            identity: None,
+            fencing: false,
+            fencing_schema: None,
+            fencing_table: DEFAULT_FENCING_TABLE.to_owned(),
+            drain_timeout: None,
         }
+    }
+
+    /// Who this replica is, as the lock session's `application_name` (in `pg_stat_activity`
+    /// and [`current_leader`](crate::current_leader)), the epoch row's holder and the
+    /// `identity` field of the election's log lines. Default `<hostname>-<pid>`. PostgreSQL
+    /// keeps the first 63 bytes.
+    pub fn identity(mut self, name: impl Into<String>) -> Self {
+        self.identity = Some(name.into());
+        self
+    }
+
+    /// Fencing epochs (default off): every new term bumps a per-key epoch row in a table, in
+    /// the lock session, before it starts; [`Term::epoch`](crate::Term::epoch) says the term's
+    /// epoch and [`Term::fence`](crate::Term::fence) checks it inside the caller's transaction,
+    /// so that a deposed leader's writes fail instead of landing after the next leader's.
+    ///
+    /// The table (default `pg_elector_epochs`, see [`fencing_table`](Self::fencing_table)) is
+    /// created on the first grant when it is missing; a role that may not create it gets an
+    /// error in the log naming the statement to run once as a role that may. The role needs
+    /// `SELECT, INSERT, UPDATE` on it.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+
+    /// The epoch table's name (default `pg_elector_epochs`) and, optionally, its schema
+    /// (default: the first schema of the `search_path`). Names are quoted as identifiers, so
+    /// they are taken as written, case included. Turns fencing on.
+    pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
+        self.fencing = true;
+        self.fencing_schema = schema.map(str::to_owned);
+        self.fencing_table = table.to_owned();
+        self
+    }
+
+    /// How long a graceful handover (shutdown or [`resign`](crate::Elector::resign)) waits for
+    /// work still running on this replica after its term ended: `do_work` calls and
+    /// while-leader loops. Default: one check interval. The lock is given up when the work is
+    /// done or the limit passes, whichever is first; what still runs then is named in a WARN
+    /// line. While it waits, the leader keeps checking its session every interval.
+    pub fn drain_timeout(mut self, limit: Duration) -> Self {
+        self.drain_timeout = Some(limit);
+        self
     }
 
     /// The one interval I that drives the election (default 5 s; zero means the default).
@@ -103,7 +157,8 @@ impl ElectorBuilder {
     /// # Errors
     ///
     /// [`Error::IntervalTooSmall`] and [`Error::IntervalTooLarge`] for an interval out of
-    /// range; [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    /// range; [`Error::InvalidFencingTable`] for an empty or overlong table or schema name;
+    /// `Error::MetricClash` or `Error::Metric` when the registry refuses a metric.
     pub fn build(self) -> Result<Elector, Error> {
         let interval = self.check_interval;
         if interval < MIN_CHECK_INTERVAL {
@@ -115,11 +170,21 @@ impl ElectorBuilder {
         let metrics =
             self.metrics
                 .register(&format!("{}:{}", self.key.class(), self.key.object()))?;
+        let fencing = match self.fencing {
+            true => Some(FenceTable::new(
+                self.fencing_schema.as_deref(),
+                &self.fencing_table,
+            )?),
+            false => None,
+        };
         Ok(Elector::from_mode(
             Mode::Postgres(PgSettings {
                 pool: self.pool,
                 key: self.key,
                 interval,
+                identity: self.identity.unwrap_or_else(default_identity),
+                fencing,
+                drain_timeout: self.drain_timeout.unwrap_or(interval),
             }),
             metrics,
         ))
@@ -193,4 +258,22 @@ impl LocalBuilder {
             Elector::from_mode(Mode::Local(kind), None)
         })
     }
+}
+
+/// `<hostname>-<pid>`.
+fn default_identity() -> String {
+    format!("{}-{}", hostname(), std::process::id())
+}
+
+#[cfg(target_os = "linux")]
+fn hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn hostname() -> String {
+    std::env::var("HOSTNAME").unwrap_or_else(|_| "unknown-host".to_owned())
 }

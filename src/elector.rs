@@ -12,10 +12,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::builder::{ElectorBuilder, LocalBuilder};
+use crate::in_flight::InFlight;
 use crate::lease::Lease;
 use crate::local::ManualControl;
 use crate::metrics::{Change, Metrics};
-use crate::term::{Leadership, Term, TermEnd, lock};
+use crate::postgres::FenceTable;
+use crate::term::{Born, FenceTarget, Leadership, Term, TermEnd, lock};
 use crate::{Error, LockKey};
 
 /// One replica's part in the election: a cheap, cloneable handle.
@@ -82,6 +84,12 @@ pub(crate) struct PgSettings {
     pub(crate) pool: Pool,
     pub(crate) key: LockKey,
     pub(crate) interval: Duration,
+    /// The lock session's `application_name`, and the epoch row's holder.
+    pub(crate) identity: String,
+    /// The epoch table, with fencing on.
+    pub(crate) fencing: Option<Arc<FenceTable>>,
+    /// How long a graceful handover waits for work still running.
+    pub(crate) drain_timeout: Duration,
 }
 
 /// The state every clone of an elector shares.
@@ -102,6 +110,16 @@ pub(crate) struct Shared {
     running: AtomicBool,
     /// The missing `idle_session_timeout` has been warned about.
     warned_no_idle_session_timeout: AtomicBool,
+    /// `do_work` calls and while-leader loops running now, for the drain.
+    in_flight: InFlight,
+    /// The local electors' epoch counter.
+    local_epoch: AtomicU64,
+    /// Bumped by [`Elector::resign`]; the running election answers on `resigned`.
+    pub(crate) resign: watch::Sender<u64>,
+    /// Bumped by the running election once it has handled a resign.
+    pub(crate) resigned: watch::Sender<u64>,
+    /// No new term before this instant (a resign's cooldown).
+    not_before: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Elector {
@@ -164,6 +182,11 @@ impl Elector {
                 change_count: AtomicU64::new(0),
                 running: AtomicBool::new(false),
                 warned_no_idle_session_timeout: AtomicBool::new(false),
+                in_flight: InFlight::default(),
+                local_epoch: AtomicU64::new(0),
+                resign: watch::Sender::new(0),
+                resigned: watch::Sender::new(0),
+                not_before: Mutex::new(None),
             }),
         }
     }
@@ -279,13 +302,30 @@ impl Elector {
         F: FnOnce(Term) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        static NAME: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        self.do_work_named(NAME.get_or_init(|| "do_work".into()), f)
+            .await
+    }
+
+    /// [`do_work`](Self::do_work), counted as running under `name` for the drain.
+    pub(crate) async fn do_work_named<T, E, F, Fut>(
+        &self,
+        name: &Arc<str>,
+        f: F,
+    ) -> Result<Option<T>, E>
+    where
+        F: FnOnce(Term) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         // `term` is this call's own handle: the tick gets another one, so a tick that cancels
         // its token (to stop tasks it spawned) does not decide the answer; only leadership does.
         let term = self.term();
         if !term.is_leader() {
             return Ok(None);
         }
+        let running = self.shared.in_flight.enter(name.clone());
         let outcome = f(term.handle()).await;
+        drop(running);
         if term.is_leader() {
             return outcome.map(Some);
         }
@@ -296,6 +336,77 @@ impl Elector {
             "leadership ended while work ran; its outcome is dropped"
         );
         Ok(None)
+    }
+
+    /// Gives leadership up gracefully and stays a standby for at least `cooldown`, then
+    /// competes again: for a rolling deploy, or to move the work off this replica.
+    ///
+    /// On the leader this is a graceful handover, as at shutdown: the term ends (with
+    /// [`TermEnd::Resigned`]), the work still running drains (up to the
+    /// [drain timeout](crate::ElectorBuilder::drain_timeout)), the lock is unlocked, and another
+    /// replica can take over at its next try. Returns `true` then, once the lock is given up.
+    /// On a standby it only starts the cooldown and returns `false`. A manual elector is
+    /// demoted; an always-leader one leads again after the cooldown if its `run` is running.
+    ///
+    /// # Cancel safety
+    ///
+    /// The handover goes on in `run` if this future is dropped.
+    pub async fn resign(&self, cooldown: Duration) -> bool {
+        let until = tokio::time::Instant::now() + cooldown;
+        {
+            let mut not_before = lock(&self.shared.not_before);
+            *not_before = Some(not_before.map_or(until, |t| t.max(until)));
+        }
+        let was_leader = self.is_leader();
+        match &self.shared.mode {
+            Mode::Local(_) => {
+                self.shared.demote(TermEnd::Resigned, Change::Resigned);
+                self.shared.resign.send_modify(|n| *n += 1);
+                was_leader
+            }
+            Mode::Postgres(pg) => {
+                if !was_leader || !self.shared.is_running() {
+                    return false;
+                }
+                let mut resigned = self.shared.resigned.subscribe();
+                resigned.borrow_and_update();
+                self.shared.resign.send_modify(|n| *n += 1);
+                // Bounded, should `run` stop meanwhile: the handover takes at most the drain,
+                // one check while draining, and the unlock.
+                let bound = pg.drain_timeout + 2 * pg.interval + crate::postgres::RELEASE_BOUND;
+                let _ = tokio::time::timeout(bound, resigned.changed()).await;
+                true
+            }
+        }
+    }
+
+    /// Who leads this elector's key now, as the server sees it (see
+    /// [`current_leader`](crate::current_leader)), with the epoch from this elector's fencing
+    /// table when fencing is on. `None` for a local elector, or when nobody leads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when no pool connection comes within one check interval or a query
+    /// fails.
+    pub async fn current_leader(&self) -> Result<Option<crate::LeaderInfo>, Error> {
+        let Mode::Postgres(pg) = &self.shared.mode else {
+            return Ok(None);
+        };
+        let client = tokio::time::timeout(pg.interval, pg.pool.get())
+            .await
+            .map_err(|_| Error::PoolTimeout(pg.interval))?
+            .map_err(|e| Error::Pool(Box::new(e)))?;
+        crate::postgres::leader_of(&client, pg.key, pg.fencing.as_deref()).await
+    }
+
+    /// The statement that creates this elector's fencing table (`CREATE TABLE IF NOT EXISTS
+    /// …`), for a migration run by a role that may create tables; `None` without fencing.
+    /// The elector's own role then needs `SELECT, INSERT, UPDATE` on it.
+    pub fn fencing_ddl(&self) -> Option<String> {
+        match &self.shared.mode {
+            Mode::Postgres(pg) => pg.fencing.as_ref().map(|t| t.ddl().to_owned()),
+            Mode::Local(_) => None,
+        }
     }
 
     /// Spawns [`run`](Self::run) on the current tokio runtime: the short form of
@@ -328,7 +439,13 @@ impl Elector {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         match &self.shared.mode {
             Mode::Postgres(pg) => {
-                let span = tracing::info_span!("election", key = %pg.key, interval = ?pg.interval);
+                let span = tracing::info_span!(
+                    "election",
+                    key = %pg.key,
+                    identity = %pg.identity,
+                    interval = ?pg.interval,
+                    epoch = tracing::field::Empty,
+                );
                 crate::postgres::run(&self.shared, pg, shutdown)
                     .instrument(span)
                     .await
@@ -382,16 +499,51 @@ impl Shared {
         &self.lease
     }
 
-    /// Starts a new term holding the lease `hold` sets, unless a term is live. The term lock
-    /// makes promotions and demotions atomic with respect to each other.
-    pub(crate) fn promote(&self, hold: impl FnOnce(&Lease)) {
+    pub(crate) fn in_flight(&self) -> &InFlight {
+        &self.in_flight
+    }
+
+    /// The next epoch of a local elector.
+    pub(crate) fn next_local_epoch(&self) -> u64 {
+        self.local_epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Whether a resign's cooldown still keeps this replica from leading.
+    pub(crate) fn cooling_down(&self) -> bool {
+        lock(&self.not_before).is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+
+    /// When the cooldown ends, if one was set.
+    pub(crate) fn cooldown_end(&self) -> Option<tokio::time::Instant> {
+        *lock(&self.not_before)
+    }
+
+    /// Whether a `run` is in progress.
+    pub(crate) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Starts a new term holding the lease `hold` sets, with `epoch` and, for fenced writes,
+    /// `fence`, unless a term is live. The term lock makes promotions and demotions atomic with
+    /// respect to each other.
+    pub(crate) fn promote(
+        &self,
+        hold: impl FnOnce(&Lease),
+        epoch: Option<u64>,
+        fence: Option<FenceTarget>,
+    ) {
         let changes = {
             let mut current = lock(&self.term);
             if current.end().is_none() {
                 return;
             }
             hold(&self.lease);
-            *current = Term::leading(Some(self.lease.clone()));
+            *current = Term::leading(Born {
+                lease: Some(self.lease.clone()),
+                epoch,
+                fence,
+                ..Born::default()
+            });
             // Under the term lock, so that a racing demotion cannot leave the gauge at 1.
             self.set_gauge(true);
             self.count_change(Change::Acquired)
@@ -400,6 +552,7 @@ impl Shared {
             is_leader: true,
             changes,
             last_end: None,
+            epoch,
         });
     }
 
@@ -441,6 +594,7 @@ impl Shared {
             is_leader: false,
             changes,
             last_end: Some(end),
+            epoch: None,
         });
     }
 }

@@ -36,7 +36,7 @@ impl ManualControl {
 }
 
 pub(crate) fn promote(shared: &Shared) {
-    shared.promote(Lease::hold_forever);
+    shared.promote(Lease::hold_forever, Some(shared.next_local_epoch()), None);
 }
 
 /// `run` of a local elector: an always-leader one leads (again, after an earlier `run`); then
@@ -47,10 +47,28 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let _slot = shared.claim_run()?;
+    let mut resigns = shared.resign.subscribe();
+    resigns.borrow_and_update();
     if kind == LocalKind::AlwaysLeader {
         promote(shared);
     }
-    shutdown.cancelled().await;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            Ok(()) = resigns.changed() => {
+                // A resign demoted it; an always-leader elector leads again after the cooldown.
+                if kind == LocalKind::AlwaysLeader {
+                    if let Some(until) = shared.cooldown_end() {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break,
+                            () = tokio::time::sleep_until(until) => {}
+                        }
+                    }
+                    promote(shared);
+                }
+            }
+        }
+    }
     shared.demote(TermEnd::Shutdown, Change::Released);
     Ok(())
 }

@@ -16,8 +16,10 @@ pub const CHECK_DURATION_NAME: &str = "pg_elector_check_duration_seconds";
 pub(crate) enum Change {
     /// This replica started leading.
     Acquired,
-    /// It gave the lock up at shutdown (or a resign).
+    /// It gave the lock up at shutdown.
     Released,
+    /// It gave the lock up through a resign.
+    Resigned,
     /// A local elector was demoted by hand.
     Demoted,
     /// `run` was dropped or panicked while leading.
@@ -42,6 +44,7 @@ impl Change {
         match self {
             Self::Acquired => "acquired",
             Self::Released => "released",
+            Self::Resigned => "resigned",
             Self::Demoted => "demoted",
             Self::Abandoned => "abandoned",
             Self::ConnectionClosed => "connection_closed",

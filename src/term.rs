@@ -4,7 +4,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::LockKey;
+use crate::error::Fenced;
 use crate::lease::Lease;
+use crate::postgres::FenceTable;
 
 /// Why a [`Term`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +23,8 @@ pub enum TermEnd {
     ParentCancelled,
     /// The term was asked for on a standby: it never led and is born ended.
     NotLeader,
+    /// The replica gave the lock up through [`Elector::resign`](crate::Elector::resign).
+    Resigned,
 }
 
 /// This replica's leadership, as [`Elector::subscribe`](crate::Elector::subscribe) reports it.
@@ -33,6 +38,8 @@ pub struct Leadership {
     pub changes: u64,
     /// Why the last term ended; `None` while leading, and before the first term ended.
     pub last_end: Option<TermEnd>,
+    /// The epoch of the current term, while leading with fencing (and in the local electors).
+    pub epoch: Option<u64>,
 }
 
 /// One leadership term of this replica, or a standby's empty term.
@@ -74,36 +81,59 @@ pub struct Term {
 struct TermInner {
     token: CancellationToken,
     end: OnceLock<TermEnd>,
-    /// Whether this term was born leading; a standby's term is not.
-    leader: bool,
-    /// The replica's lease, which expires on its own clock.
-    lease: Option<Arc<Lease>>,
+    /// What the term was born with; shared by its handles and linked terms.
+    born: Arc<Born>,
     /// Terms made by `term_with` from this one; they end when this one does.
     linked: Mutex<Vec<Weak<TermInner>>>,
     /// For a handle on a leadership term: that term, whose end is this one's.
     of: Option<Arc<TermInner>>,
 }
 
+/// What a term is born with.
+#[derive(Debug, Default)]
+pub(crate) struct Born {
+    /// Whether this term was born leading; a standby's term is not.
+    pub(crate) leader: bool,
+    /// The replica's lease, which expires on its own clock.
+    pub(crate) lease: Option<Arc<Lease>>,
+    /// The term's fencing epoch, with fencing on (and in the local modes).
+    pub(crate) epoch: Option<u64>,
+    /// Where fenced writes check the epoch; `None` in the local modes and without fencing.
+    pub(crate) fence: Option<FenceTarget>,
+}
+
+/// Where a term's fenced writes check its epoch.
+#[derive(Clone, Debug)]
+pub(crate) struct FenceTarget {
+    pub(crate) table: Arc<FenceTable>,
+    pub(crate) key: LockKey,
+}
+
 impl Term {
     /// A new live leadership term.
-    pub(crate) fn leading(lease: Option<Arc<Lease>>) -> Self {
-        Self::new(CancellationToken::new(), true, lease)
+    pub(crate) fn leading(born: Born) -> Self {
+        Self::new(
+            CancellationToken::new(),
+            Arc::new(Born {
+                leader: true,
+                ..born
+            }),
+        )
     }
 
     /// A term that was never a leader's: born ended with [`TermEnd::NotLeader`].
     pub(crate) fn not_leader() -> Self {
-        let term = Self::new(CancellationToken::new(), false, None);
+        let term = Self::new(CancellationToken::new(), Arc::default());
         term.finish(TermEnd::NotLeader);
         term
     }
 
-    fn new(token: CancellationToken, leader: bool, lease: Option<Arc<Lease>>) -> Self {
+    fn new(token: CancellationToken, born: Arc<Born>) -> Self {
         Self {
             inner: Arc::new(TermInner {
                 token,
                 end: OnceLock::new(),
-                leader,
-                lease,
+                born,
                 linked: Mutex::new(Vec::new()),
                 of: None,
             }),
@@ -121,8 +151,7 @@ impl Term {
             inner: Arc::new(TermInner {
                 token: term.token.child_token(),
                 end: OnceLock::new(),
-                leader: term.leader,
-                lease: term.lease.clone(),
+                born: term.born.clone(),
                 linked: Mutex::new(Vec::new()),
                 of: Some(term.clone()),
             }),
@@ -131,11 +160,7 @@ impl Term {
 
     /// A term that ends when this one does or when `parent` is cancelled, whichever is first.
     pub(crate) fn linked_to(&self, parent: &CancellationToken) -> Self {
-        let child = Self::new(
-            parent.child_token(),
-            self.inner.leader,
-            self.inner.lease.clone(),
-        );
+        let child = Self::new(parent.child_token(), self.inner.born.clone());
         let mut linked = lock(&self.inner.linked);
         match self.inner.end.get() {
             // Ended while we were linking: the child is born ended with the same cause.
@@ -159,13 +184,75 @@ impl Term {
     /// Once false, it stays false for this term; a later term is a new `Term`.
     #[inline]
     pub fn is_leader(&self) -> bool {
-        self.inner.leader
+        let born = &*self.inner.born;
+        born.leader
             && !self.inner.token.is_cancelled()
-            && self
-                .inner
-                .lease
-                .as_ref()
-                .is_none_or(|lease| lease.is_live())
+            && born.lease.as_ref().is_none_or(|lease| lease.is_live())
+    }
+
+    /// This term's fencing epoch: a number that grows with every new term of this key, across
+    /// replicas and server restarts. `Some` on the leader of an elector built with
+    /// [`fencing(true)`](crate::ElectorBuilder::fencing), and in the local electors (which
+    /// count their own terms, so fenced code can be unit-tested without a database); `None`
+    /// otherwise and on a standby.
+    pub fn epoch(&self) -> Option<u64> {
+        self.inner.born.epoch
+    }
+
+    /// Checks, inside the caller's transaction, that this term is still the current one, so
+    /// that the transaction's writes cannot commit after a later term has begun.
+    ///
+    /// Call it in the same transaction as the writes, before them, and commit after. It locks
+    /// the key's epoch row `FOR SHARE` until the transaction ends, which makes the next
+    /// leader's term wait for this transaction before it starts: fenced writes of two terms
+    /// never interleave. So keep fenced transactions short, and give the application's pool an
+    /// `idle_in_transaction_session_timeout`, or an abandoned transaction of a deposed leader
+    /// holds the next term back (its bump waits at most one check interval, then the lock is
+    /// given back and tried again).
+    ///
+    /// In the local electors it only checks that the term is live (there is no epoch row).
+    ///
+    /// ```no_run
+    /// # async fn sweep(elector: pg_elector::Elector, pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+    /// elector
+    ///     .do_work(|term| async move {
+    ///         let mut client = pool.get().await?;
+    ///         let tx = client.transaction().await?;
+    ///         term.fence(&tx).await?; // fails once another term has begun
+    ///         tx.execute("DELETE FROM invitations WHERE expires < now()", &[]).await?;
+    ///         tx.commit().await?;
+    ///         Ok::<_, Box<dyn std::error::Error>>(())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Fenced`] when the term has ended, a later term's epoch is in the row, the elector has
+    /// no fencing, or the check query failed. Roll the transaction back (dropping it does).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the transaction in an unknown state: roll it back.
+    pub async fn fence(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(), Fenced> {
+        let born = &*self.inner.born;
+        let ours = born.epoch;
+        if !self.is_leader() {
+            return Err(Fenced::term_ended(ours));
+        }
+        let Some(ours) = ours else {
+            return Err(Fenced::not_fenced());
+        };
+        if let Some(target) = &born.fence {
+            target.table.check(tx, target.key, ours).await?;
+        }
+        // The row was current; the term must still be live too (the lock may have gone while
+        // the check ran, before any new term could bump the row).
+        if !self.is_leader() {
+            return Err(Fenced::term_ended(Some(ours)));
+        }
+        Ok(())
     }
 
     /// The term's cancellation token: cancelled when the term ends. Hand it (or a child of
@@ -249,7 +336,7 @@ mod tests {
 
     #[test]
     fn finishing_sets_the_cause_once_and_cancels() {
-        let term = Term::leading(None);
+        let term = Term::leading(Born::default());
         assert!(term.is_leader());
         assert_eq!(term.end(), None);
         term.finish(TermEnd::Shutdown);
@@ -260,7 +347,7 @@ mod tests {
 
     #[test]
     fn a_linked_term_ends_with_its_term_or_its_parent() {
-        let term = Term::leading(None);
+        let term = Term::leading(Born::default());
         let parent = CancellationToken::new();
         let child = term.linked_to(&parent);
         assert!(child.is_leader());
@@ -282,7 +369,7 @@ mod tests {
 
     #[test]
     fn a_handle_ends_with_its_term_but_cancelling_it_ends_only_the_handle() {
-        let term = Term::leading(None);
+        let term = Term::leading(Born::default());
         let (a, b) = (term.handle(), term.handle());
         a.token().cancel();
         assert_eq!(a.end(), Some(TermEnd::ParentCancelled));
@@ -294,7 +381,7 @@ mod tests {
 
     #[test]
     fn a_handle_of_a_handle_is_a_handle_on_the_term() {
-        let term = Term::leading(None);
+        let term = Term::leading(Born::default());
         let first = term.handle();
         let second = first.handle();
         first.token().cancel();
@@ -305,7 +392,7 @@ mod tests {
 
     #[test]
     fn linked_terms_that_were_dropped_are_pruned() {
-        let term = Term::leading(None);
+        let term = Term::leading(Born::default());
         for _ in 0..1000 {
             drop(term.linked_to(&CancellationToken::new()));
         }
@@ -316,7 +403,10 @@ mod tests {
     fn an_expired_lease_ends_leadership_in_the_term() {
         let lease = Arc::new(Lease::default());
         lease.hold_forever();
-        let term = Term::leading(Some(lease.clone()));
+        let term = Term::leading(Born {
+            lease: Some(lease.clone()),
+            ..Born::default()
+        });
         assert!(term.is_leader());
         lease.clear();
         assert!(!term.is_leader());

@@ -153,7 +153,7 @@ impl LeaderTicker {
                 _ = shutdown.cancelled() => break,
                 _ = tokio::time::sleep_until(due) => {}
             }
-            let work = self.gate.elector().do_work(&mut tick);
+            let work = self.gate.elector().do_work_named(&self.name, &mut tick);
             let span = tracing::debug_span!("tick", loop_name = %self.name);
             let outcome = tokio::select! {
                 biased;

@@ -142,6 +142,14 @@ impl WhileLeader {
             self.record(TickOutcome::Succeeded);
             let span = tracing::debug_span!("while_leader", loop_name = %self.name);
             let outcome = {
+                // Counted as running (for a graceful handover's drain) until its future is
+                // dropped, grace included.
+                let _running = self
+                    .gate
+                    .elector()
+                    .shared
+                    .in_flight()
+                    .enter(self.name.clone());
                 // Scoped, so the loop's future is dropped as soon as it is stopped.
                 // `run_loop` is called inside the guard, so a panic in its synchronous part
                 // is caught like one in the loop.

@@ -10,13 +10,22 @@ use crate::Error;
 use crate::elector::{PgSettings, Shared};
 use crate::lease::{Lease, deadline_after, now_ms};
 use crate::metrics::Change;
-use crate::term::TermEnd;
+use crate::term::{FenceTarget, TermEnd};
+use fence::BumpError;
 use session::{
     AppliedBounds, Attempt, Borrower, Check, LockSession, SessionBounds, SessionError, WATCH_POLL,
     try_acquire,
 };
+use tokio::sync::watch;
 
+mod fence;
+mod leader;
 mod session;
+
+pub(crate) use leader::leader_of;
+pub use leader::{LeaderInfo, current_leader};
+
+pub(crate) use fence::{DEFAULT_TABLE as DEFAULT_FENCING_TABLE, FenceTable};
 
 /// What the logs say when a transaction-mode pooler is detected.
 const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
@@ -44,13 +53,26 @@ pub(crate) async fn run(
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut borrower = Borrower::new(pg.pool.clone());
     let bounds = SessionBounds::for_interval(pg.interval);
+    let mut resigns = shared.resign.subscribe();
+    resigns.borrow_and_update();
+    let mut repeats = Repeats::default();
     let mut held = Held {
         shared,
         pg,
         session: None,
     };
     loop {
-        let Some(grant) = standby(pg, &bounds, &shutdown, &mut ticks, &mut borrower).await else {
+        let Some(grant) = standby(
+            shared,
+            pg,
+            &bounds,
+            &shutdown,
+            &mut ticks,
+            &mut borrower,
+            &mut resigns,
+        )
+        .await
+        else {
             return Ok(());
         };
         if grant.unbounded {
@@ -68,59 +90,122 @@ pub(crate) async fn run(
             tcp_keepalives_count = applied.keepalives_count.as_deref().unwrap_or("(none)"),
             "lock granted; the server's bounds on the lock session"
         );
-        // A grant that took longer than one interval to answer would start a lease that runs
-        // out before (or soon after) the first check: check the session at once instead, and
-        // lead from that check's send time (or give the lock back if it fails).
-        let mut held_since = grant.sent_at;
-        if now_ms().saturating_sub(grant.sent_at) > millis(pg.interval) {
-            let sent_at = now_ms();
-            let checked = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => {
-                    if let Some(session) = held.session.take() {
-                        release(shared, pg, session).await;
-                    }
-                    return Ok(());
+        let prepared = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => None,
+            prepared = prepare(pg, session, grant.sent_at, &mut repeats) => Some(prepared),
+        };
+        let (held_since, epoch) = match prepared {
+            // Shut down before the term began: give the lock back.
+            None => {
+                if let Some(session) = held.session.take() {
+                    unlock(pg, session).await;
                 }
-                checked = session.check(pg.interval) => checked,
-            };
-            match checked {
-                Ok(Check::Holds) => held_since = sent_at,
-                other => {
-                    drop(held.session.take());
-                    tracing::warn!(
-                        key = %pg.key,
-                        cause = %LossCause::from_check(other),
-                        "a late grant failed its first check; its session is closed"
-                    );
-                    continue;
-                }
+                return Ok(());
             }
-        }
+            Some(Ok(ready)) => ready,
+            Some(Err(())) => {
+                if let Some(session) = held.session.take() {
+                    unlock(pg, session).await;
+                }
+                continue;
+            }
+        };
         let deadline = deadline_after(held_since, lease_length(pg.interval));
         if now_ms() >= deadline {
             drop(held.session.take());
-            tracing::warn!(key = %pg.key, "the grant's check answered after the lease it would start had expired; its session is closed");
+            tracing::warn!(key = %pg.key, "the grant was confirmed after the lease it would start had expired; its session is closed");
             continue;
         }
         let Some(session) = held.session.as_deref() else {
             continue;
         };
-        shared.promote(|lease| lease.hold_until(deadline));
-        tracing::info!(key = %pg.key, "leadership acquired");
+        let fence = pg.fencing.as_ref().map(|table| FenceTarget {
+            table: table.clone(),
+            key: pg.key,
+        });
+        shared.promote(|lease| lease.hold_until(deadline), epoch, fence);
+        tracing::Span::current().record("epoch", epoch);
+        tracing::info!(key = %pg.key, epoch, "leadership acquired");
         ticks.reset();
-        match lead(shared, pg, &shutdown, &mut ticks, session).await {
-            Led::Shutdown => {
-                if let Some(session) = held.session.take() {
-                    release(shared, pg, session).await;
-                }
-                return Ok(());
-            }
+        let led = lead(shared, pg, &shutdown, &mut ticks, session, &mut resigns).await;
+        let (end, change) = match led {
             Led::Lost(cause) => {
                 shared.demote(TermEnd::LeadershipLost, cause.change());
                 drop(held.session.take());
                 tracing::warn!(key = %pg.key, %cause, "leadership lost");
+                tracing::Span::current().record("epoch", None::<u64>);
+                continue;
             }
+            Led::Shutdown => (TermEnd::Shutdown, Change::Released),
+            Led::Resign => (TermEnd::Resigned, Change::Resigned),
+        };
+        if let Some(session) = held.session.take() {
+            hand_over(shared, pg, session, end, change).await;
+        }
+        tracing::Span::current().record("epoch", None::<u64>);
+        if end == TermEnd::Shutdown {
+            return Ok(());
+        }
+        shared.resigned.send_modify(|n| *n += 1);
+    }
+}
+
+/// What stands between a grant and the term: a grant that took longer than one interval to
+/// answer is checked once more (it would start a lease that runs out before, or soon after,
+/// the first check), and with fencing the epoch is bumped. Returns when the lock was last seen
+/// held (for the lease) and the epoch, or `Err` when the lock should be given back.
+async fn prepare(
+    pg: &PgSettings,
+    session: &LockSession,
+    granted_at: u64,
+    repeats: &mut Repeats,
+) -> Result<(u64, Option<u64>), ()> {
+    let mut held_since = granted_at;
+    if now_ms().saturating_sub(granted_at) > millis(pg.interval) {
+        let sent_at = now_ms();
+        match session.check(pg.interval).await {
+            Ok(Check::Holds) => held_since = sent_at,
+            other => {
+                tracing::warn!(
+                    key = %pg.key,
+                    cause = %LossCause::from_check(other),
+                    "a late grant failed its first check; the lock is given back"
+                );
+                return Err(());
+            }
+        }
+    }
+    let Some(table) = &pg.fencing else {
+        return Ok((held_since, None));
+    };
+    let sent_at = now_ms();
+    // The server gives up the row lock after I (lock_timeout); one more I covers the round trip.
+    let bumped = timeout(
+        2 * pg.interval,
+        table.bump(session.client(), pg.key, &pg.identity, pg.interval),
+    )
+    .await;
+    match bumped {
+        Ok(Ok(epoch)) => Ok((sent_at.max(held_since), Some(epoch))),
+        Ok(Err(e)) => {
+            let loud = repeats.loud("bump");
+            match &e {
+                BumpError::CannotCreate { .. } if loud => {
+                    tracing::error!(key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back")
+                }
+                _ if loud => {
+                    tracing::warn!(key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back")
+                }
+                _ => {
+                    tracing::debug!(key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back")
+                }
+            }
+            Err(())
+        }
+        Err(_) => {
+            tracing::warn!(key = %pg.key, table = table.name(), bound = ?2 * pg.interval, "the fencing epoch bump got no answer in time; the lock is given back");
+            Err(())
         }
     }
 }
@@ -130,19 +215,29 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Tries the lock every tick until it is granted (`Some`) or `shutdown` is cancelled (`None`).
+/// During a resign's cooldown it does not try; a resign asked of a standby is answered at once.
 async fn standby(
+    shared: &Shared,
     pg: &PgSettings,
     bounds: &SessionBounds,
     shutdown: &CancellationToken,
     ticks: &mut Interval,
     borrower: &mut Borrower,
+    resigns: &mut watch::Receiver<u64>,
 ) -> Option<Grant> {
     let mut repeats = Repeats::default();
     loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return None,
+            Ok(()) = resigns.changed() => {
+                shared.resigned.send_modify(|n| *n += 1);
+                continue;
+            }
             _ = ticks.tick() => {}
+        }
+        if shared.cooling_down() {
+            continue;
         }
         let attempt = tokio::select! {
             biased;
@@ -150,6 +245,7 @@ async fn standby(
             attempt = try_acquire(
                 borrower,
                 pg.key,
+                &pg.identity,
                 bounds,
                 pg.interval,
                 pg.interval.max(MIN_TRY_BOUND),
@@ -238,6 +334,7 @@ impl Repeats {
 
 enum Led {
     Shutdown,
+    Resign,
     Lost(LossCause),
 }
 
@@ -308,12 +405,14 @@ async fn lead(
     shutdown: &CancellationToken,
     ticks: &mut Interval,
     session: &LockSession,
+    resigns: &mut watch::Receiver<u64>,
 ) -> Led {
     loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
             cause = watch(shared.lease(), session) => return Led::Lost(cause),
+            Ok(()) = resigns.changed() => return Led::Resign,
             _ = ticks.tick() => {}
         }
         if !shared.lease().is_live() {
@@ -366,21 +465,72 @@ async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     }
 }
 
-/// Gives the lock up at shutdown. The term ends first, so that no instant has two
-/// leaders: a standby can only take the lock after the unlock.
-async fn release(shared: &Shared, pg: &PgSettings, session: Box<LockSession>) {
-    shared.demote(TermEnd::Shutdown, Change::Released);
+/// Gives the lock up gracefully (shutdown or resign). The term ends first, so that no
+/// instant has two leaders; then the work still running here drains, up to the drain
+/// timeout, while the session keeps being checked; only then the unlock.
+async fn hand_over(
+    shared: &Shared,
+    pg: &PgSettings,
+    session: Box<LockSession>,
+    end: TermEnd,
+    change: Change,
+) {
+    shared.demote(end, change);
+    if drain(shared, pg, &session).await {
+        unlock(pg, session).await;
+    }
+}
+
+/// Waits for the work still running on this replica, at most the drain timeout; `false` when
+/// the lock was lost meanwhile (there is nothing left to unlock).
+async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool {
+    let deadline = Instant::now() + pg.drain_timeout;
+    loop {
+        let names = shared.in_flight().names();
+        if names.is_empty() {
+            return true;
+        }
+        tracing::debug!(key = %pg.key, running = ?names, "draining before the lock is given up");
+        tokio::select! {
+            biased;
+            () = shared.in_flight().drained() => return true,
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(
+                    key = %pg.key,
+                    running = ?shared.in_flight().names(),
+                    drain_timeout = ?pg.drain_timeout,
+                    "work still running at the drain timeout; the lock is given up anyway"
+                );
+                return true;
+            }
+            // The session stays checked while the work drains, so that the server's bound on
+            // a silent session never ends it, and a lost lock is seen.
+            () = tokio::time::sleep(pg.interval) => {
+                match session.check(pg.interval).await {
+                    Ok(Check::Holds) => {}
+                    other => {
+                        tracing::warn!(key = %pg.key, cause = %LossCause::from_check(other), "the lock was lost while draining");
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Unlocks, bounded, and closes the session.
+async fn unlock(pg: &PgSettings, session: Box<LockSession>) {
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
         Ok(Ok(true)) => tracing::info!(key = %pg.key, "leadership released"),
         Ok(Ok(false)) => {
-            tracing::warn!(key = %pg.key, "unlock at shutdown found the lock not held")
+            tracing::warn!(key = %pg.key, "the unlock found the lock not held")
         }
         Ok(Err(e)) => {
-            tracing::warn!(key = %pg.key, error = %e, "unlock at shutdown failed; closing the session frees the lock")
+            tracing::warn!(key = %pg.key, error = %e, "the unlock failed; closing the session frees the lock")
         }
         Err(_) => {
-            tracing::warn!(key = %pg.key, "unlock at shutdown timed out; closing the session frees the lock")
+            tracing::warn!(key = %pg.key, "the unlock timed out; closing the session frees the lock")
         }
     }
     drop(session);

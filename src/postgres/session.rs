@@ -19,7 +19,8 @@ use crate::lease::now_ms;
 ///   lock granted there proves nothing;
 /// - `marked`: this server session already carries some elector's mark, so it is shared by a
 ///   transaction-mode pooler; the try leaves a visit mark for that elector to find;
-/// - `granted`: the lock is ours; the session now carries our mark ($3),
+/// - `granted`: the lock is ours; the session now carries our mark ($3), the replica's
+///   identity as its `application_name` ($9),
 ///   `idle_session_timeout` = $4 ms and the TCP bounds of [`SessionBounds`];
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
@@ -44,6 +45,7 @@ const TRY_LOCK: &str = "SELECT answer, \
             THEN 'marked' END \
      WHEN pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
+             AND pg_catalog.set_config('application_name', $9::text, false) IS NOT NULL \
              AND pg_catalog.set_config('tcp_user_timeout', $5::text, false) IS NOT NULL \
              AND pg_catalog.set_config('tcp_keepalives_idle', $6::text, false) IS NOT NULL \
              AND pg_catalog.set_config('tcp_keepalives_interval', $7::text, false) IS NOT NULL \
@@ -254,6 +256,7 @@ impl Borrower {
 pub(crate) async fn try_acquire(
     borrower: &mut Borrower,
     key: LockKey,
+    identity: &str,
     bounds: &SessionBounds,
     wait: Duration,
     bound: Duration,
@@ -284,6 +287,7 @@ pub(crate) async fn try_acquire(
                     (&k_idle, Type::TEXT),
                     (&k_interval, Type::TEXT),
                     (&k_count, Type::TEXT),
+                    (&identity, Type::TEXT),
                 ],
             )
             .await?;
@@ -385,7 +389,12 @@ impl LockSession {
         .await
     }
 
-    /// Whether the connection has closed. tokio-postgres notices a FIN or RST as soon as
+    /// The client of the lock session, for the fencing bump.
+    pub(crate) fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// Whether the connection has closed . tokio-postgres notices a FIN or RST as soon as
     /// it arrives, because its connection task always reads; the client only exposes that as a
     /// flag, which the leader polls every [`WATCH_POLL`].
     pub(crate) fn is_closed(&self) -> bool {

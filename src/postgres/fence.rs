@@ -1,0 +1,262 @@
+//! Fencing epochs: a row per key whose epoch every new term bumps in the lock session before
+//! the term starts, and the check a write makes inside its own transaction.
+//!
+//! The check locks the row `FOR SHARE`, and the bump updates it, so the two exclude each
+//! other: a new term's bump waits for every fenced transaction of the old term to end, and a
+//! fenced transaction that starts after the bump sees the new epoch. Fenced writes of two terms
+//! therefore never interleave.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use crate::LockKey;
+use crate::error::{Error, Fenced};
+
+/// The table's default name.
+pub(crate) const DEFAULT_TABLE: &str = "pg_elector_epochs";
+
+/// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`): longer ones are truncated.
+const MAX_IDENTIFIER: usize = 63;
+
+/// The epoch table: where it is, and its statements with the name quoted as an identifier.
+#[derive(Debug)]
+pub(crate) struct FenceTable {
+    /// `"schema"."table"` or `"table"`, quoted.
+    quoted: String,
+    bump: String,
+    check: String,
+    read: String,
+    ddl: String,
+}
+
+impl FenceTable {
+    /// The table `table` in `schema` (or the first schema of the `search_path`).
+    pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Arc<Self>, Error> {
+        for name in schema.iter().chain([&table]) {
+            if name.is_empty() || name.len() > MAX_IDENTIFIER || name.contains('\0') {
+                return Err(Error::InvalidFencingTable {
+                    name: (*name).to_owned(),
+                });
+            }
+        }
+        let quoted = match schema {
+            Some(schema) => format!("{}.{}", quote(schema), quote(table)),
+            None => quote(table),
+        };
+        // The row lock waits at most $4 (lock_timeout, local to this statement's transaction),
+        // so that a fenced transaction left open by the old term cannot hold the bump forever.
+        let bump = format!(
+            "INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
+             SELECT $1::int4, $2::int4, 1, $3::text, pg_catalog.clock_timestamp() \
+             FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true)) AS bound \
+             ON CONFLICT (class, object) DO UPDATE \
+             SET epoch = e.epoch + 1, holder = EXCLUDED.holder, since = EXCLUDED.since \
+             RETURNING epoch"
+        );
+        let check = format!(
+            "SELECT epoch FROM {quoted} WHERE class = $1::int4 AND object = $2::int4 FOR SHARE"
+        );
+        let read = format!(
+            "SELECT epoch, since FROM {quoted} WHERE class = $1::int4 AND object = $2::int4"
+        );
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {quoted} (\
+             class int4 NOT NULL, object int4 NOT NULL, epoch bigint NOT NULL, \
+             holder text NOT NULL, since timestamptz NOT NULL, PRIMARY KEY (class, object))"
+        );
+        Ok(Arc::new(Self {
+            quoted,
+            bump,
+            check,
+            read,
+            ddl,
+        }))
+    }
+
+    /// The statement that creates the table, for a migration or an administrator.
+    pub(crate) fn ddl(&self) -> &str {
+        &self.ddl
+    }
+
+    /// The quoted name.
+    pub(crate) fn name(&self) -> &str {
+        &self.quoted
+    }
+
+    /// Bumps `key`'s epoch on `client` (the lock session) and returns the new one; creates the
+    /// table first when it is missing. The row lock is waited for at most `wait`.
+    pub(crate) async fn bump(
+        &self,
+        client: &tokio_postgres::Client,
+        key: LockKey,
+        holder: &str,
+        wait: Duration,
+    ) -> Result<u64, BumpError> {
+        match self.bump_once(client, key, holder, wait).await {
+            Err(BumpError::Query(e)) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+                self.create(client).await?;
+                self.bump_once(client, key, holder, wait).await
+            }
+            other => other,
+        }
+    }
+
+    async fn bump_once(
+        &self,
+        client: &tokio_postgres::Client,
+        key: LockKey,
+        holder: &str,
+        wait: Duration,
+    ) -> Result<u64, BumpError> {
+        let wait_ms = wait.as_millis().max(1).to_string();
+        let rows = client
+            .query_typed(
+                &self.bump,
+                &[
+                    (&key.class(), Type::INT4),
+                    (&key.object(), Type::INT4),
+                    (&holder, Type::TEXT),
+                    (&wait_ms, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(|e| match e.code() {
+                Some(&SqlState::LOCK_NOT_AVAILABLE) => BumpError::RowBusy(wait),
+                _ => BumpError::Query(e),
+            })?;
+        let epoch: i64 = rows
+            .first()
+            .ok_or(BumpError::NoRow)?
+            .try_get(0)
+            .map_err(BumpError::Query)?;
+        Ok(u64::try_from(epoch).unwrap_or(0))
+    }
+
+    async fn create(&self, client: &tokio_postgres::Client) -> Result<(), BumpError> {
+        match client.batch_execute(&self.ddl).await {
+            Ok(()) => {
+                tracing::info!(table = %self.quoted, "created the fencing epoch table");
+                Ok(())
+            }
+            // Two replicas creating it at once: the other one won.
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                Err(BumpError::CannotCreate {
+                    ddl: self.ddl.clone(),
+                    source: e,
+                })
+            }
+            Err(e) => Err(BumpError::Query(e)),
+        }
+    }
+
+    /// `key`'s epoch and when its term began, without locking; `None` without a row.
+    pub(crate) async fn read(
+        &self,
+        client: &tokio_postgres::Client,
+        key: LockKey,
+    ) -> Result<Option<(u64, std::time::SystemTime)>, tokio_postgres::Error> {
+        let rows = client
+            .query_typed(
+                &self.read,
+                &[(&key.class(), Type::INT4), (&key.object(), Type::INT4)],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => {
+                let epoch: i64 = row.try_get(0)?;
+                Ok(Some((u64::try_from(epoch).unwrap_or(0), row.try_get(1)?)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The fence: locks `key`'s row `FOR SHARE` in `tx` and compares its epoch with `ours`.
+    pub(crate) async fn check(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        key: LockKey,
+        ours: u64,
+    ) -> Result<(), Fenced> {
+        let rows = tx
+            .query_typed(
+                &self.check,
+                &[(&key.class(), Type::INT4), (&key.object(), Type::INT4)],
+            )
+            .await
+            .map_err(|e| Fenced::failed(Some(ours), e))?;
+        let current = match rows.first() {
+            Some(row) => {
+                let epoch: i64 = row.try_get(0).map_err(|e| Fenced::failed(Some(ours), e))?;
+                Some(u64::try_from(epoch).unwrap_or(0))
+            }
+            None => None,
+        };
+        if current == Some(ours) {
+            Ok(())
+        } else {
+            Err(Fenced::superseded(ours, current))
+        }
+    }
+}
+
+/// Why a bump failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BumpError {
+    #[error(
+        "the epoch row stayed locked for {0:?}: a fenced transaction of the previous term is still open (set idle_in_transaction_session_timeout on the application's pool)"
+    )]
+    RowBusy(Duration),
+    #[error(
+        "the fencing epoch table is missing and this role may not create it ({}); run this once as a role that may: {ddl}",
+        crate::error::chain(source)
+    )]
+    CannotCreate {
+        ddl: String,
+        source: tokio_postgres::Error,
+    },
+    #[error("the bump returned no row")]
+    NoRow,
+    #[error("{}", crate::error::chain(.0))]
+    Query(tokio_postgres::Error),
+}
+
+/// `name` as a PostgreSQL identifier in double quotes, its own double quotes doubled.
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_quoted_as_identifiers_never_pasted() {
+        let table = FenceTable::new(Some("Ops"), "epochs\"; DROP TABLE x; --").unwrap();
+        assert_eq!(table.name(), "\"Ops\".\"epochs\"\"; DROP TABLE x; --\"");
+        assert!(
+            table.ddl().starts_with(
+                "CREATE TABLE IF NOT EXISTS \"Ops\".\"epochs\"\"; DROP TABLE x; --\" ("
+            )
+        );
+        assert_eq!(
+            FenceTable::new(None, DEFAULT_TABLE).unwrap().name(),
+            "\"pg_elector_epochs\""
+        );
+    }
+
+    #[test]
+    fn an_empty_or_overlong_name_is_an_error() {
+        for bad in ["", &"x".repeat(64), "a\0b"] {
+            assert!(matches!(
+                FenceTable::new(None, bad),
+                Err(Error::InvalidFencingTable { .. })
+            ));
+            assert!(FenceTable::new(Some(bad), "t").is_err());
+        }
+        assert!(FenceTable::new(None, &"x".repeat(63)).is_ok());
+    }
+}

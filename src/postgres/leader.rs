@@ -1,0 +1,98 @@
+//! Who leads now, as the server sees it: the backend that holds the lock, and its epoch row.
+
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use tokio_postgres::types::Type;
+
+use super::fence::{DEFAULT_TABLE, FenceTable};
+use crate::{Error, LockKey};
+
+/// Who leads a key, as the server sees it; from [`current_leader`] or
+/// [`Elector::current_leader`](crate::Elector::current_leader).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaderInfo {
+    /// The backend process that holds the lock (the leader's lock session).
+    pub pid: i32,
+    /// The leader's identity: its lock session's `application_name` (see
+    /// [`ElectorBuilder::identity`](crate::ElectorBuilder::identity)).
+    pub identity: String,
+    /// The leader's address as the server sees it; `None` over a Unix socket.
+    pub client_addr: Option<IpAddr>,
+    /// When the current term began, from the epoch row; `None` without fencing.
+    pub since: Option<SystemTime>,
+    /// The epoch of the latest term begun, from the epoch row; `None` without fencing.
+    pub epoch: Option<u64>,
+}
+
+const HOLDER: &str = "SELECT l.pid, coalesce(a.application_name, ''), pg_catalog.host(a.client_addr) \
+     FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+     AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_catalog.pg_database \
+                                         WHERE datname = pg_catalog.current_database())";
+
+/// Who leads `key` in the database `client` is connected to, or `None` when no replica holds
+/// the lock at this moment. Reads `pg_locks` and `pg_stat_activity`, and the epoch row of the
+/// default fencing table (`pg_elector_epochs`) when it exists; for another table use
+/// [`Elector::current_leader`](crate::Elector::current_leader).
+///
+/// Seeing other sessions' `application_name` and `client_addr` needs the `pg_read_all_stats`
+/// role (or the same user as the leader's); without it they read empty and `None`.
+///
+/// # Errors
+///
+/// [`Error::Database`] when a query fails.
+pub async fn current_leader(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+) -> Result<Option<LeaderInfo>, Error> {
+    let table = FenceTable::new(None, DEFAULT_TABLE)?;
+    let exists: bool = client
+        .query_typed(
+            "SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+            &[(&table.name(), Type::TEXT)],
+        )
+        .await
+        .map_err(Error::Database)?
+        .first()
+        .is_some_and(|row| row.get(0));
+    leader_of(client, key, exists.then_some(&*table)).await
+}
+
+/// As [`current_leader`], with the epoch read from `table`, if any.
+pub(crate) async fn leader_of(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    table: Option<&FenceTable>,
+) -> Result<Option<LeaderInfo>, Error> {
+    let rows = client
+        .query_typed(
+            HOLDER,
+            &[
+                (&key.class_oid(), Type::OID),
+                (&key.object_oid(), Type::OID),
+            ],
+        )
+        .await
+        .map_err(Error::Database)?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let addr: Option<String> = row.try_get(2).map_err(Error::Database)?;
+    let mut info = LeaderInfo {
+        pid: row.try_get(0).map_err(Error::Database)?,
+        identity: row.try_get(1).map_err(Error::Database)?,
+        client_addr: addr.and_then(|a| a.parse().ok()),
+        since: None,
+        epoch: None,
+    };
+    let Some(table) = table else {
+        return Ok(Some(info));
+    };
+    if let Some((epoch, since)) = table.read(client, key).await.map_err(Error::Database)? {
+        info.epoch = Some(epoch);
+        info.since = Some(since);
+    }
+    Ok(Some(info))
+}
