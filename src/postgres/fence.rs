@@ -48,12 +48,18 @@ impl FenceTable {
         };
         // The row lock waits at most $4 (lock_timeout, local to this statement's transaction),
         // so that a fenced transaction left open by the old term cannot hold the bump forever.
+        // An existing row's `since` is read after that wait: when the term really begins.
+        // The commit is synchronous whatever the server's default: with
+        // `synchronous_commit = off`, a crash right after a bump can lose it, and the next
+        // term would get the same epoch again (seen in the restart test).
         let bump = format!(
             "INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
              SELECT $1::int4, $2::int4, 1, $3::text, pg_catalog.clock_timestamp() \
-             FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true)) AS bound \
+             FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true), \
+                          pg_catalog.set_config('synchronous_commit', 'on', true)) AS bound \
              ON CONFLICT (class, object) DO UPDATE \
-             SET epoch = e.epoch + 1, holder = EXCLUDED.holder, since = EXCLUDED.since \
+             SET epoch = e.epoch + 1, holder = EXCLUDED.holder, \
+                 since = pg_catalog.clock_timestamp() \
              RETURNING epoch"
         );
         let check = format!(

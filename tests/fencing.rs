@@ -1,0 +1,444 @@
+//! F3: fencing epochs. Each new term bumps its key's epoch row before it starts; a write fenced
+//! with `Term::fence` in its own transaction fails once its term is over or a later term has
+//! begun, and a new term's bump waits for an old term's open fenced transaction, so fenced
+//! writes of two terms never interleave. Epochs only grow, across handovers and server
+//! restarts; the table is created when missing, and a role that may not create it is told the
+//! statement to run.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::capture::Capture;
+use common::*;
+use pg_elector::{Elector, LockKey, TermEnd};
+use pg_elector_harness::{ShutdownMode, pool_from_config};
+use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
+
+/// An elector with fencing at `I` on `pool`.
+fn fenced(pool: deadpool_postgres::Pool, key: LockKey, identity: &str) -> Elector {
+    Elector::builder(pool, key)
+        .check_interval(I)
+        .identity(identity)
+        .fencing(true)
+        .build()
+        .expect("valid elector")
+}
+
+/// The table fenced writes go to: who wrote, in which epoch, at which server time.
+async fn writes_table(db: &TestDb) {
+    db.connect()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE TABLE writes (replica text NOT NULL, epoch bigint NOT NULL, \
+             at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        )
+        .await
+        .unwrap();
+}
+
+/// One fenced write of `replica` in `term`, in a transaction on `pool`: the fence, then the
+/// insert, then the commit. Returns the fence's verdict.
+async fn fenced_write(
+    pool: &deadpool_postgres::Pool,
+    term: &pg_elector::Term,
+    replica: &str,
+) -> Result<(), pg_elector::Fenced> {
+    let mut client = pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    term.fence(&tx).await?;
+    tx.execute(
+        "INSERT INTO writes (replica, epoch) VALUES ($1, $2)",
+        &[&replica, &(term.epoch().unwrap() as i64)],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    Ok(())
+}
+
+/// Every write, oldest first: (replica, epoch, server time).
+async fn writes(db: &TestDb) -> Vec<(String, i64, SystemTime)> {
+    db.connect()
+        .await
+        .unwrap()
+        .query("SELECT replica, epoch, at FROM writes ORDER BY at", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_a_deposed_leaders_fenced_write_fails_and_the_new_leaders_succeeds() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let key = LockKey::new(0xf3, 1);
+    let pool = db.pool(4);
+    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = Replica::run(fenced(db.pool(2), key, "b"));
+
+    // a's tick takes its term, then sleeps before writing; meanwhile its lock session is
+    // terminated and b takes over.
+    let old_term = a.elector.term();
+    let old_epoch = old_term.epoch().expect("a fenced term has an epoch");
+    fenced_write(&pool, &old_term, "a")
+        .await
+        .expect("the leader's own write passes");
+    terminate_holder(&db, key).await;
+    wait_for(3 * I, || b.elector.is_leader())
+        .await
+        .expect("b leads within 3·I of the termination");
+    let new_term = b.elector.term();
+    assert!(new_term.epoch().unwrap() > old_epoch);
+
+    let refused = fenced_write(&pool, &old_term, "a")
+        .await
+        .expect_err("the deposed leader's write is fenced");
+    assert_eq!(refused.ours(), Some(old_epoch));
+    eprintln!("deposed leader's write: {refused}");
+    fenced_write(&pool, &new_term, "b")
+        .await
+        .expect("the new leader's write passes");
+    let rows = writes(&db).await;
+    let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+    assert_eq!(
+        who,
+        [
+            ("a", old_epoch as i64),
+            ("b", new_term.epoch().unwrap() as i64)
+        ]
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_a_fence_that_finds_a_later_epoch_in_the_row_fails_as_superseded() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let key = LockKey::new(0xf3, 2);
+    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let term = a.elector.term();
+    let ours = term.epoch().unwrap();
+    // Another term begun behind this replica's back (as the next leader's bump would).
+    db.connect()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE pg_elector_epochs SET epoch = epoch + 1 WHERE class = $1 AND object = $2",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap();
+    let pool = db.pool(1);
+    let refused = fenced_write(&pool, &term, "a").await.expect_err("fenced");
+    assert!(refused.is_superseded(), "{refused}");
+    assert_eq!(
+        (refused.ours(), refused.current()),
+        (Some(ours), Some(ours + 1))
+    );
+    assert!(writes(&db).await.is_empty());
+    a.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_commits() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let key = LockKey::new(0xf3, 3);
+    let pool = db.pool(4);
+    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = Replica::run(fenced(db.pool(2), key, "b"));
+    let old_term = a.elector.term();
+
+    // a's fenced transaction: fence, first write, then it stays open across the takeover.
+    let mut client = pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    old_term.fence(&tx).await.expect("a's fence passes");
+    tx.execute(
+        "INSERT INTO writes (replica, epoch) VALUES ('a', $1)",
+        &[&(old_term.epoch().unwrap() as i64)],
+    )
+    .await
+    .unwrap();
+    terminate_holder(&db, key).await;
+    // b's next try gets the lock; its bump waits on the row a's transaction holds FOR SHARE.
+    // Held for half an interval, below the bump's bound (I), so b's first bump succeeds.
+    tokio::time::sleep(I + I / 2).await;
+    assert!(!b.elector.is_leader(), "b's term waits for a's transaction");
+    tx.execute(
+        "INSERT INTO writes (replica, epoch) VALUES ('a', $1)",
+        &[&(old_term.epoch().unwrap() as i64)],
+    )
+    .await
+    .unwrap();
+    let committed: SystemTime = tx
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    drop(client);
+
+    wait_for(3 * I, || b.elector.is_leader())
+        .await
+        .expect("b leads once a's transaction ended");
+    let new_term = b.elector.term();
+    fenced_write(&pool, &new_term, "b").await.unwrap();
+    let since: SystemTime = db
+        .connect()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT since FROM pg_elector_epochs WHERE class = $1 AND object = $2",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        since >= committed,
+        "b's term began ({since:?}) after a's transaction ended ({committed:?})"
+    );
+    let rows = writes(&db).await;
+    let who: Vec<&str> = rows.iter().map(|(r, _, _)| r.as_str()).collect();
+    assert_eq!(
+        who,
+        ["a", "a", "b"],
+        "a's writes, then b's: never interleaved"
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_a_bump_that_cannot_finish_within_its_bound_gives_the_lock_back() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf3, 4);
+    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    a.stop().await.unwrap();
+
+    // An abandoned transaction holds the epoch row (as a deposed leader's could).
+    let mut holder = db.connect().await.unwrap();
+    let tx = holder.transaction().await.unwrap();
+    tx.query(
+        "SELECT epoch FROM pg_elector_epochs WHERE class = $1 AND object = $2 FOR SHARE",
+        &[&key.class(), &key.object()],
+    )
+    .await
+    .unwrap();
+    let capture = Capture::default();
+    let elector = fenced(db.pool(2), key, "b");
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        {
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        }
+        .with_subscriber(capture.dispatch()),
+    );
+    // For 5·I: every try gets the lock, waits I for the row, and gives the lock back.
+    let admin = db.connect().await.unwrap();
+    let mut free_seen = 0;
+    for _ in 0..50 {
+        assert!(!elector.is_leader(), "no term while the row is held");
+        if holders(&admin, key).await.is_empty() {
+            free_seen += 1;
+        }
+        tokio::time::sleep(I / 10).await;
+    }
+    assert!(free_seen > 0, "the lock was given back between tries");
+    let gave_back = capture.events("cannot bump the fencing epoch");
+    assert!(!gave_back.is_empty());
+    assert!(
+        gave_back[0].field("error").contains("still open"),
+        "{:?}",
+        gave_back[0]
+    );
+
+    tx.rollback().await.unwrap();
+    wait_for(3 * I, || elector.is_leader())
+        .await
+        .expect("leads within 3·I of the row's release");
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_epochs_strictly_increase_over_100_handovers_and_across_server_restarts() {
+    let _serial = serial();
+    let (server, db) = private_server().await;
+    let key = LockKey::new(0xf3, 5);
+    let fast = Duration::from_millis(20);
+    let electors: Vec<Elector> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            Elector::builder(db.pool(2), key)
+                .check_interval(fast)
+                .identity(*name)
+                .fencing(true)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let mut epochs = Vec::new();
+    let mut lead_once = async |elector: &Elector| {
+        let shutdown = CancellationToken::new();
+        let run = elector.spawn(shutdown.clone());
+        let term = tokio::time::timeout(Duration::from_secs(5), elector.wait_for_leadership())
+            .await
+            .expect("leads within 5 s");
+        epochs.push(term.epoch().expect("an epoch"));
+        shutdown.cancel();
+        run.await.unwrap().unwrap();
+        assert_eq!(term.end(), Some(TermEnd::Shutdown));
+    };
+    for round in 0..100 {
+        lead_once(&electors[round % 2]).await;
+    }
+    for mode in [ShutdownMode::Fast, ShutdownMode::Immediate] {
+        tokio::task::block_in_place(|| server.restart(mode)).unwrap();
+        for round in 0..4 {
+            lead_once(&electors[round % 2]).await;
+        }
+    }
+    assert_eq!(epochs.len(), 108);
+    assert!(
+        epochs.windows(2).all(|w| w[1] > w[0]),
+        "epochs strictly increase: {epochs:?}"
+    );
+    eprintln!("epochs {} .. {}", epochs[0], epochs[epochs.len() - 1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_the_table_is_created_when_missing_and_a_role_that_may_not_is_told_the_ddl() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+
+    // Created on the first grant, under a name that needs quoting.
+    let table = "Epochs \"ops\"";
+    let elector = Elector::builder(db.pool(2), LockKey::new(0xf3, 6))
+        .check_interval(I)
+        .fencing_table(Some("public"), table)
+        .build()
+        .unwrap();
+    let replica = Replica::run(elector);
+    wait_for(3 * I, || replica.elector.is_leader())
+        .await
+        .expect("leads, having created the table");
+    let exists: bool = admin
+        .query_one(
+            "SELECT to_regclass('public.\"Epochs \"\"ops\"\"\"') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(exists);
+    replica.stop().await.unwrap();
+
+    // A role that may connect but not create tables.
+    let role = format!("limited_{}", db.name());
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             GRANT CONNECT ON DATABASE \"{db}\" TO \"{role}\"",
+            db = db.name()
+        ))
+        .await
+        .unwrap();
+    let mut config = db.config();
+    config.user(&role);
+    let capture = Capture::default();
+    let key = LockKey::new(0xf3, 7);
+    let elector = Elector::builder(pool_from_config(config, 2), key)
+        .check_interval(I)
+        .fencing(true)
+        .build()
+        .unwrap();
+    let ddl = elector.fencing_ddl().expect("fencing is on");
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(
+        {
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        }
+        .with_subscriber(capture.dispatch()),
+    );
+    tokio::time::sleep(3 * I).await;
+    assert!(!elector.is_leader(), "no term without the epoch table");
+    let errors = capture.errors(key);
+    assert_eq!(errors.len(), 1, "said once, not every try: {errors:?}");
+    let said = capture.events("cannot bump the fencing epoch");
+    assert!(
+        said[0].field("error").contains(&ddl)
+            && said[0].field("error").contains("permission denied"),
+        "the error names the statement to run: {:?}",
+        said[0]
+    );
+
+    // An administrator runs it, and grants the role what it needs.
+    admin
+        .batch_execute(&format!(
+            "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_epochs TO \"{role}\""
+        ))
+        .await
+        .unwrap();
+    // The next try (within I) gets the lock and bumps.
+    wait_for(2 * I, || elector.is_leader())
+        .await
+        .expect("leads once the table exists");
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    admin
+        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_local_electors_hand_out_increasing_epochs_and_fence_on_the_term_alone() {
+    let db = fresh_db().await;
+    let (elector, control) = Elector::manual();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let term = control.promote();
+        seen.push(term.epoch().expect("a manual term has an epoch"));
+        control.demote();
+    }
+    assert!(seen.windows(2).all(|w| w[1] > w[0]), "{seen:?}");
+
+    let term = control.promote();
+    let mut client = db.connect().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    term.fence(&tx).await.expect("a live local term passes");
+    control.demote();
+    let refused = term.fence(&tx).await.expect_err("an ended term is fenced");
+    assert!(!refused.is_superseded());
+    drop(tx);
+
+    let always = Elector::always_leader();
+    assert!(always.term().epoch().is_some());
+    assert_eq!(elector.term().epoch(), None, "a standby's term has none");
+}
