@@ -361,14 +361,18 @@ async fn pump_delayed(
         let passing = *mode.borrow_and_update() == Mode::Pass;
         let lag = *delay.borrow_and_update();
         let now = Instant::now();
-        let due = queue.front().map(|c| c.read_at + lag);
+        // When the head is due; `None` inside: never (a delay past `Instant`'s range).
+        let due = queue.front().map(|c| c.read_at.checked_add(lag));
         let may_read = passing
             && !read_eof
             && queue.len() < MAX_DELAYED_CHUNKS
             && (queue.is_empty() || !lag.is_zero());
-        let may_write = passing && due.is_some_and(|d| d <= now);
+        let may_write = passing && matches!(due, Some(Some(d)) if d <= now);
         // Sleep until the head is due, unless a blackhole holds it anyway.
-        let wake_at = due.filter(|d| passing && *d > now);
+        let wake_at = match due {
+            Some(Some(d)) if passing && d > now => Some(d),
+            _ => None,
+        };
         if may_write && queue.front().is_some_and(|c| c.bytes.is_empty()) {
             return to.shutdown().await;
         }
