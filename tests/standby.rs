@@ -281,3 +281,65 @@ async fn wait_for_log(path: &std::path::Path, tag: &str, last: &str) -> Vec<Stri
     .unwrap_or_else(|| panic!("the server log shows no {last:?} for {tag}"));
     lines
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_a_server_answering_in_three_and_a_half_intervals_costs_a_backend_per_several_ticks_not_per_tick()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let interval = Duration::from_millis(100);
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    // Every answer of the server, the connection's start-up included, comes 3.5·I late.
+    proxy.delay(interval * 7 / 2);
+    let replica = Replica::start(db.pool_via(proxy.addr(), 2), LockKey::new(3, 35), interval);
+    tokio::time::sleep(20 * interval).await;
+    let opened = proxy.accepted();
+    eprintln!("server answering in 3.5·I: {opened} connections in 20 ticks");
+    // A connect slower than I goes on in the background instead of being abandoned every I,
+    // and a grant answered late is checked (which, this slow, times out) instead of being
+    // thrown away at once: each cycle (connect, try, check) takes several ticks.
+    assert!(
+        opened <= 6,
+        "{opened} connections in 20 ticks: a backend per tick is churn"
+    );
+    assert!(!replica.elector.is_leader(), "no check answers within I");
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_a_grant_answered_between_two_and_three_intervals_is_checked_at_once_and_its_term_lasts()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let pool = db.pool_via(proxy.addr(), 2);
+    drop(pool.get().await.unwrap()); // a warm connection: only the try is slow
+    proxy.delay(Duration::from_secs(60));
+    let elector = pg_elector::Elector::builder(pool, LockKey::new(3, 36))
+        .check_interval(I)
+        .build()
+        .unwrap();
+    let mut leadership = elector.subscribe();
+    let replica = Replica::run(elector);
+    // The first try goes out at once; its answer is released at 2.2·I, after which the server
+    // answers at once again.
+    tokio::time::sleep(I * 11 / 5).await;
+    proxy.delay(Duration::ZERO);
+    wait_for(I, || replica.elector.is_leader())
+        .await
+        .expect("leads once the late grant is checked");
+    // A lease counted from the try's send time would run out at 3·I, before the first
+    // regular check at 3.2·I; counted from the check at the grant it lasts.
+    tokio::time::sleep(5 * I).await;
+    assert!(replica.elector.is_leader(), "still leading 5·I later");
+    assert_eq!(
+        leadership.borrow_and_update().changes,
+        1,
+        "one promotion, no demotion"
+    );
+    replica.stop().await.unwrap();
+}
