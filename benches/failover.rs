@@ -1,5 +1,7 @@
 //! Failover figures (design §6): for each fault, how long no replica leads, how long two do,
-//! how soon the old leader demotes and how soon a new one leads, at I = 1 s.
+//! how soon the old leader demotes and how soon a new one leads, at I = 1 s; and, with every
+//! leader tick writing one fenced row, the gap between the old term's last write and the new
+//! term's first, by the server's clock (negative would mean interleaved writes).
 //!
 //! ```sh
 //! cargo bench --bench failover                 # 20 runs per scenario (about 6 minutes)
@@ -93,8 +95,10 @@ impl Fleet {
         for _ in 0..SLOTS {
             proxies.push(FaultProxy::start(server.addr()).await.expect("a proxy"));
         }
+        let mut replicas = replica::Fleet::new(CHILD, db.url(), KEY, INTERVAL);
+        replicas.fenced = true;
         let mut fleet = Fleet {
-            replicas: replica::Fleet::new(CHILD, db.url(), KEY, INTERVAL),
+            replicas,
             slots: Vec::new(),
             live: [0; SLOTS],
             proxies,
@@ -227,6 +231,9 @@ struct Sample {
     demoted: Option<u64>,
     /// From the fault (for a restart: from the server accepting again) to the new leader.
     takeover: u64,
+    /// From the old term's last fenced write to the new term's first, by the server's clock;
+    /// negative would mean the writes of two terms interleaved.
+    write_gap: Option<i64>,
 }
 
 struct Bench {
@@ -393,7 +400,27 @@ impl Bench {
             both,
             demoted: (old_end.what != What::Killed).then(|| old_end.at.saturating_sub(t0)),
             takeover: new.at.saturating_sub(accepting.unwrap_or(t0)),
+            write_gap: self.write_gap().await,
         })
+    }
+
+    /// The gap (µs) between the last fenced write of the second-newest epoch and the first of
+    /// the newest, once the new leader has written (it ticks every I/10); `None` if it has not
+    /// within 2 s.
+    async fn write_gap(&self) -> Option<i64> {
+        let query = "WITH e AS (SELECT DISTINCT epoch FROM replica_writes ORDER BY epoch DESC LIMIT 2) \
+             SELECT (extract(epoch FROM \
+                       (SELECT min(at) FROM replica_writes WHERE epoch = (SELECT max(epoch) FROM e)) \
+                     - (SELECT max(at) FROM replica_writes WHERE epoch = (SELECT min(epoch) FROM e))) \
+                     * 1e6)::int8 \
+             WHERE (SELECT count(*) FROM e) = 2";
+        for _ in 0..200 {
+            if let Ok(Some(row)) = self.admin.query_opt(query, &[]).await {
+                return row.get(0);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
     }
 }
 
@@ -414,6 +441,13 @@ async fn bench(reps: usize) {
         tokio::spawn(connection);
         client
     };
+    admin
+        .batch_execute(
+            "CREATE TABLE replica_writes (replica text NOT NULL, epoch bigint NOT NULL, \
+             at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        )
+        .await
+        .expect("the writes table");
     let fleet = Fleet::start(&db, &server).await;
     let mut bench = Bench {
         server,
@@ -442,13 +476,15 @@ async fn bench(reps: usize) {
             match bench.run_once(scenario).await {
                 Ok(s) => {
                     eprintln!(
-                        "{} #{rep}: no leader {:.1} ms, two leaders {:.1} ms, old demoted {}, new leader {:.1} ms",
+                        "{} #{rep}: no leader {:.1} ms, two leaders {:.1} ms, old demoted {}, new leader {:.1} ms, write gap {}",
                         scenario.name(),
                         s.none as f64 / 1e3,
                         s.both as f64 / 1e3,
                         s.demoted
                             .map_or("-".into(), |d| format!("{:.1} ms", d as f64 / 1e3)),
-                        s.takeover as f64 / 1e3
+                        s.takeover as f64 / 1e3,
+                        s.write_gap
+                            .map_or("-".into(), |g| format!("{:.1} ms", g as f64 / 1e3)),
                     );
                     samples.push(s);
                 }
@@ -471,14 +507,16 @@ async fn bench(reps: usize) {
     );
     println!();
     println!(
-        "| scenario | runs | no leader | two leaders | old leader demoted | new leader (takeover) |"
+        "| scenario | runs | no leader | two leaders | old leader demoted | new leader (takeover) | last old write → first new write |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (scenario, samples, failed) in &results {
         let stat = |values: Vec<u64>| summary(values);
         let demoted: Vec<u64> = samples.iter().filter_map(|s| s.demoted).collect();
+        let gaps: Vec<i64> = samples.iter().filter_map(|s| s.write_gap).collect();
+        let interleaved = gaps.iter().filter(|&&g| g < 0).count();
         println!(
-            "| {} | {}{} | {} | {} | {} | {}{} |",
+            "| {} | {}{} | {} | {} | {} | {}{} | {}{} |",
             scenario.name(),
             samples.len(),
             if *failed > 0 {
@@ -498,6 +536,12 @@ async fn bench(reps: usize) {
                 " after the server accepts again"
             } else {
                 ""
+            },
+            stat(gaps.iter().map(|&g| g.max(0) as u64).collect()),
+            if interleaved > 0 {
+                format!(" ({interleaved} INTERLEAVED)")
+            } else {
+                String::new()
             },
         );
     }

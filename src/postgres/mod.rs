@@ -99,14 +99,14 @@ pub(crate) async fn run(
             // Shut down before the term began: give the lock back.
             None => {
                 if let Some(session) = held.session.take() {
-                    unlock(pg, session).await;
+                    unlock(pg, session, false).await;
                 }
                 return Ok(());
             }
             Some(Ok(ready)) => ready,
             Some(Err(())) => {
                 if let Some(session) = held.session.take() {
-                    unlock(pg, session).await;
+                    unlock(pg, session, false).await;
                 }
                 continue;
             }
@@ -477,7 +477,7 @@ async fn hand_over(
 ) {
     shared.demote(end, change);
     if drain(shared, pg, &session).await {
-        unlock(pg, session).await;
+        unlock(pg, session, true).await;
     }
 }
 
@@ -518,11 +518,14 @@ async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool 
     }
 }
 
-/// Unlocks, bounded, and closes the session.
-async fn unlock(pg: &PgSettings, session: Box<LockSession>) {
+/// Unlocks, bounded, and closes the session; `led` says whether a term was held on it.
+async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
-        Ok(Ok(true)) => tracing::info!(key = %pg.key, "leadership released"),
+        Ok(Ok(true)) if led => tracing::info!(key = %pg.key, "leadership released"),
+        Ok(Ok(true)) => {
+            tracing::debug!(key = %pg.key, "the lock was given back before a term began")
+        }
         Ok(Ok(false)) => {
             tracing::warn!(key = %pg.key, "the unlock found the lock not held")
         }

@@ -38,6 +38,10 @@ pub const ENV_ADDR: &str = "PG_ELECTOR_REPLICA_ADDR";
 pub const ENV_KEY: &str = "PG_ELECTOR_REPLICA_KEY";
 pub const ENV_INTERVAL_MS: &str = "PG_ELECTOR_REPLICA_INTERVAL_MS";
 pub const ENV_NAME: &str = "PG_ELECTOR_REPLICA_NAME";
+/// Set: the elector fences, and each tick writes one fenced row into `replica_writes`
+/// (`replica text, epoch bigint, at timestamptz DEFAULT clock_timestamp()`), which the parent
+/// creates.
+pub const ENV_FENCED: &str = "PG_ELECTOR_REPLICA_FENCED";
 const MARK: &str = "@replica ";
 
 pub fn unix_us() -> u64 {
@@ -87,8 +91,13 @@ async fn child_main() {
     if let Ok(addr) = std::env::var(ENV_ADDR) {
         config = config_with_addr(&config, addr.parse().expect("a socket address"));
     }
+    let fenced = std::env::var(ENV_FENCED).is_ok();
+    let app = pool_from_config(config.clone(), 2);
+    let name = env(ENV_NAME);
     let elector = Elector::builder(pool_from_config(config, 2), LockKey::new(class, object))
         .check_interval(interval)
+        .identity(name.as_str())
+        .fencing(fenced)
         .build()
         .expect("a valid elector");
     tracing::info!(name = %env(ENV_NAME), pid = std::process::id(), "replica starts");
@@ -132,9 +141,15 @@ async fn child_main() {
         loop {
             every.tick().await;
             let called = unix_us();
+            let (app, name) = (&app, &name);
             let _ = elector
-                .do_work(|_term| async move {
+                .do_work(|term| async move {
                     say(called, "tick");
+                    if fenced {
+                        // Any failure (fenced, or the database unreachable) just skips the
+                        // write: the parent reads what landed.
+                        let _ = fenced_write(app, &term, name).await;
+                    }
                     Ok::<_, Infallible>(())
                 })
                 .await;
@@ -149,6 +164,25 @@ async fn child_main() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     say(unix_us(), "exited");
+}
+
+/// One fenced row of this replica's term, stamped by the server.
+async fn fenced_write(
+    app: &deadpool_postgres::Pool,
+    term: &pg_elector::Term,
+    name: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut client = app.get().await?;
+    let tx = client.transaction().await?;
+    term.fence(&tx).await?;
+    let epoch = term.epoch().map(|e| e as i64);
+    tx.execute(
+        "INSERT INTO replica_writes (replica, epoch) VALUES ($1, $2)",
+        &[&name, &epoch],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,6 +253,8 @@ pub struct Fleet {
     pub interval: Duration,
     pub board: Arc<Board>,
     pub procs: Vec<Proc>,
+    /// Replicas spawned from now on fence and write (see [`ENV_FENCED`]).
+    pub fenced: bool,
 }
 
 impl Fleet {
@@ -235,6 +271,7 @@ impl Fleet {
             interval,
             board: Arc::default(),
             procs: Vec::new(),
+            fenced: false,
         }
     }
 
@@ -259,6 +296,11 @@ impl Fleet {
             .kill_on_drop(true);
         if let Some(addr) = via {
             command.env(ENV_ADDR, addr.to_string());
+        }
+        if self.fenced {
+            command.env(ENV_FENCED, "1");
+        } else {
+            command.env_remove(ENV_FENCED);
         }
         let mut child = command.spawn().expect("start a replica process");
         let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
