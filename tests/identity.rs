@@ -1,0 +1,268 @@
+//! What the server shows of a leader: its lock session's `application_name` (the builder's
+//! `identity`, or `<hostname>-<pid>` by default, cut to PostgreSQL's 63 bytes), and
+//! `current_leader` (the free function and `Elector::current_leader`): the holder's pid,
+//! identity and address, the epoch and its start with fencing, a new leader after a graceful
+//! handover, and `None` while nobody leads.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use pg_elector::{Elector, LeaderInfo, LockKey, current_leader};
+
+/// PostgreSQL keeps the first `NAMEDATALEN - 1` = 63 bytes of an `application_name` in
+/// `pg_stat_activity`.
+const PG_NAME_BYTES: usize = 63;
+
+/// What `pg_stat_activity` shows of an ASCII `application_name`.
+fn as_postgres_shows(name: &str) -> &str {
+    assert!(name.is_ascii(), "the tests use ASCII identities: {name:?}");
+    &name[..name.len().min(PG_NAME_BYTES)]
+}
+
+/// A replica at interval `I` on a pool of two, with `identity` unless `None`.
+fn replica_named(db: &TestDb, key: LockKey, identity: Option<&str>) -> Replica {
+    let mut builder = Elector::builder(db.pool(2), key).check_interval(I);
+    if let Some(identity) = identity {
+        builder = builder.identity(identity);
+    }
+    Replica::run(builder.build().expect("valid elector"))
+}
+
+/// The one backend that holds `key`, per `pg_locks`.
+async fn the_holder(client: &tokio_postgres::Client, key: LockKey) -> i32 {
+    let pids = holders(client, key).await;
+    assert_eq!(
+        pids.len(),
+        1,
+        "exactly one backend holds the lock: {pids:?}"
+    );
+    pids[0]
+}
+
+/// The `application_name` of backend `pid`, per `pg_stat_activity`.
+async fn application_name(client: &tokio_postgres::Client, pid: i32) -> String {
+    client
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("the lock session is in pg_stat_activity")
+        .get(0)
+}
+
+/// The address the server sees the test's connections come from: the harness reaches its
+/// server over loopback TCP (127.0.0.1), so the server sees the same loopback address; an
+/// external server elsewhere (`DATABASE_URL`) sees some address of this machine.
+fn assert_client_addr(info: &LeaderInfo) {
+    let server_ip = PgServer::shared().unwrap().addr().ip();
+    if server_ip.is_loopback() {
+        assert_eq!(info.client_addr, Some(server_ip), "{info:?}");
+    } else {
+        assert!(info.client_addr.is_some(), "{info:?}");
+    }
+}
+
+/// Waits up to 3·I for `replica` to lead: its first try runs at once, so it leads within one
+/// try's round trip; 3·I leaves room for a slow first connect on a loaded machine.
+async fn leads(replica: &Replica) {
+    wait_for(3 * I, || replica.elector.is_leader())
+        .await
+        .expect("the replica leads within 3·I");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_session_is_named_by_the_identity_given_in_pg_stat_activity() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 1);
+    let replica = replica_named(&db, key, Some("billing-7f9c"));
+    leads(&replica).await;
+
+    let client = db.connect().await.unwrap();
+    let pid = the_holder(&client, key).await;
+    assert_eq!(application_name(&client, pid).await, "billing-7f9c");
+    replica.stop().await.unwrap();
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_identity_the_lock_session_is_named_hostname_dash_pid() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 2);
+    let replica = replica_named(&db, key, None);
+    leads(&replica).await;
+
+    // The elector runs in this process, so its pid is ours; the kernel's hostname is what
+    // `uname` reports as the node name.
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let expected = format!("{}-{}", hostname.trim(), std::process::id());
+    let client = db.connect().await.unwrap();
+    let pid = the_holder(&client, key).await;
+    assert_eq!(
+        application_name(&client, pid).await,
+        as_postgres_shows(&expected)
+    );
+    replica.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn current_leader_names_the_holder_then_the_next_leader_after_a_handover_then_nobody() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 3);
+    let client = db.connect().await.unwrap();
+    assert_eq!(
+        current_leader(&client, key).await.unwrap(),
+        None,
+        "nobody leads yet"
+    );
+
+    let first = replica_named(&db, key, Some("sweeper-a"));
+    leads(&first).await;
+    let second = replica_named(&db, key, Some("sweeper-b"));
+    // One try of the second replica, refused: it is a standby now.
+    tokio::time::sleep(I).await;
+    assert!(!second.elector.is_leader());
+
+    let info = current_leader(&client, key)
+        .await
+        .unwrap()
+        .expect("someone leads");
+    let first_pid = the_holder(&client, key).await;
+    assert_eq!(info.pid, first_pid);
+    assert_eq!(info.identity, "sweeper-a");
+    assert_client_addr(&info);
+    assert_eq!((info.epoch, info.since), (None, None), "no fencing");
+    // The elector's own answer is the server's, from either replica. The leader is stable
+    // here (a check every I, nothing failing), so the three reads see the same holder.
+    assert_eq!(
+        first.elector.current_leader().await.unwrap(),
+        Some(info.clone())
+    );
+    assert_eq!(second.elector.current_leader().await.unwrap(), Some(info));
+
+    // A graceful handover: `stop` returns after the unlock; the standby tries every I, so it
+    // leads within I of that plus its try's round trip; I/2 more for a loaded machine.
+    first.stop().await.unwrap();
+    let took = wait_for(I + I / 2, || second.elector.is_leader())
+        .await
+        .expect("the standby leads within 1.5·I of the handover");
+    eprintln!("current_leader: handover took {took:?}");
+    let info = current_leader(&client, key)
+        .await
+        .unwrap()
+        .expect("the second replica leads");
+    let second_pid = the_holder(&client, key).await;
+    assert_eq!(info.pid, second_pid);
+    assert_ne!(info.pid, first_pid, "a new lock session");
+    assert_eq!(info.identity, "sweeper-b");
+    assert_client_addr(&info);
+    assert_eq!(second.elector.current_leader().await.unwrap(), Some(info));
+
+    // `stop` returns after the unlock, so the lock is free at once.
+    let elector = second.elector.clone();
+    second.stop().await.unwrap();
+    assert_eq!(current_leader(&client, key).await.unwrap(), None);
+    assert_eq!(elector.current_leader().await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fencing_current_leader_reports_the_leaders_epoch_and_since() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 4);
+    let started = SystemTime::now();
+    let fenced = |identity: &str| {
+        Replica::run(
+            Elector::builder(db.pool(2), key)
+                .check_interval(I)
+                .identity(identity)
+                .fencing(true)
+                .build()
+                .expect("valid elector"),
+        )
+    };
+    let first = fenced("fenced-a");
+    leads(&first).await;
+    let second = fenced("fenced-b");
+
+    let client = db.connect().await.unwrap();
+    // The first grant created `pg_elector_epochs` in this fresh database, so the free
+    // function reads the epoch row too.
+    let info = current_leader(&client, key)
+        .await
+        .unwrap()
+        .expect("someone leads");
+    let epoch = first
+        .elector
+        .term()
+        .epoch()
+        .expect("a fenced term has an epoch");
+    assert_eq!(info.epoch, Some(epoch));
+    assert_eq!(info.identity, "fenced-a");
+    assert_eq!(info.pid, the_holder(&client, key).await);
+    let since = info.since.expect("since, with fencing");
+    // The server stamps `since` with its clock, which is this machine's clock: after the
+    // test started (1 s slack for clock granularity) and not in the future.
+    assert!(
+        since <= SystemTime::now(),
+        "since {since:?} is in the future"
+    );
+    assert!(
+        since + Duration::from_secs(1) >= started,
+        "since {since:?} is before the test started ({started:?})"
+    );
+    assert_eq!(
+        first.elector.current_leader().await.unwrap(),
+        Some(info.clone())
+    );
+    assert_eq!(second.elector.current_leader().await.unwrap(), Some(info));
+
+    // The next term bumps the epoch by one, and `since` moves with it.
+    first.stop().await.unwrap();
+    wait_for(I + I / 2, || second.elector.is_leader())
+        .await
+        .expect("the standby leads within 1.5·I of the handover");
+    let next = current_leader(&client, key)
+        .await
+        .unwrap()
+        .expect("the second replica leads");
+    assert_eq!(next.identity, "fenced-b");
+    assert_eq!(next.epoch, Some(epoch + 1));
+    assert_eq!(second.elector.term().epoch(), Some(epoch + 1));
+    let next_since = next.since.expect("since, with fencing");
+    assert!(next_since >= since && next_since <= SystemTime::now());
+    assert_eq!(second.elector.current_leader().await.unwrap(), Some(next));
+    second.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_longer_than_63_bytes_still_leads_and_shows_its_63_byte_prefix() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 5);
+    let long = format!("billing-sweeper-{}", "0123456789".repeat(10));
+    assert!(long.len() > PG_NAME_BYTES);
+    let replica = replica_named(&db, key, Some(&long));
+    leads(&replica).await;
+    // Still leading a check later: the leader's checks pass with the long name.
+    tokio::time::sleep(I + I / 2).await;
+    assert!(replica.elector.is_leader());
+
+    let client = db.connect().await.unwrap();
+    let pid = the_holder(&client, key).await;
+    let shown = application_name(&client, pid).await;
+    assert_eq!(shown, &long[..PG_NAME_BYTES]);
+    assert_eq!(shown.len(), PG_NAME_BYTES);
+    let info = current_leader(&client, key)
+        .await
+        .unwrap()
+        .expect("someone leads");
+    assert_eq!(info.identity, &long[..PG_NAME_BYTES]);
+    assert_eq!(info.pid, pid);
+    replica.stop().await.unwrap();
+}
