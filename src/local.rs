@@ -50,6 +50,13 @@ pub(crate) async fn run(
     let mut resigns = shared.resign.subscribe();
     resigns.borrow_and_update();
     if kind == LocalKind::AlwaysLeader {
+        // A resign's cooldown holds even when `run` starts during it.
+        if let Some(until) = shared.cooldown_end() {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
         promote(shared);
     }
     loop {

@@ -111,6 +111,13 @@ pub(crate) async fn run(
                 continue;
             }
         };
+        // A resign asked while the try was on the wire: its cooldown holds.
+        if shared.cooling_down() {
+            if let Some(session) = held.session.take() {
+                unlock(pg, session, false).await;
+            }
+            continue;
+        }
         let deadline = deadline_after(held_since, lease_length(pg.interval));
         if now_ms() >= deadline {
             drop(held.session.take());
