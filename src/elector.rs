@@ -196,6 +196,12 @@ impl Elector {
         self.shared.pg().map(|pg| pg.key)
     }
 
+    /// This replica's identity (see [`ElectorBuilder::identity`]); `None` for a local
+    /// elector.
+    pub fn identity(&self) -> Option<&str> {
+        self.shared.pg().map(|pg| pg.identity.as_str())
+    }
+
     /// The check interval I; `None` for a local elector.
     pub fn check_interval(&self) -> Option<Duration> {
         self.shared.pg().map(|pg| pg.interval)

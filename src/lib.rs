@@ -10,6 +10,7 @@ mod lease;
 mod local;
 mod metrics;
 mod postgres;
+pub mod schedule;
 mod term;
 
 pub use builder::LocalBuilder;

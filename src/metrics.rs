@@ -58,7 +58,7 @@ impl Change {
 }
 
 #[cfg(feature = "prometheus")]
-pub(crate) use enabled::{Metrics, MetricsSpec};
+pub(crate) use enabled::{JobMetrics, Metrics, MetricsSpec};
 
 #[cfg(not(feature = "prometheus"))]
 pub(crate) use disabled::{Metrics, MetricsSpec};
@@ -205,6 +205,70 @@ mod enabled {
     impl Drop for Metrics {
         fn drop(&mut self) {
             self.set_leading(false);
+        }
+    }
+
+    /// The metrics of a schedule's jobs.
+    #[derive(Debug, Clone)]
+    pub(crate) struct JobMetrics {
+        runs: IntCounterVec,
+        last_success: prometheus::GaugeVec,
+        duration: HistogramVec,
+    }
+
+    impl JobMetrics {
+        pub(crate) fn register(registry: &Registry) -> Result<Self, Error> {
+            Ok(Self {
+                runs: register_shared(
+                    registry,
+                    "pg_elector_job_runs_total",
+                    IntCounterVec::new(
+                        Opts::new(
+                            "pg_elector_job_runs_total",
+                            "Runs of scheduled jobs by outcome.",
+                        ),
+                        &["job", "outcome"],
+                    ),
+                )?,
+                last_success: register_shared(
+                    registry,
+                    "pg_elector_job_last_success_timestamp_seconds",
+                    prometheus::GaugeVec::new(
+                        Opts::new(
+                            "pg_elector_job_last_success_timestamp_seconds",
+                            "When each scheduled job last succeeded on this replica (UNIX time).",
+                        ),
+                        &["job"],
+                    ),
+                )?,
+                duration: register_shared(
+                    registry,
+                    "pg_elector_job_duration_seconds",
+                    HistogramVec::new(
+                        HistogramOpts::new(
+                            "pg_elector_job_duration_seconds",
+                            "How long each scheduled job's runs took.",
+                        ),
+                        &["job"],
+                    ),
+                )?,
+            })
+        }
+
+        /// One run's outcome (`succeeded`, `failed`, `abandoned`) and, if it ran, its duration.
+        pub(crate) fn record(&self, job: &str, outcome: &str, took: Option<Duration>) {
+            self.runs.with_label_values(&[job, outcome]).inc();
+            if outcome == "succeeded" {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                self.last_success.with_label_values(&[job]).set(now);
+            }
+            if let Some(took) = took {
+                self.duration
+                    .with_label_values(&[job])
+                    .observe(took.as_secs_f64());
+            }
         }
     }
 

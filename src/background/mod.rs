@@ -59,7 +59,7 @@
 //! ```
 
 mod gate;
-mod panic;
+pub(crate) mod panic;
 mod probe;
 mod readiness;
 mod supervisor;

@@ -1,0 +1,822 @@
+//! Leader schedules: cron and fixed-period jobs that run on the leader only, whose state lives
+//! in PostgreSQL, so that a new leader continues the schedule instead of starting over.
+//!
+//! Each job has a row in a table (`pg_elector_jobs`): its schedule and the latest due instant
+//! claimed, by whom, in which term, when it started and ended and how. Each run has a row in
+//! `pg_elector_job_runs`: its history. The leader claims every due instant by compare-and-set
+//! on the job's row (and, when the elector fences, inside a fenced transaction), so no due run
+//! starts twice, even while two replicas both think they lead, or when a deposed leader wakes
+//! up. A new leader reads where the schedule stands and applies the job's [`CatchUp`] to the
+//! dues missed while nobody led; a run its predecessor claimed but never finished is recorded
+//! as `abandoned`, and run again only if the job asks for it ([`Job::rerun_abandoned`]).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use pg_elector::Elector;
+//! use pg_elector::schedule::{Job, Schedule};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example(elector: Elector, pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+//! let schedule = Schedule::new(&elector, pool)
+//!     .job(Job::cron("retention-cleanup", "0 2 * * *")?, |run| async move {
+//!         println!("cleaning up for {:?} (epoch {:?})", run.due, run.epoch);
+//!         Ok::<_, std::io::Error>(())
+//!     })
+//!     .job(Job::every("indexer-health", Duration::from_secs(300)), |_run| async {
+//!         Ok::<_, std::io::Error>(())
+//!     });
+//! let handle = schedule.handle(); // trigger or reschedule a job, from any replica
+//! schedule.run(CancellationToken::new()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Time.** Due instants are computed on the replica's wall clock, in UTC (cron jobs in their
+//! zone); replicas whose clocks disagree still never run a due twice (the claim decides), but
+//! a run may start as early or late as the skew.
+
+mod job;
+mod store;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use deadpool_postgres::Pool;
+use jiff::Timestamp;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use tracing::instrument::WithSubscriber;
+
+pub use job::{CatchUp, Job, JobRun, RunKind};
+
+use crate::background::panic::catch_panic;
+use crate::background::{Probe, Readiness, TickOutcome};
+use crate::term::lock;
+use crate::{Elector, Term};
+use job::Spec;
+use store::{Claimant, Store};
+
+/// What can go wrong with a schedule. Failures of the database while the schedule runs are not
+/// errors of [`Schedule::run`]: they are logged and the schedule goes on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// A cron expression that does not parse.
+    #[error("invalid cron expression {expression:?}: {reason}")]
+    InvalidCron {
+        /// The expression.
+        expression: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A time zone name the bundled IANA database does not know.
+    #[error("unknown time zone {zone:?}: {reason}")]
+    UnknownZone {
+        /// The name.
+        zone: String,
+        /// What the database said.
+        reason: String,
+    },
+    /// A time zone was asked for a fixed-period job.
+    #[error("job {job:?} runs on a fixed period; only cron jobs take a time zone")]
+    NotCron {
+        /// The job.
+        job: String,
+    },
+    /// Two jobs of one schedule have the same name.
+    #[error("two jobs are named {job:?}; names are unique within a schedule")]
+    DuplicateJob {
+        /// The name.
+        job: String,
+    },
+    /// No job of this name is registered in the job table.
+    #[error("no job named {job:?} in this schedule's table")]
+    UnknownJob {
+        /// The name.
+        job: String,
+    },
+    /// A table, schema or prefix that makes an empty or overlong identifier.
+    #[error("invalid table name {name:?}: 1 to 63 bytes, no NUL")]
+    InvalidTable {
+        /// The name.
+        name: String,
+    },
+    /// The job table holds a schedule this version cannot read.
+    #[error("unreadable stored schedule {text:?}")]
+    Stored {
+        /// The stored text.
+        text: String,
+    },
+    /// The tables are missing and this role may not create them.
+    #[error(
+        "the job tables are missing and this role may not create them; run this once as a role that may: {ddl}"
+    )]
+    CannotCreate {
+        /// The statements to run.
+        ddl: String,
+        /// The server's refusal.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// No pool connection within the schedule's poll interval.
+    #[error("no pool connection within {0:?}")]
+    PoolTimeout(Duration),
+    /// The pool could not hand out a connection.
+    #[error("the pool could not hand out a connection")]
+    Pool(#[source] Box<deadpool_postgres::PoolError>),
+    /// A query failed.
+    #[error("a query of the job tables failed")]
+    Database(#[from] tokio_postgres::Error),
+}
+
+/// What the leader does when a job's row, which this process had seen, is gone: the table was
+/// emptied or dropped, restored from a backup, or the database failed over to a replica that
+/// lagged behind. Either way it is logged at ERROR.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostState {
+    /// Starts the job over from now (the default): its row is made again as for a new job, so
+    /// nothing of its past is re-run; only dues from now on run.
+    #[default]
+    StartFromNow,
+    /// Stops running the job in this process: its probe fails, naming the cause, until the
+    /// process restarts (after an operator looked at the table).
+    Halt,
+}
+
+type RunFn =
+    Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+struct Registered {
+    job: Job,
+    run: RunFn,
+    probe: Probe,
+}
+
+/// Runs jobs on the leader of `elector`, their state in PostgreSQL; see the [module
+/// docs](self).
+#[must_use = "a schedule does nothing until it is run"]
+pub struct Schedule {
+    elector: Elector,
+    pool: Pool,
+    namespace: String,
+    schema: Option<String>,
+    prefix: String,
+    poll: Duration,
+    lost_state: LostState,
+    jobs: Vec<Registered>,
+    #[cfg(feature = "prometheus")]
+    registry: Option<prometheus::Registry>,
+}
+
+impl Schedule {
+    /// A schedule of the jobs to come, run on `elector`'s leader, its tables reached through
+    /// `pool` (the application's pool will do: a run borrows one connection to claim its due
+    /// and one to record its end).
+    ///
+    /// The jobs are kept under a namespace, by default the elector's key (`class:object`, or
+    /// `local` for a local elector), so that several services can share the tables.
+    pub fn new(elector: &Elector, pool: Pool) -> Self {
+        let namespace = elector.key().map_or_else(
+            || "local".to_owned(),
+            |k| format!("{}:{}", k.class(), k.object()),
+        );
+        Self {
+            poll: elector
+                .check_interval()
+                .unwrap_or(Duration::from_secs(1))
+                .min(Duration::from_secs(5)),
+            elector: elector.clone(),
+            pool,
+            namespace,
+            schema: None,
+            prefix: "pg_elector_".to_owned(),
+            lost_state: LostState::default(),
+            jobs: Vec::new(),
+            #[cfg(feature = "prometheus")]
+            registry: None,
+        }
+    }
+
+    /// Adds `job`, whose runs call `f`. A run that returns `Err` or panics is recorded as
+    /// failed, with the error, and the job stays on its schedule.
+    pub fn job<F, Fut, E>(mut self, job: Job, f: F) -> Self
+    where
+        F: Fn(JobRun) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + 'static,
+    {
+        let run: RunFn = Arc::new(move |run| {
+            let fut = f(run);
+            Box::pin(async move { fut.await.map_err(|e| e.to_string()) })
+        });
+        let probe = Probe::new(job.name.clone());
+        self.jobs.push(Registered { job, run, probe });
+        self
+    }
+
+    /// The namespace of this schedule's rows (default: the elector's key). Replicas that run
+    /// the same jobs must use the same one.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Where the tables are: `schema` (default: the `search_path`'s first) and a prefix
+    /// (default `pg_elector_`, giving `pg_elector_jobs` and `pg_elector_job_runs`). Names are
+    /// quoted as identifiers.
+    pub fn tables(mut self, schema: Option<&str>, prefix: &str) -> Self {
+        self.schema = schema.map(str::to_owned);
+        self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// How often the leader reads each job's row for a trigger or a schedule change asked
+    /// from any replica (default: the elector's check interval, at most 5 s). Dues themselves
+    /// run on time, whatever this is.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// What to do when a job's row this process had seen is gone (default
+    /// [`LostState::StartFromNow`]).
+    pub fn on_lost_state(mut self, policy: LostState) -> Self {
+        self.lost_state = policy;
+        self
+    }
+
+    /// Registers the job metrics in `registry`: `pg_elector_job_runs_total{job,outcome}`,
+    /// `pg_elector_job_last_success_timestamp_seconds{job}` and
+    /// `pg_elector_job_duration_seconds{job}`.
+    #[cfg(feature = "prometheus")]
+    pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
+        self.registry = Some(registry.clone());
+        self
+    }
+
+    /// Each job's readiness probe: its last run's outcome on the leader (pass on a standby),
+    /// under the job's name. Add them to the service's [`Readiness`].
+    pub fn probes(&self) -> Vec<Probe> {
+        self.jobs.iter().map(|r| r.probe.clone()).collect()
+    }
+
+    /// Adds every job's probe to `readiness`.
+    pub fn add_probes_to(&self, readiness: &Readiness) {
+        for probe in self.probes() {
+            readiness.add(&probe);
+        }
+    }
+
+    /// A handle to trigger or reschedule this schedule's jobs from any replica.
+    pub fn handle(&self) -> ScheduleHandle {
+        ScheduleHandle {
+            pool: self.pool.clone(),
+            namespace: self.namespace.clone(),
+            schema: self.schema.clone(),
+            prefix: self.prefix.clone(),
+            wait: self.poll.max(Duration::from_secs(1)),
+        }
+    }
+
+    /// The statements that create the job tables, for a migration run by a role that may
+    /// create tables (the schedule's role then needs `SELECT, INSERT, UPDATE` on both).
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::InvalidTable`] for a bad schema or prefix.
+    pub fn ddl(&self) -> Result<String, ScheduleError> {
+        Ok(Store::new(self.schema.as_deref(), &self.prefix)?
+            .ddl()
+            .to_owned())
+    }
+
+    /// Runs the jobs in every term this replica leads, until `shutdown` is cancelled; on a
+    /// standby it only waits for a term.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::DuplicateJob`] or [`ScheduleError::InvalidTable`] at once; nothing
+    /// while it runs (database failures are logged, and retried every poll interval).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future aborts the runs in progress at their current `.await`; a run cut
+    /// off that way stays `running` in the table and is reported abandoned by the next term.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ScheduleError> {
+        let mut names = HashSet::new();
+        for registered in &self.jobs {
+            if !names.insert(registered.job.name.clone()) {
+                return Err(ScheduleError::DuplicateJob {
+                    job: registered.job.name.clone(),
+                });
+            }
+        }
+        let ctx = Arc::new(Context {
+            store: Store::new(self.schema.as_deref(), &self.prefix)?,
+            elector: self.elector.clone(),
+            pool: self.pool.clone(),
+            namespace: self.namespace.clone(),
+            poll: self.poll,
+            lost_state: self.lost_state,
+            seen: Mutex::new(HashSet::new()),
+            #[cfg(feature = "prometheus")]
+            metrics: match &self.registry {
+                Some(registry) => Some(
+                    crate::metrics::JobMetrics::register(registry)
+                        .map_err(|e| {
+                            tracing::error!(error = %e, "job metrics not registered");
+                            e
+                        })
+                        .ok(),
+                )
+                .flatten(),
+                None => None,
+            },
+        });
+        crate::background::install_panic_hook();
+        loop {
+            let term = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                term = self.elector.wait_for_leadership() => term,
+            };
+            let term_id = term_id(&self.elector);
+            let span =
+                tracing::info_span!("schedule", namespace = %ctx.namespace, epoch = ?term.epoch());
+            async {
+                tracing::debug!("schedule starts for a new term");
+                if !ensure_tables(&ctx, &term, &shutdown).await {
+                    return;
+                }
+                let stop = shutdown.child_token();
+                let mut tasks = JoinSet::new();
+                for registered in &self.jobs {
+                    let job_span = tracing::info_span!("job", job = %registered.job.name);
+                    // The task polls with the subscriber (and span) of this one.
+                    tasks.spawn(
+                        job_task(
+                            ctx.clone(),
+                            registered.clone(),
+                            term.clone(),
+                            term_id.clone(),
+                            stop.clone(),
+                        )
+                        .instrument(job_span)
+                        .with_current_subscriber(),
+                    );
+                }
+                tokio::select! {
+                    () = term.cancelled() => {}
+                    () = shutdown.cancelled() => {}
+                }
+                stop.cancel();
+                while tasks.join_next().await.is_some() {}
+            }
+            .instrument(span)
+            .await;
+            for registered in &self.jobs {
+                registered.probe.record(TickOutcome::Standby);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schedule")
+            .field("namespace", &self.namespace)
+            .field(
+                "jobs",
+                &self.jobs.iter().map(|r| &r.job).collect::<Vec<_>>(),
+            )
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Triggers or reschedules a schedule's jobs, from any replica (a standby's request reaches
+/// the leader at its next poll of the job's row); made by [`Schedule::handle`].
+#[derive(Clone)]
+pub struct ScheduleHandle {
+    pool: Pool,
+    namespace: String,
+    schema: Option<String>,
+    prefix: String,
+    wait: Duration,
+}
+
+impl ScheduleHandle {
+    async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
+        tokio::time::timeout(self.wait, self.pool.get())
+            .await
+            .map_err(|_| ScheduleError::PoolTimeout(self.wait))?
+            .map_err(|e| ScheduleError::Pool(Box::new(e)))
+    }
+
+    fn store(&self) -> Result<Store, ScheduleError> {
+        Store::new(self.schema.as_deref(), &self.prefix)
+    }
+
+    /// Asks the leader to run `job` now, once, besides its schedule (recorded as a
+    /// `triggered` run).
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
+        let client = self.client().await?;
+        match self.store()?.trigger(&client, &self.namespace, job).await? {
+            true => Ok(()),
+            false => Err(ScheduleError::UnknownJob {
+                job: job.to_owned(),
+            }),
+        }
+    }
+
+    /// Changes `job`'s schedule to `schedule`'s (the name is the job's), from its next due
+    /// on; its history is kept. The change lasts until a deploy registers another schedule in
+    /// code.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
+        let client = self.client().await?;
+        match self
+            .store()?
+            .reschedule(&client, &self.namespace, job, &schedule.schedule())
+            .await?
+        {
+            true => Ok(()),
+            false => Err(ScheduleError::UnknownJob {
+                job: job.to_owned(),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for ScheduleHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduleHandle")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every job task of a running schedule shares.
+struct Context {
+    store: Store,
+    elector: Elector,
+    pool: Pool,
+    namespace: String,
+    poll: Duration,
+    lost_state: LostState,
+    /// Jobs whose row this process has seen: a missing row then means lost state.
+    seen: Mutex<HashSet<String>>,
+    #[cfg(feature = "prometheus")]
+    metrics: Option<crate::metrics::JobMetrics>,
+}
+
+impl Context {
+    async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
+        tokio::time::timeout(self.poll.max(Duration::from_secs(1)), self.pool.get())
+            .await
+            .map_err(|_| ScheduleError::PoolTimeout(self.poll))?
+            .map_err(|e| ScheduleError::Pool(Box::new(e)))
+    }
+}
+
+/// A term's unique id, stored with each claim: a run left `running` under another id was
+/// abandoned by an earlier term.
+fn term_id(elector: &Elector) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}/{}/{nanos:x}/{}",
+        elector.identity().unwrap_or("local"),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Creates the tables if needed, retrying every poll interval until it works or the term ends.
+async fn ensure_tables(ctx: &Context, term: &Term, shutdown: &CancellationToken) -> bool {
+    let mut told = false;
+    loop {
+        let made = async { ctx.store.ensure(&*ctx.client().await?).await };
+        match made.await {
+            Ok(()) => return true,
+            Err(e) => {
+                if told {
+                    tracing::debug!(error = %e, "cannot create the job tables");
+                } else {
+                    tracing::error!(error = %e, "cannot create the job tables; jobs wait");
+                    told = true;
+                }
+            }
+        }
+        tokio::select! {
+            () = term.cancelled() => return false,
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+    }
+}
+
+/// The latest due instant at or before `now`: a new job's starting point (its past is not
+/// caught up on); `now` for a job never due before.
+fn latest_due(spec: &Spec, now: Timestamp) -> Option<Timestamp> {
+    spec.previous(now, true).or(Some(now))
+}
+
+/// One job in one term: register it, report an abandoned run, catch up, then run each due.
+async fn job_task(
+    ctx: Arc<Context>,
+    registered: Registered,
+    term: Term,
+    term_id: String,
+    stop: CancellationToken,
+) {
+    let job = &registered.job;
+    let name = job.name.as_str();
+    let registered_now;
+    // Registration and the abandoned run: retried until they work or the term ends.
+    let mut halted = None;
+    loop {
+        let step = async {
+            let client = ctx.client().await?;
+            let created = ctx
+                .store
+                .register(
+                    &client,
+                    &ctx.namespace,
+                    name,
+                    &job.spec.text(),
+                    latest_due(&job.spec, Timestamp::now()),
+                )
+                .await?;
+            let abandoned = ctx
+                .store
+                .abandon(&client, &ctx.namespace, name, &term_id)
+                .await?;
+            Ok::<_, ScheduleError>((created, abandoned))
+        };
+        match step.await {
+            Ok((created, abandoned)) => {
+                let seen_before = lock(&ctx.seen).contains(name);
+                if created && seen_before {
+                    tracing::error!(
+                        job = name,
+                        policy = ?ctx.lost_state,
+                        "the job's row was gone (the table emptied, restored, or a failover to a lagging replica); it was made again"
+                    );
+                    if ctx.lost_state == LostState::Halt {
+                        halted = Some(
+                            "the job's stored state was lost; halted until the process restarts",
+                        );
+                    }
+                }
+                lock(&ctx.seen).insert(name.to_owned());
+                registered_now = created;
+                if let Some(due) = abandoned {
+                    tracing::warn!(job = name, due = %due, rerun = job.rerun_abandoned, "a run claimed by an earlier term never finished: abandoned");
+                    record(&ctx, &registered, "abandoned", None, None);
+                    if job.rerun_abandoned && halted.is_none() {
+                        run_due(&ctx, &registered, due, RunKind::Rerun, 2, &term_id).await;
+                    }
+                }
+                break;
+            }
+            Err(e) => tracing::warn!(job = name, error = %e, "cannot register the job; retrying"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+    }
+    if let Some(why) = halted {
+        registered
+            .probe
+            .record(TickOutcome::Failed(format!("job {name:?}: {why}")));
+        stop.cancelled().await;
+        return;
+    }
+    tracing::debug!(job = name, new = registered_now, "job registered");
+    // Dues from before this instant were missed (a leaderless gap, or a run that overran
+    // them): the job's catch-up policy decides. Dues after it came while the task waited for
+    // them, and run however late it woke.
+    let mut watching_since = Timestamp::now();
+    while !stop.is_cancelled() {
+        let row = async {
+            ctx.store
+                .load(&*ctx.client().await?, &ctx.namespace, name)
+                .await
+        };
+        let row = match row.await {
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                // Registering again tells (at ERROR) that the row this process saw is gone.
+                Box::pin(job_task(
+                    ctx.clone(),
+                    registered.clone(),
+                    Term::clone(&term),
+                    term_id.clone(),
+                    stop.clone(),
+                ))
+                .await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(job = name, error = %e, "cannot read the job's row; retrying");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(ctx.poll) => {}
+                }
+                continue;
+            }
+        };
+        let spec = match Spec::parse(&row.schedule) {
+            Ok(spec) => spec,
+            Err(e) => {
+                tracing::error!(job = name, error = %e, "unreadable stored schedule; using the registered one");
+                job.spec.clone()
+            }
+        };
+        if row.trigger_requested.is_some() {
+            run_due(
+                &ctx,
+                &registered,
+                Timestamp::now(),
+                RunKind::Triggered,
+                1,
+                &term_id,
+            )
+            .await;
+            continue;
+        }
+        let now = Timestamp::now();
+        let last = row.last_due.unwrap_or(now);
+        let (dues, more) = spec.dues_between(last, now, job.max_catch_up);
+        let late = dues.iter().any(|&due| due < watching_since) || more;
+        let to_run: Vec<Timestamp> = match (late, job.catch_up) {
+            (false, _) | (true, CatchUp::All) => dues,
+            (true, CatchUp::Latest) => dues.last().copied().into_iter().collect(),
+            (true, CatchUp::Skip) => {
+                let (on_time, missed): (Vec<Timestamp>, Vec<Timestamp>) =
+                    dues.into_iter().partition(|&due| due >= watching_since);
+                if let Some(&latest_missed) = missed.last() {
+                    tracing::info!(job = name, missed = missed.len(), "skipping missed dues");
+                    if let Ok(client) = ctx.client().await {
+                        if let Err(e) = ctx
+                            .store
+                            .skip_to(&client, &ctx.namespace, name, latest_missed)
+                            .await
+                        {
+                            tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
+                        }
+                    }
+                }
+                on_time
+            }
+        };
+        if late && !to_run.is_empty() {
+            tracing::info!(job = name, runs = to_run.len(), policy = ?job.catch_up, "catching up on missed dues");
+        }
+        for due in to_run {
+            if stop.is_cancelled() {
+                return;
+            }
+            run_due(&ctx, &registered, due, RunKind::Scheduled, 1, &term_id).await;
+        }
+        // Until the next due, or the next poll of the row (a trigger, a schedule change).
+        watching_since = Timestamp::now();
+        let next = spec.next_after(watching_since.max(last));
+        let mut wait = ctx.poll;
+        if let Some(next) = next {
+            let until = Timestamp::now().duration_until(next);
+            wait = wait.min(Duration::try_from(until).unwrap_or(Duration::ZERO));
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Claims `due` and, when the claim is ours, runs the job and records how it ended.
+async fn run_due(
+    ctx: &Context,
+    registered: &Registered,
+    due: Timestamp,
+    kind: RunKind,
+    attempt: u32,
+    term_id: &str,
+) {
+    let label: Arc<str> = registered.job.name.as_str().into();
+    let name = label.clone();
+    let identity = ctx.elector.identity().unwrap_or("local").to_owned();
+    let work = ctx.elector.do_work_named(&label, |term| async move {
+        let who = Claimant {
+            identity: &identity,
+            term_id,
+            epoch: term.epoch(),
+        };
+        let mut client = ctx.client().await?;
+        let claimed = {
+            let tx = client.transaction().await?;
+            if term.epoch().is_some() {
+                if let Err(fenced) = term.fence(&tx).await {
+                    tracing::info!(job = %name, error = %fenced, "the due's claim was fenced");
+                    return Ok(());
+                }
+            }
+            let claimed = ctx
+                .store
+                .claim(&tx, &ctx.namespace, &name, due, kind, attempt, &who)
+                .await?;
+            tx.commit().await?;
+            claimed
+        };
+        if !claimed {
+            tracing::debug!(job = %name, due = %due, "already claimed");
+            return Ok(());
+        }
+        tracing::debug!(job = %name, due = %due, kind = kind.label(), "run starts");
+        let started = std::time::Instant::now();
+        let run = JobRun {
+            job: name.to_string(),
+            due: SystemTime::from(due),
+            kind,
+            epoch: term.epoch(),
+            term,
+            attempt,
+        };
+        let outcome = catch_panic((registered.run)(run)).await;
+        let (label, error) = match outcome {
+            Ok(Ok(())) => ("succeeded", None),
+            Ok(Err(e)) => ("failed", Some(e)),
+            Err(panic) => ("failed", Some(format!("panicked: {}", panic.message))),
+        };
+        if let Some(error) = &error {
+            tracing::warn!(job = %name, due = %due, error = %error, "job run failed");
+        } else {
+            tracing::debug!(job = %name, due = %due, "job run succeeded");
+        }
+        record(
+            ctx,
+            registered,
+            label,
+            error.as_deref(),
+            Some(started.elapsed()),
+        );
+        ctx.store
+            .finish(
+                &client,
+                &ctx.namespace,
+                &name,
+                due,
+                attempt,
+                term_id,
+                label,
+                error.as_deref(),
+            )
+            .await?;
+        Ok::<_, ScheduleError>(())
+    });
+    if let Err(e) = work.await {
+        tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
+    }
+}
+
+/// Reports one run's outcome to the job's probe and metrics.
+fn record(
+    ctx: &Context,
+    registered: &Registered,
+    outcome: &str,
+    error: Option<&str>,
+    took: Option<Duration>,
+) {
+    match (outcome, error) {
+        ("succeeded", _) => registered.probe.record(TickOutcome::Succeeded),
+        (_, Some(error)) => registered.probe.record(TickOutcome::Failed(format!(
+            "job {:?}: {error}",
+            registered.job.name
+        ))),
+        _ => {}
+    }
+    #[cfg(feature = "prometheus")]
+    if let Some(metrics) = &ctx.metrics {
+        metrics.record(&registered.job.name, outcome, took);
+    }
+    #[cfg(not(feature = "prometheus"))]
+    let _ = (ctx, took);
+}
