@@ -310,7 +310,7 @@ async fn e3_a_server_answering_in_three_and_a_half_intervals_costs_a_backend_per
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e3_a_grant_answered_between_two_and_three_intervals_is_checked_at_once_and_its_term_lasts()
- {
+{
     let _serial = serial();
     let db = fresh_db().await;
     let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
