@@ -392,8 +392,8 @@ impl Elector {
     ///
     /// # Errors
     ///
-    /// [`Error::Database`] when no pool connection comes within one check interval or a query
-    /// fails.
+    /// [`Error::PoolTimeout`] or [`Error::Pool`] when no pool connection comes within one check
+    /// interval; [`Error::Database`] when a query fails.
     pub async fn current_leader(&self) -> Result<Option<crate::LeaderInfo>, Error> {
         let Mode::Postgres(pg) = &self.shared.mode else {
             return Ok(None);

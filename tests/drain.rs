@@ -12,7 +12,6 @@ use common::*;
 use pg_elector::background::LeaderTicker;
 use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
 
 async fn writes_table(db: &TestDb) {
     db.connect()
@@ -113,14 +112,7 @@ async fn drain_work_still_running_at_the_limit_is_named_and_the_lock_is_given_up
         .drain_timeout(I)
         .build()
         .unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        {
-            let (elector, shutdown) = (elector.clone(), shutdown.clone());
-            async move { elector.run(shutdown).await }
-        }
-        .with_subscriber(capture.dispatch()),
-    );
+    let replica = Replica::run_captured(elector.clone(), &capture);
     wait_for(3 * I, || elector.is_leader())
         .await
         .expect("leads");
@@ -139,8 +131,8 @@ async fn drain_work_still_running_at_the_limit_is_named_and_the_lock_is_given_up
     });
     tokio::time::sleep(I / 4).await;
     let began = std::time::Instant::now();
-    shutdown.cancel();
-    tokio::time::timeout(I + I / 2 + Duration::from_secs(2), run)
+    replica.shutdown.cancel();
+    tokio::time::timeout(I + I / 2 + Duration::from_secs(2), replica.task)
         .await
         .expect("run returns after the drain timeout and the unlock")
         .unwrap()

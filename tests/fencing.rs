@@ -14,7 +14,6 @@ use common::*;
 use pg_elector::{Elector, LockKey, TermEnd};
 use pg_elector_harness::{ShutdownMode, pool_from_config};
 use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
 
 /// An elector with fencing at `I` on `pool`.
 fn fenced(pool: deadpool_postgres::Pool, key: LockKey, identity: &str) -> Elector {
@@ -249,14 +248,7 @@ async fn f3_a_bump_that_cannot_finish_within_its_bound_gives_the_lock_back() {
     .unwrap();
     let capture = Capture::default();
     let elector = fenced(db.pool(2), key, "b");
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        {
-            let (elector, shutdown) = (elector.clone(), shutdown.clone());
-            async move { elector.run(shutdown).await }
-        }
-        .with_subscriber(capture.dispatch()),
-    );
+    let replica = Replica::run_captured(elector.clone(), &capture);
     // For 5·I: every try gets the lock, waits I for the row, and gives the lock back.
     let admin = db.connect().await.unwrap();
     let mut free_seen = 0;
@@ -280,8 +272,7 @@ async fn f3_a_bump_that_cannot_finish_within_its_bound_gives_the_lock_back() {
     wait_for(3 * I, || elector.is_leader())
         .await
         .expect("leads within 3·I of the row's release");
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    replica.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,14 +369,7 @@ async fn f3_the_table_is_created_when_missing_and_a_role_that_may_not_is_told_th
         .build()
         .unwrap();
     let ddl = elector.fencing_ddl().expect("fencing is on");
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        {
-            let (elector, shutdown) = (elector.clone(), shutdown.clone());
-            async move { elector.run(shutdown).await }
-        }
-        .with_subscriber(capture.dispatch()),
-    );
+    let replica = Replica::run_captured(elector.clone(), &capture);
     tokio::time::sleep(3 * I).await;
     assert!(!elector.is_leader(), "no term without the epoch table");
     let errors = capture.errors(key);
@@ -409,8 +393,7 @@ async fn f3_the_table_is_created_when_missing_and_a_role_that_may_not_is_told_th
     wait_for(2 * I, || elector.is_leader())
         .await
         .expect("leads once the table exists");
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    replica.stop().await.unwrap();
     admin
         .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
         .await

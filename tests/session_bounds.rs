@@ -14,8 +14,6 @@ use std::time::Duration;
 use common::capture::{Capture, Event};
 use common::*;
 use pg_elector::{Elector, LockKey};
-use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
 
 const GRANTED: &str = "lock granted; the server's bounds on the lock session";
 
@@ -26,20 +24,12 @@ async fn bounds_of_a_grant(db: &TestDb, key: LockKey, interval: Duration) -> Eve
         .check_interval(interval)
         .build()
         .unwrap();
-    let shutdown = CancellationToken::new();
-    let run = tokio::spawn(
-        {
-            let (elector, shutdown) = (elector.clone(), shutdown.clone());
-            async move { elector.run(shutdown).await }
-        }
-        .with_subscriber(capture.dispatch()),
-    );
+    let replica = Replica::run_captured(elector.clone(), &capture);
     // The first try runs at once, whatever the interval.
     wait_for(Duration::from_secs(5), || elector.is_leader())
         .await
         .expect("the only replica leads");
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    replica.stop().await.unwrap();
     let granted = capture.events(GRANTED);
     assert_eq!(granted.len(), 1, "one grant, logged once");
     granted[0].clone()

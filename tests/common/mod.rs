@@ -82,6 +82,24 @@ impl Replica {
         }
     }
 
+    /// Like [`Replica::run`], with every event of the election recorded in `capture`.
+    pub fn run_captured(elector: Elector, capture: &capture::Capture) -> Self {
+        use tracing::instrument::WithSubscriber;
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            {
+                let (elector, shutdown) = (elector.clone(), shutdown.clone());
+                async move { elector.run(shutdown).await }
+            }
+            .with_subscriber(capture.dispatch()),
+        );
+        Self {
+            elector,
+            shutdown,
+            task,
+        }
+    }
+
     /// Cancels the shutdown token and waits for `run` to return.
     pub async fn stop(self) -> Result<(), Error> {
         self.shutdown.cancel();
