@@ -131,6 +131,7 @@ impl ElectorBuilder {
     /// | `pg_elector_leader` (see [`gauge_name`](Self::gauge_name)) | gauge: 1 while this replica leads, else 0 | `key` |
     /// | `pg_elector_leadership_changes_total` | counter of promotions and demotions | `key`, `cause` |
     /// | `pg_elector_check_duration_seconds` | histogram of the leader's checks | `key` |
+    /// | `pg_elector_epoch` | gauge: the fencing epoch of this replica's latest term (with fencing) | `key` |
     ///
     /// `key` is `class:object`. `cause` is `acquired` for a promotion, and for a demotion one of
     /// `released` (shutdown), `connection_closed`, `lease_expired`, `lock_gone`, `pooler`,

@@ -450,7 +450,6 @@ impl Elector {
                     key = %pg.key,
                     identity = %pg.identity,
                     interval = ?pg.interval,
-                    epoch = tracing::field::Empty,
                 );
                 crate::postgres::run(&self.shared, pg, shutdown)
                     .instrument(span)
@@ -552,6 +551,9 @@ impl Shared {
             });
             // Under the term lock, so that a racing demotion cannot leave the gauge at 1.
             self.set_gauge(true);
+            if let (Some(metrics), Some(epoch)) = (&self.metrics, epoch) {
+                metrics.set_epoch(epoch);
+            }
             self.count_change(Change::Acquired)
         };
         self.publish(Leadership {

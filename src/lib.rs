@@ -19,6 +19,6 @@ pub use elector::Elector;
 pub use error::{Error, Fenced};
 pub use key::LockKey;
 pub use local::ManualControl;
-pub use metrics::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME};
+pub use metrics::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME};
 pub use postgres::{LeaderInfo, current_leader};
 pub use term::{Leadership, Term, TermEnd};

@@ -11,6 +11,9 @@ pub const CHANGES_NAME: &str = "pg_elector_leadership_changes_total";
 /// The histogram of leader check durations, labelled by `key`.
 pub const CHECK_DURATION_NAME: &str = "pg_elector_check_duration_seconds";
 
+/// The gauge of the current term's fencing epoch, labelled by `key`.
+pub const EPOCH_NAME: &str = "pg_elector_epoch";
+
 /// Why leadership changed, as the `cause` label of the changes counter says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -89,6 +92,7 @@ mod disabled {
         pub(crate) fn set_leading(&self, _leading: bool) {}
         pub(crate) fn count(&self, _change: Change) {}
         pub(crate) fn observe_check(&self, _took: Duration) {}
+        pub(crate) fn set_epoch(&self, _epoch: u64) {}
     }
 }
 
@@ -106,13 +110,15 @@ mod enabled {
         Registry,
     };
 
-    use super::{CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME};
+    use super::{CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME, EPOCH_NAME};
     use crate::Error;
 
     const GAUGE_HELP: &str =
         "1 while this replica leads the pg-elector election for the key, 0 otherwise.";
     const CHANGES_HELP: &str = "Leadership changes of this replica, by key and cause.";
     const CHECK_HELP: &str = "How long the leader's checks of its lock session took, by key.";
+    const EPOCH_HELP: &str =
+        "The fencing epoch of this replica's latest term, by key (with fencing).";
 
     /// Where the metrics go, as the builders collect it.
     #[derive(Debug, Clone)]
@@ -155,11 +161,17 @@ mod enabled {
                     &["key"],
                 ),
             )?;
+            let epochs: IntGaugeVec = register_shared(
+                registry,
+                EPOCH_NAME,
+                IntGaugeVec::new(Opts::new(EPOCH_NAME, EPOCH_HELP), &["key"]),
+            )?;
             Ok(Some(Metrics {
                 leader: gauge.with_label_values(&[key]),
                 leading: AtomicBool::new(false),
                 changes,
                 checks: checks.with_label_values(&[key]),
+                epoch: epochs.with_label_values(&[key]),
                 key: key.to_owned(),
             }))
         }
@@ -176,6 +188,7 @@ mod enabled {
         leading: AtomicBool,
         changes: IntCounterVec,
         checks: Histogram,
+        epoch: IntGauge,
         key: String,
     }
 
@@ -199,6 +212,11 @@ mod enabled {
 
         pub(crate) fn observe_check(&self, took: Duration) {
             self.checks.observe(took.as_secs_f64());
+        }
+
+        /// The epoch of the term this replica just began.
+        pub(crate) fn set_epoch(&self, epoch: u64) {
+            self.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
         }
     }
 

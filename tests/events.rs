@@ -82,3 +82,30 @@ async fn a_subscriber_sees_each_promotion_and_demotion_with_its_cause() {
         (2.0, 1.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fencing_the_epoch_gauge_and_the_subscription_carry_the_terms_epoch() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let registry = Registry::new();
+    let elector = Elector::builder(db.pool(2), LockKey::new(11, 31))
+        .check_interval(I)
+        .fencing(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let leadership = elector.subscribe();
+    let replica = Replica::run(elector);
+    let term = tokio::time::timeout(3 * I, replica.elector.wait_for_leadership())
+        .await
+        .expect("leads within 3·I");
+    let epoch = term.epoch().expect("a fenced term has an epoch");
+    assert_eq!(leadership.borrow().epoch, Some(epoch));
+    let gauge = registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == pg_elector::EPOCH_NAME)
+        .map(|f| f.get_metric()[0].get_gauge().value());
+    assert_eq!(gauge, Some(epoch as f64));
+    replica.stop().await.unwrap();
+}

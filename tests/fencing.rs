@@ -58,6 +58,22 @@ async fn fenced_write(
     Ok(())
 }
 
+/// The next term after `after` (an epoch), on whichever of `electors` gets it, within 3·I.
+async fn next_term(electors: &[&Elector], after: u64) -> pg_elector::Term {
+    let found = wait_for(3 * I, || {
+        electors
+            .iter()
+            .any(|e| e.term().epoch().is_some_and(|epoch| epoch > after))
+    })
+    .await;
+    assert!(found.is_some(), "a new term within 3·I");
+    electors
+        .iter()
+        .map(|e| e.term())
+        .find(|t| t.epoch().is_some_and(|epoch| epoch > after))
+        .expect("the new term")
+}
+
 /// Every write, oldest first: (replica, epoch, server time).
 async fn writes(db: &TestDb) -> Vec<(String, i64, SystemTime)> {
     db.connect()
@@ -92,11 +108,8 @@ async fn f3_a_deposed_leaders_fenced_write_fails_and_the_new_leaders_succeeds() 
         .await
         .expect("the leader's own write passes");
     terminate_holder(&db, key).await;
-    wait_for(3 * I, || b.elector.is_leader())
-        .await
-        .expect("b leads within 3·I of the termination");
-    let new_term = b.elector.term();
-    assert!(new_term.epoch().unwrap() > old_epoch);
+    // The next term goes to whichever replica tries first: b, or a itself again.
+    let new_term = next_term(&[&a.elector, &b.elector], old_epoch).await;
 
     let refused = fenced_write(&pool, &old_term, "a")
         .await
@@ -177,10 +190,13 @@ async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_
     .await
     .unwrap();
     terminate_holder(&db, key).await;
-    // b's next try gets the lock; its bump waits on the row a's transaction holds FOR SHARE.
-    // Held for half an interval, below the bump's bound (I), so b's first bump succeeds.
+    // The next try (b's, or a's own) gets the lock; its bump waits on the row a's transaction
+    // holds FOR SHARE, at most I, then gives the lock back and tries again.
     tokio::time::sleep(I + I / 2).await;
-    assert!(!b.elector.is_leader(), "b's term waits for a's transaction");
+    assert!(
+        !a.elector.is_leader() && !b.elector.is_leader(),
+        "no term begins while a's transaction holds the epoch row"
+    );
     tx.execute(
         "INSERT INTO writes (replica, epoch) VALUES ('a', $1)",
         &[&(old_term.epoch().unwrap() as i64)],
@@ -195,11 +211,10 @@ async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_
     tx.commit().await.unwrap();
     drop(client);
 
-    wait_for(3 * I, || b.elector.is_leader())
-        .await
-        .expect("b leads once a's transaction ended");
-    let new_term = b.elector.term();
-    fenced_write(&pool, &new_term, "b").await.unwrap();
+    // Within 3·I of the commit: a bump still waiting gets the row at once; one that gave up
+    // (it waits at most I) is followed by a try within I and a bump that does not wait.
+    let new_term = next_term(&[&a.elector, &b.elector], old_term.epoch().unwrap()).await;
+    fenced_write(&pool, &new_term, "next").await.unwrap();
     let since: SystemTime = db
         .connect()
         .await

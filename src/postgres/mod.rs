@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Interval, MissedTickBehavior, interval, timeout};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::Error;
 use crate::elector::{PgSettings, Shared};
@@ -124,35 +125,43 @@ pub(crate) async fn run(
             tracing::warn!(key = %pg.key, "the grant was confirmed after the lease it would start had expired; its session is closed");
             continue;
         }
-        let Some(session) = held.session.as_deref() else {
-            continue;
-        };
         let fence = pg.fencing.as_ref().map(|table| FenceTarget {
             table: table.clone(),
             key: pg.key,
         });
         shared.promote(|lease| lease.hold_until(deadline), epoch, fence);
-        tracing::Span::current().record("epoch", epoch);
-        tracing::info!(key = %pg.key, epoch, "leadership acquired");
-        ticks.reset();
-        let led = lead(shared, pg, &shutdown, &mut ticks, session, &mut resigns).await;
-        let (end, change) = match led {
-            Led::Lost(cause) => {
-                shared.demote(TermEnd::LeadershipLost, cause.change());
-                drop(held.session.take());
-                tracing::warn!(key = %pg.key, %cause, "leadership lost");
-                tracing::Span::current().record("epoch", None::<u64>);
-                continue;
+        // One span per term, inside the election's: every line of the term carries its epoch.
+        let term_span = tracing::info_span!("term", epoch);
+        let end = async {
+            let Some(session) = held.session.as_deref() else {
+                // Unreachable: the session was put there above.
+                shared.demote(TermEnd::LeadershipLost, Change::Abandoned);
+                return None;
+            };
+            tracing::info!(key = %pg.key, epoch, "leadership acquired");
+            ticks.reset();
+            let led = lead(shared, pg, &shutdown, &mut ticks, session, &mut resigns).await;
+            let (end, change) = match led {
+                Led::Lost(cause) => {
+                    shared.demote(TermEnd::LeadershipLost, cause.change());
+                    drop(held.session.take());
+                    tracing::warn!(key = %pg.key, %cause, "leadership lost");
+                    return None;
+                }
+                Led::Shutdown => (TermEnd::Shutdown, Change::Released),
+                Led::Resign => (TermEnd::Resigned, Change::Resigned),
+            };
+            if let Some(session) = held.session.take() {
+                hand_over(shared, pg, session, end, change).await;
             }
-            Led::Shutdown => (TermEnd::Shutdown, Change::Released),
-            Led::Resign => (TermEnd::Resigned, Change::Resigned),
-        };
-        if let Some(session) = held.session.take() {
-            hand_over(shared, pg, session, end, change).await;
+            Some(end)
         }
-        tracing::Span::current().record("epoch", None::<u64>);
-        if end == TermEnd::Shutdown {
-            return Ok(());
+        .instrument(term_span)
+        .await;
+        match end {
+            None => continue,
+            Some(TermEnd::Shutdown) => return Ok(()),
+            Some(_) => {}
         }
         shared.resigned.send_modify(|n| *n += 1);
     }
