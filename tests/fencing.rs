@@ -234,8 +234,8 @@ async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_
     let who: Vec<&str> = rows.iter().map(|(r, _, _)| r.as_str()).collect();
     assert_eq!(
         who,
-        ["a", "a", "b"],
-        "a's writes, then b's: never interleaved"
+        ["a", "a", "next"],
+        "a's writes, then the next term's: never interleaved"
     );
     a.stop().await.unwrap();
     b.stop().await.unwrap();
