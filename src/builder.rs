@@ -134,7 +134,7 @@ impl ElectorBuilder {
     /// | `pg_elector_epoch` | gauge: the fencing epoch of this replica's latest term (with fencing) | `key` |
     ///
     /// `key` is `class:object`. `cause` is `acquired` for a promotion, and for a demotion one of
-    /// `released` (shutdown), `connection_closed`, `lease_expired`, `lock_gone`, `pooler`,
+    /// `released` (shutdown), `resigned`, `connection_closed`, `lease_expired`, `lock_gone`, `pooler`,
     /// `check_timeout`, `check_failed`, `abandoned` (`run` dropped while leading), `demoted`
     /// (a manual elector). Electors given the same registry share the collectors; summed over
     /// the replicas, the gauge is 1 per key in steady state.
@@ -159,6 +159,7 @@ impl ElectorBuilder {
     ///
     /// [`Error::IntervalTooSmall`] and [`Error::IntervalTooLarge`] for an interval out of
     /// range; [`Error::InvalidFencingTable`] for an empty or overlong table or schema name;
+    /// [`Error::InvalidIdentity`] for an identity with a NUL byte;
     /// `Error::MetricClash` or `Error::Metric` when the registry refuses a metric.
     pub fn build(self) -> Result<Elector, Error> {
         let interval = self.check_interval;
@@ -171,6 +172,10 @@ impl ElectorBuilder {
         let metrics =
             self.metrics
                 .register(&format!("{}:{}", self.key.class(), self.key.object()))?;
+        let identity = self.identity.unwrap_or_else(default_identity);
+        if identity.contains('\0') {
+            return Err(Error::InvalidIdentity { identity });
+        }
         let fencing = match self.fencing {
             true => Some(FenceTable::new(
                 self.fencing_schema.as_deref(),
@@ -183,7 +188,7 @@ impl ElectorBuilder {
                 pool: self.pool,
                 key: self.key,
                 interval,
-                identity: self.identity.unwrap_or_else(default_identity),
+                identity,
                 fencing,
                 drain_timeout: self.drain_timeout.unwrap_or(interval),
             }),

@@ -325,11 +325,13 @@ impl Elector {
     {
         // `term` is this call's own handle: the tick gets another one, so a tick that cancels
         // its token (to stop tasks it spawned) does not decide the answer; only leadership does.
+        // Counted as running before leadership is looked at, so that a graceful handover that
+        // ends the term right now either sees this call or this call sees the ended term.
+        let running = self.shared.in_flight.enter(name.clone());
         let term = self.term();
         if !term.is_leader() {
             return Ok(None);
         }
-        let running = self.shared.in_flight.enter(name.clone());
         let outcome = f(term.handle()).await;
         drop(running);
         if term.is_leader() {
@@ -350,15 +352,21 @@ impl Elector {
     /// On the leader this is a graceful handover, as at shutdown: the term ends (with
     /// [`TermEnd::Resigned`]), the work still running drains (up to the
     /// [drain timeout](crate::ElectorBuilder::drain_timeout)), the lock is unlocked, and another
-    /// replica can take over at its next try. Returns `true` then, once the lock is given up.
-    /// On a standby it only starts the cooldown and returns `false`. A manual elector is
+    /// replica can take over at its next try. Returns `true` then, once the handover is done
+    /// (or, should `run` be stuck, after the drain timeout, two check intervals and the
+    /// unlock's 2 s; or if leadership was lost meanwhile). On a standby it only starts the
+    /// cooldown and returns `false`. The cooldown counts from this call. A manual elector is
     /// demoted; an always-leader one leads again after the cooldown if its `run` is running.
     ///
     /// # Cancel safety
     ///
     /// The handover goes on in `run` if this future is dropped.
     pub async fn resign(&self, cooldown: Duration) -> bool {
-        let until = tokio::time::Instant::now() + cooldown;
+        let now = tokio::time::Instant::now();
+        // A cooldown too long for the clock ("never again") is a century.
+        let until = now
+            .checked_add(cooldown)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         {
             let mut not_before = lock(&self.shared.not_before);
             *not_before = Some(not_before.map_or(until, |t| t.max(until)));
@@ -379,7 +387,10 @@ impl Elector {
                 self.shared.resign.send_modify(|n| *n += 1);
                 // Bounded, should `run` stop meanwhile: the handover takes at most the drain,
                 // one check while draining, and the unlock.
-                let bound = pg.drain_timeout + 2 * pg.interval + crate::postgres::RELEASE_BOUND;
+                let bound = pg
+                    .drain_timeout
+                    .saturating_add(2 * pg.interval)
+                    .saturating_add(crate::postgres::RELEASE_BOUND);
                 let _ = tokio::time::timeout(bound, resigned.changed()).await;
                 true
             }
@@ -394,6 +405,10 @@ impl Elector {
     ///
     /// [`Error::PoolTimeout`] or [`Error::Pool`] when no pool connection comes within one check
     /// interval; [`Error::Database`] when a query fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     pub async fn current_leader(&self) -> Result<Option<crate::LeaderInfo>, Error> {
         let Mode::Postgres(pg) = &self.shared.mode else {
             return Ok(None);

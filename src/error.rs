@@ -44,6 +44,13 @@ pub enum Error {
     #[error("the query failed")]
     Database(#[source] tokio_postgres::Error),
 
+    /// The identity holds a NUL byte, which PostgreSQL refuses in `application_name`.
+    #[error("invalid identity {identity:?}: no NUL byte")]
+    InvalidIdentity {
+        /// The identity that was given.
+        identity: String,
+    },
+
     /// The fencing table or schema name is empty, longer than PostgreSQL's 63-byte
     /// identifiers, or holds a NUL.
     #[error("invalid fencing table or schema name {name:?}: 1 to 63 bytes, no NUL")]

@@ -51,13 +51,9 @@ pub(crate) async fn run(
     resigns.borrow_and_update();
     if kind == LocalKind::AlwaysLeader {
         // A resign's cooldown holds even when `run` starts during it.
-        if let Some(until) = shared.cooldown_end() {
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep_until(until) => {}
-            }
+        if wait_out_cooldown(shared, &shutdown).await {
+            promote(shared);
         }
-        promote(shared);
     }
     loop {
         tokio::select! {
@@ -65,11 +61,8 @@ pub(crate) async fn run(
             Ok(()) = resigns.changed() => {
                 // A resign demoted it; an always-leader elector leads again after the cooldown.
                 if kind == LocalKind::AlwaysLeader {
-                    if let Some(until) = shared.cooldown_end() {
-                        tokio::select! {
-                            () = shutdown.cancelled() => break,
-                            () = tokio::time::sleep_until(until) => {}
-                        }
+                    if !wait_out_cooldown(shared, &shutdown).await {
+                        break;
                     }
                     promote(shared);
                 }
@@ -78,6 +71,21 @@ pub(crate) async fn run(
     }
     shared.demote(TermEnd::Shutdown, Change::Released);
     Ok(())
+}
+
+/// Waits until no resign's cooldown holds (a later resign may extend it); `false` when
+/// `shutdown` came first.
+async fn wait_out_cooldown(shared: &Shared, shutdown: &CancellationToken) -> bool {
+    while shared.cooling_down() {
+        let Some(until) = shared.cooldown_end() else {
+            break;
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep_until(until) => {}
+        }
+    }
+    !shutdown.is_cancelled()
 }
 
 #[cfg(test)]

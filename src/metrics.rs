@@ -426,7 +426,12 @@ mod enabled {
                 .collect();
             assert_eq!(
                 names,
-                [CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, CHANGES_NAME]
+                [
+                    CHECK_DURATION_NAME,
+                    EPOCH_NAME,
+                    DEFAULT_GAUGE_NAME,
+                    CHANGES_NAME
+                ]
             );
         }
 

@@ -138,18 +138,21 @@ impl WhileLeader {
             let Some(term) = self.gate.next_term(&shutdown).await else {
                 break;
             };
+            // Counted as running (for a graceful handover's drain) from before leadership is
+            // looked at again, until the loop's future is dropped, grace included.
+            let in_flight = self
+                .gate
+                .elector()
+                .shared
+                .in_flight()
+                .enter(self.name.clone());
+            if !term.is_leader() {
+                continue;
+            }
             tracing::debug!(loop_name = %self.name, "loop starting for a new term");
             self.record(TickOutcome::Succeeded);
             let span = tracing::debug_span!("while_leader", loop_name = %self.name);
             let outcome = {
-                // Counted as running (for a graceful handover's drain) until its future is
-                // dropped, grace included.
-                let _running = self
-                    .gate
-                    .elector()
-                    .shared
-                    .in_flight()
-                    .enter(self.name.clone());
                 // Scoped, so the loop's future is dropped as soon as it is stopped.
                 // `run_loop` is called inside the guard, so a panic in its synchronous part
                 // is caught like one in the loop.
@@ -167,6 +170,7 @@ impl WhileLeader {
                     None => tokio::time::timeout(self.grace, &mut running).await.ok(),
                 }
             };
+            drop(in_flight);
             match outcome {
                 None => {
                     tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop stopped");

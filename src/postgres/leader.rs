@@ -43,6 +43,11 @@ const HOLDER: &str = "SELECT l.pid, coalesce(a.application_name, ''), pg_catalog
 /// # Errors
 ///
 /// [`Error::Database`] when a query fails.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads. It puts no timeout on the queries: bound it with
+/// `tokio::time::timeout` if the server may not answer.
 pub async fn current_leader(
     client: &tokio_postgres::Client,
     key: LockKey,

@@ -500,7 +500,10 @@ async fn hand_over(
 /// Waits for the work still running on this replica, at most the drain timeout; `false` when
 /// the lock was lost meanwhile (there is nothing left to unlock).
 async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool {
-    let deadline = Instant::now() + pg.drain_timeout;
+    // A drain timeout too long for the clock waits for the work, however long.
+    let deadline = Instant::now()
+        .checked_add(pg.drain_timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
     loop {
         let names = shared.in_flight().names();
         if names.is_empty() {

@@ -207,13 +207,12 @@ impl Job {
     }
 
     /// A job due every `period`, on a grid anchored at the UNIX epoch, so that every replica
-    /// computes the same due instants (`every(1 h)` is due on the hour, UTC). A zero period is
-    /// taken as one millisecond.
+    /// computes the same due instants (`every(1 h)` is due on the hour, UTC). The period is
+    /// kept in whole milliseconds, from one millisecond to a century.
     pub fn every(name: impl Into<String>, period: Duration) -> Job {
-        Self::new(
-            name.into(),
-            Spec::Every(period.max(Duration::from_millis(1))),
-        )
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        let ms = Duration::from_millis(period.as_millis().min(CENTURY.as_millis()) as u64);
+        Self::new(name.into(), Spec::Every(ms.max(Duration::from_millis(1))))
     }
 
     fn new(name: String, spec: Spec) -> Self {

@@ -132,6 +132,12 @@ pub enum ScheduleError {
     /// A query failed.
     #[error("a query of the job tables failed")]
     Database(#[from] tokio_postgres::Error),
+    /// A query of the job tables got no answer in time.
+    #[error("no answer from the job tables within {0:?}")]
+    Timeout(Duration),
+    /// The fence of a claim failed.
+    #[error("the claim's fence failed")]
+    Fence(#[source] crate::Fenced),
 }
 
 /// What the leader does when a job's row, which this process had seen, is gone: the table was
@@ -377,7 +383,22 @@ impl Schedule {
                     () = shutdown.cancelled() => {}
                 }
                 stop.cancel();
-                while tasks.join_next().await.is_some() {}
+                // Runs in progress were waited for by the elector's drain; what is left after
+                // a grace is aborted (a run cut off stays `running` until the next term calls
+                // it abandoned).
+                let grace = (2 * ctx.poll).max(Duration::from_secs(2));
+                let drained = tokio::time::timeout(grace, async {
+                    while tasks.join_next().await.is_some() {}
+                })
+                .await;
+                if drained.is_err() {
+                    tracing::warn!(
+                        ?grace,
+                        "job runs still going after the term ended; aborting them"
+                    );
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                }
             }
             .instrument(span)
             .await;
@@ -430,6 +451,10 @@ impl ScheduleHandle {
     /// # Errors
     ///
     /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it was sent, nothing happens; after, the request stands.
     pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
         let client = self.client().await?;
         match self.store()?.trigger(&client, &self.namespace, job).await? {
@@ -447,6 +472,10 @@ impl ScheduleHandle {
     /// # Errors
     ///
     /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it was sent, nothing changes; after, the change stands.
     pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
         let client = self.client().await?;
         match self
@@ -490,6 +519,23 @@ impl Context {
             .await
             .map_err(|_| ScheduleError::PoolTimeout(self.poll))?
             .map_err(|e| ScheduleError::Pool(Box::new(e)))
+    }
+
+    /// Every query of the job tables is bounded: a partition must not hang a job's task (and
+    /// with it the end of the term and the shutdown).
+    async fn bounded<T>(
+        &self,
+        query: impl Future<Output = Result<T, ScheduleError>>,
+    ) -> Result<T, ScheduleError> {
+        let bound = (2 * self.poll).max(Duration::from_secs(2));
+        tokio::time::timeout(bound, query)
+            .await
+            .map_err(|_| ScheduleError::Timeout(bound))?
+    }
+
+    /// How long a run may go without a heartbeat before another term calls it abandoned.
+    fn stale(&self) -> Duration {
+        (3 * self.poll).max(Duration::from_secs(3))
     }
 }
 
@@ -552,10 +598,9 @@ async fn job_task(
     // Registration and the abandoned run: retried until they work or the term ends.
     let mut halted = None;
     loop {
-        let step = async {
+        let step = ctx.bounded(async {
             let client = ctx.client().await?;
-            let created = ctx
-                .store
+            ctx.store
                 .register(
                     &client,
                     &ctx.namespace,
@@ -563,15 +608,10 @@ async fn job_task(
                     &job.spec.text(),
                     latest_due(&job.spec, Timestamp::now()),
                 )
-                .await?;
-            let abandoned = ctx
-                .store
-                .abandon(&client, &ctx.namespace, name, &term_id)
-                .await?;
-            Ok::<_, ScheduleError>((created, abandoned))
-        };
+                .await
+        });
         match step.await {
-            Ok((created, abandoned)) => {
+            Ok(created) => {
                 let seen_before = lock(&ctx.seen).contains(name);
                 if created && seen_before {
                     tracing::error!(
@@ -587,13 +627,6 @@ async fn job_task(
                 }
                 lock(&ctx.seen).insert(name.to_owned());
                 registered_now = created;
-                if let Some(due) = abandoned {
-                    tracing::warn!(job = name, due = %due, rerun = job.rerun_abandoned, "a run claimed by an earlier term never finished: abandoned");
-                    record(&ctx, &registered, "abandoned", None, None);
-                    if job.rerun_abandoned && halted.is_none() {
-                        run_due(&ctx, &registered, due, RunKind::Rerun, 2, &term_id).await;
-                    }
-                }
                 break;
             }
             Err(e) => tracing::warn!(job = name, error = %e, "cannot register the job; retrying"),
@@ -616,11 +649,36 @@ async fn job_task(
     // them, and run however late it woke.
     let mut watching_since = Timestamp::now();
     while !stop.is_cancelled() {
-        let row = async {
+        // A run another term claimed and stopped heart-beating: abandoned (and rerun if the
+        // job asks). Looked at every iteration: a deposed leader's run may still be going when
+        // this term begins, and is only abandoned once it has gone quiet.
+        let abandoned = ctx.bounded(async {
+            ctx.store
+                .abandon(
+                    &*ctx.client().await?,
+                    &ctx.namespace,
+                    name,
+                    &term_id,
+                    ctx.stale(),
+                )
+                .await
+        });
+        match abandoned.await {
+            Ok(Some(due)) => {
+                tracing::warn!(job = name, due = %due, rerun = job.rerun_abandoned, "a run claimed by an earlier term never finished: abandoned");
+                record(&ctx, &registered, "abandoned", None, None);
+                if job.rerun_abandoned {
+                    run_due(&ctx, &registered, due, RunKind::Rerun, &term_id).await;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(job = name, error = %e, "cannot look for abandoned runs"),
+        }
+        let row = ctx.bounded(async {
             ctx.store
                 .load(&*ctx.client().await?, &ctx.namespace, name)
                 .await
-        };
+        });
         let row = match row.await {
             Ok(Some(row)) => row,
             Ok(None) => {
@@ -651,16 +709,18 @@ async fn job_task(
                 job.spec.clone()
             }
         };
-        if row.trigger_requested.is_some() {
-            run_due(
+        // A trigger asked for: run it now; only a run actually claimed loops at once (a claim
+        // that failed waits for the next poll, rather than spinning).
+        if row.trigger_requested.is_some()
+            && run_due(
                 &ctx,
                 &registered,
                 Timestamp::now(),
                 RunKind::Triggered,
-                1,
                 &term_id,
             )
-            .await;
+            .await
+        {
             continue;
         }
         let now = Timestamp::now();
@@ -675,14 +735,13 @@ async fn job_task(
                     dues.into_iter().partition(|&due| due >= watching_since);
                 if let Some(&latest_missed) = missed.last() {
                     tracing::info!(job = name, missed = missed.len(), "skipping missed dues");
-                    if let Ok(client) = ctx.client().await {
-                        if let Err(e) = ctx
-                            .store
-                            .skip_to(&client, &ctx.namespace, name, latest_missed)
+                    let skipped = ctx.bounded(async {
+                        ctx.store
+                            .skip_to(&*ctx.client().await?, &ctx.namespace, name, latest_missed)
                             .await
-                        {
-                            tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
-                        }
+                    });
+                    if let Err(e) = skipped.await {
+                        tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
                     }
                 }
                 on_time
@@ -695,7 +754,7 @@ async fn job_task(
             if stop.is_cancelled() {
                 return;
             }
-            run_due(&ctx, &registered, due, RunKind::Scheduled, 1, &term_id).await;
+            run_due(&ctx, &registered, due, RunKind::Scheduled, &term_id).await;
         }
         // Until the next due, or the next poll of the row (a trigger, a schedule change).
         watching_since = Timestamp::now();
@@ -712,15 +771,15 @@ async fn job_task(
     }
 }
 
-/// Claims `due` and, when the claim is ours, runs the job and records how it ended.
+/// Claims `due` and, when the claim is ours, runs the job (heart-beating while it runs) and
+/// records how it ended. Returns whether the claim was ours.
 async fn run_due(
     ctx: &Context,
     registered: &Registered,
     due: Timestamp,
     kind: RunKind,
-    attempt: u32,
     term_id: &str,
-) {
+) -> bool {
     let label: Arc<str> = registered.job.name.as_str().into();
     let name = label.clone();
     let identity = ctx.elector.identity().unwrap_or("local").to_owned();
@@ -730,27 +789,33 @@ async fn run_due(
             term_id,
             epoch: term.epoch(),
         };
-        let mut client = ctx.client().await?;
-        let claimed = {
+        // The claim, on a connection of its own that goes back to the pool at once.
+        let claim = ctx.bounded(async {
+            let mut client = ctx.client().await?;
             let tx = client.transaction().await?;
             if term.epoch().is_some() {
-                if let Err(fenced) = term.fence(&tx).await {
-                    tracing::info!(job = %name, error = %fenced, "the due's claim was fenced");
-                    return Ok(());
-                }
+                term.fence(&tx).await.map_err(ScheduleError::Fence)?;
             }
-            let claimed = ctx
+            let attempt = ctx
                 .store
-                .claim(&tx, &ctx.namespace, &name, due, kind, attempt, &who)
+                .claim(&tx, &ctx.namespace, &name, due, kind, &who)
                 .await?;
             tx.commit().await?;
-            claimed
+            Ok(attempt)
+        });
+        let attempt = match claim.await {
+            Ok(Some(attempt)) => attempt,
+            Ok(None) => {
+                tracing::debug!(job = %name, due = %due, "already claimed");
+                return Ok(false);
+            }
+            Err(ScheduleError::Fence(fenced)) if !fenced.is_query_error() => {
+                tracing::info!(job = %name, error = %fenced, "the due's claim was fenced: the term is over");
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
         };
-        if !claimed {
-            tracing::debug!(job = %name, due = %due, "already claimed");
-            return Ok(());
-        }
-        tracing::debug!(job = %name, due = %due, kind = kind.label(), "run starts");
+        tracing::debug!(job = %name, due = %due, kind = kind.label(), attempt, "run starts");
         let started = std::time::Instant::now();
         let run = JobRun {
             job: name.to_string(),
@@ -760,7 +825,26 @@ async fn run_due(
             term,
             attempt,
         };
-        let outcome = catch_panic((registered.run)(run)).await;
+        let outcome = {
+            let job = std::pin::pin!(catch_panic((registered.run)(run)));
+            let beat = async {
+                loop {
+                    tokio::time::sleep(ctx.poll).await;
+                    let beat = ctx.bounded(async {
+                        ctx.store
+                            .heartbeat(&*ctx.client().await?, &ctx.namespace, &name, term_id)
+                            .await
+                    });
+                    if let Err(e) = beat.await {
+                        tracing::debug!(job = %name, error = %e, "heartbeat failed");
+                    }
+                }
+            };
+            tokio::select! {
+                outcome = job => outcome,
+                never = beat => never,
+            }
+        };
         let (label, error) = match outcome {
             Ok(Ok(())) => ("succeeded", None),
             Ok(Err(e)) => ("failed", Some(e)),
@@ -771,29 +855,41 @@ async fn run_due(
         } else {
             tracing::debug!(job = %name, due = %due, "job run succeeded");
         }
-        record(
-            ctx,
-            registered,
-            label,
-            error.as_deref(),
-            Some(started.elapsed()),
-        );
-        ctx.store
-            .finish(
-                &client,
-                &ctx.namespace,
-                &name,
-                due,
-                attempt,
-                term_id,
-                label,
-                error.as_deref(),
-            )
-            .await?;
-        Ok::<_, ScheduleError>(())
+        record(ctx, registered, label, error.as_deref(), Some(started.elapsed()));
+        // The record of its end, on a fresh connection (the job may have run for hours), tried
+        // a few times.
+        for retry in 0..3u32 {
+            let finished = ctx.bounded(async {
+                ctx.store
+                    .finish(
+                        &*ctx.client().await?,
+                        &ctx.namespace,
+                        &name,
+                        due,
+                        attempt,
+                        term_id,
+                        label,
+                        error.as_deref(),
+                    )
+                    .await
+            });
+            match finished.await {
+                Ok(()) => break,
+                Err(e) if retry < 2 => {
+                    tracing::debug!(job = %name, error = %e, "cannot record the run's end; retrying");
+                    tokio::time::sleep(ctx.poll).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok::<_, ScheduleError>(true)
     });
-    if let Err(e) = work.await {
-        tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
+    match work.await {
+        Ok(claimed) => claimed.unwrap_or(false),
+        Err(e) => {
+            tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
+            false
+        }
     }
 }
 

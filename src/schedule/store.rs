@@ -35,8 +35,8 @@ pub(crate) struct Store {
     ddl: String,
     register: String,
     load: String,
-    abandon_job: String,
-    abandon_runs: String,
+    abandon: String,
+    heartbeat: String,
     claim_due: String,
     claim_rerun: String,
     claim_trigger: String,
@@ -77,7 +77,8 @@ impl Store {
                  schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
                  claimed_by text, claimed_term text, claimed_epoch bigint, \
                  started_at timestamptz, finished_at timestamptz, outcome text, error text, \
-                 trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
+                 trigger_requested timestamptz, heartbeat_at timestamptz, \
+                 PRIMARY KEY (namespace, job)); \
                  CREATE TABLE IF NOT EXISTS {runs} (namespace text NOT NULL, job text NOT NULL, \
                  due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
                  claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
@@ -91,6 +92,8 @@ impl Store {
                  VALUES ($1, $2, $3, $3, $4) ON CONFLICT (namespace, job) DO UPDATE \
                  SET schedule = CASE WHEN j.registered <> EXCLUDED.registered \
                                      THEN EXCLUDED.schedule ELSE j.schedule END, \
+                     last_due = CASE WHEN j.registered <> EXCLUDED.registered \
+                                     THEN greatest(j.last_due, clock_timestamp()) ELSE j.last_due END, \
                      registered = EXCLUDED.registered \
                  RETURNING (xmax = 0)"
             ),
@@ -98,33 +101,47 @@ impl Store {
                 "SELECT schedule, last_due, outcome, claimed_term, trigger_requested \
                  FROM {jobs} WHERE {key}"
             ),
-            abandon_job: format!(
-                "UPDATE {jobs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
-                 WHERE {key} AND outcome = 'running' AND claimed_term <> $3 RETURNING last_due"
+            // A run whose term is not this one, and whose runner has not said it is alive for
+            // $4 seconds: its leader died, or was deposed and stopped.
+            abandon: format!(
+                "WITH j AS (UPDATE {jobs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
+                   WHERE {key} AND outcome = 'running' AND claimed_term <> $3 \
+                   AND (heartbeat_at IS NULL \
+                        OR heartbeat_at < clock_timestamp() - make_interval(secs => $4)) \
+                   RETURNING last_due, claimed_term), \
+                 r AS (UPDATE {runs} AS r SET outcome = 'abandoned', finished_at = clock_timestamp() \
+                   FROM j WHERE r.namespace = $1 AND r.job = $2 AND r.outcome = 'running' \
+                   AND r.claimed_term = j.claimed_term) \
+                 SELECT last_due FROM j"
             ),
-            abandon_runs: format!(
-                "UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
-                 WHERE {key} AND outcome = 'running' AND claimed_term <> $3"
+            heartbeat: format!(
+                "UPDATE {jobs} SET heartbeat_at = clock_timestamp() \
+                 WHERE {key} AND claimed_term = $3 AND outcome = 'running'"
             ),
             claim_due: format!(
                 "UPDATE {jobs} SET last_due = $3, claimed_by = $4, claimed_term = $5, \
                  claimed_epoch = $6, started_at = clock_timestamp(), finished_at = NULL, \
-                 outcome = 'running', error = NULL \
+                 outcome = 'running', error = NULL, heartbeat_at = clock_timestamp() \
                  WHERE {key} AND (last_due IS NULL OR last_due < $3) RETURNING 1"
             ),
             claim_rerun: format!(
                 "UPDATE {jobs} SET claimed_by = $4, claimed_term = $5, claimed_epoch = $6, \
                  started_at = clock_timestamp(), finished_at = NULL, outcome = 'running', \
-                 error = NULL WHERE {key} AND last_due = $3 AND outcome = 'abandoned' RETURNING 1"
+                 error = NULL, heartbeat_at = clock_timestamp() \
+                 WHERE {key} AND last_due = $3 AND outcome = 'abandoned' RETURNING 1"
             ),
             claim_trigger: format!(
                 "UPDATE {jobs} SET trigger_requested = NULL \
                  WHERE {key} AND trigger_requested IS NOT NULL RETURNING 1"
             ),
+            // The attempt is one more than the due's earlier ones (a rerun of a rerun).
             insert_run: format!(
                 "INSERT INTO {runs} (namespace, job, due, attempt, kind, claimed_by, claimed_term, \
                  epoch, started_at, outcome) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, clock_timestamp(), 'running')"
+                 SELECT $1, $2, $3, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
+                                     WHERE namespace = $1 AND job = $2 AND due = $3), \
+                        $4, $5, $6, $7, clock_timestamp(), 'running' \
+                 RETURNING attempt"
             ),
             finish_job: format!(
                 "UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
@@ -138,7 +155,11 @@ impl Store {
                 "UPDATE {jobs} SET last_due = $3 WHERE {key} AND (last_due IS NULL OR last_due < $3)"
             ),
             trigger: format!("UPDATE {jobs} SET trigger_requested = clock_timestamp() WHERE {key}"),
-            reschedule: format!("UPDATE {jobs} SET schedule = $3 WHERE {key}"),
+            // A new schedule takes effect from its next due: not a catch-up on its past.
+            reschedule: format!(
+                "UPDATE {jobs} SET schedule = $3, last_due = greatest(last_due, clock_timestamp()) \
+                 WHERE {key}"
+            ),
         })
     }
 
@@ -199,35 +220,69 @@ impl Store {
         let rows = client
             .query_typed(&self.load, &[(&namespace, Type::TEXT), (&job, Type::TEXT)])
             .await?;
-        Ok(rows.first().map(|row| JobRow {
-            schedule: row.get(0),
-            last_due: row.get(1),
-            outcome: row.get(2),
-            claimed_term: row.get(3),
-            trigger_requested: row.get(4),
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        // try_get: a timestamp jiff cannot hold ('infinity') is an error, not a panic.
+        Ok(Some(JobRow {
+            schedule: row.try_get(0)?,
+            last_due: row.try_get(1)?,
+            outcome: row.try_get(2)?,
+            claimed_term: row.try_get(3)?,
+            trigger_requested: row.try_get(4)?,
         }))
     }
 
-    /// Marks a run left `running` by another term as abandoned; returns its due instant.
+    /// Marks a run left `running` by another term, whose runner has not said it is alive for
+    /// `stale`, as abandoned; returns its due instant.
     pub(crate) async fn abandon(
         &self,
         client: &tokio_postgres::Client,
         namespace: &str,
         job: &str,
         term_id: &str,
+        stale: std::time::Duration,
     ) -> Result<Option<Timestamp>, ScheduleError> {
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
-            (&namespace, Type::TEXT),
-            (&job, Type::TEXT),
-            (&term_id, Type::TEXT),
-        ];
-        client.query_typed(&self.abandon_runs, &params).await?;
-        let rows = client.query_typed(&self.abandon_job, &params).await?;
-        Ok(rows.first().and_then(|row| row.get(0)))
+        let rows = client
+            .query_typed(
+                &self.abandon,
+                &[
+                    (&namespace, Type::TEXT),
+                    (&job, Type::TEXT),
+                    (&term_id, Type::TEXT),
+                    (&stale.as_secs_f64(), Type::FLOAT8),
+                ],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => Ok(row.try_get(0)?),
+            None => Ok(None),
+        }
     }
 
-    /// Claims one run in `tx` (compare-and-set on the job's row); `false` when someone else
-    /// claimed it first (or it is no longer due).
+    /// Says that the run this term claimed is still going.
+    pub(crate) async fn heartbeat(
+        &self,
+        client: &tokio_postgres::Client,
+        namespace: &str,
+        job: &str,
+        term_id: &str,
+    ) -> Result<(), ScheduleError> {
+        client
+            .execute_typed(
+                &self.heartbeat,
+                &[
+                    (&namespace, Type::TEXT),
+                    (&job, Type::TEXT),
+                    (&term_id, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Claims one run in `tx` (compare-and-set on the job's row) and returns its attempt
+    /// number; `None` when someone else claimed it first (or it is no longer due).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
@@ -236,9 +291,8 @@ impl Store {
         job: &str,
         due: Timestamp,
         kind: super::RunKind,
-        attempt: u32,
         who: &Claimant<'_>,
-    ) -> Result<bool, ScheduleError> {
+    ) -> Result<Option<u32>, ScheduleError> {
         let epoch = who.epoch.map(|e| e as i64);
         let claimed = match kind {
             super::RunKind::Triggered => {
@@ -268,23 +322,27 @@ impl Store {
             }
         };
         if claimed.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
-        tx.query_typed(
-            &self.insert_run,
-            &[
-                (&namespace, Type::TEXT),
-                (&job, Type::TEXT),
-                (&due, Type::TIMESTAMPTZ),
-                (&(attempt as i32), Type::INT4),
-                (&kind.label(), Type::TEXT),
-                (&who.identity, Type::TEXT),
-                (&who.term_id, Type::TEXT),
-                (&epoch, Type::INT8),
-            ],
-        )
-        .await?;
-        Ok(true)
+        let rows = tx
+            .query_typed(
+                &self.insert_run,
+                &[
+                    (&namespace, Type::TEXT),
+                    (&job, Type::TEXT),
+                    (&due, Type::TIMESTAMPTZ),
+                    (&kind.label(), Type::TEXT),
+                    (&who.identity, Type::TEXT),
+                    (&who.term_id, Type::TEXT),
+                    (&epoch, Type::INT8),
+                ],
+            )
+            .await?;
+        let attempt: i32 = match rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => 1,
+        };
+        Ok(Some(u32::try_from(attempt).unwrap_or(1)))
     }
 
     /// Records how a run ended.
