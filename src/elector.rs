@@ -325,8 +325,12 @@ impl Elector {
     {
         // `term` is this call's own handle: the tick gets another one, so a tick that cancels
         // its token (to stop tasks it spawned) does not decide the answer; only leadership does.
-        // Counted as running before leadership is looked at, so that a graceful handover that
-        // ends the term right now either sees this call or this call sees the ended term.
+        // A standby answers at once. A leader counts itself as running before it looks at its
+        // term, so that a graceful handover that ends the term right now either sees this call
+        // in its drain or this call sees the ended term.
+        if !self.is_leader() {
+            return Ok(None);
+        }
         let running = self.shared.in_flight.enter(name.clone());
         let term = self.term();
         if !term.is_leader() {

@@ -58,8 +58,15 @@ pub(crate) struct Running<'a> {
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        lock(&self.set.running).retain(|(id, _)| *id != self.id);
-        self.set.exited.notify_waiters();
+        let mut running = lock(&self.set.running);
+        if let Some(at) = running.iter().position(|(id, _)| *id == self.id) {
+            running.swap_remove(at);
+        }
+        // Only the last one out wakes a drain (which waits for an empty set).
+        if running.is_empty() {
+            drop(running);
+            self.set.exited.notify_waiters();
+        }
     }
 }
 
