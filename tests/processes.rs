@@ -417,6 +417,110 @@ async fn e16_two_replica_processes_behind_a_transaction_pooler_name_it_and_no_st
     drop(bouncer);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_three_replica_processes_run_each_due_once_through_a_sigkill_a_terminate_and_a_handover()
+{
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE job_log (job text NOT NULL, due timestamptz NOT NULL, \
+             replica text NOT NULL, kind text NOT NULL)",
+        )
+        .await
+        .unwrap();
+    let key = LockKey::new(0xf5, 0x5e);
+    let mut fleet = new_fleet(&db, key, I);
+    fleet.fenced = true;
+    fleet.job_ms = Some(200);
+    for _ in 0..3 {
+        fleet.spawn(None);
+    }
+    let first = fleet.one_leader().await;
+    let from: std::time::SystemTime = admin
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The leader process is killed: a run in progress dies with it.
+    let killed = fleet.kill(first).await;
+    let second = fleet
+        .first(3 * I, What::Leader, Some(first), killed)
+        .await
+        .replica;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its session is terminated: it, or the third, leads next.
+    terminate_holder(&db, key).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Whoever leads now hands over gracefully.
+    let n = fleet.procs.len();
+    let leading = leaders(&fleet.events(), n);
+    assert_eq!(leading.len(), 1, "one leader before the handover");
+    fleet.stop(leading[0]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let to: std::time::SystemTime = admin
+        .query_one("SELECT clock_timestamp() - interval '1 second'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    eprintln!("leaders: {first} (killed), then {second}, then a terminate, then a handover");
+
+    let ran: std::collections::BTreeMap<std::time::SystemTime, i64> = admin
+        .query(
+            "SELECT due, count(*) FROM job_log WHERE kind = 'Scheduled' GROUP BY due",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let abandoned: std::collections::BTreeSet<std::time::SystemTime> = admin
+        .query(
+            "SELECT due FROM pg_elector_job_runs WHERE outcome = 'abandoned'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let period = 200u128;
+    let start = from
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let end = to
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let dues: Vec<std::time::SystemTime> = (start.div_ceil(period) * period..=end)
+        .step_by(period as usize)
+        .map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms as u64))
+        .collect();
+    let twice: Vec<_> = dues
+        .iter()
+        .filter(|d| ran.get(d).copied().unwrap_or(0) > 1)
+        .collect();
+    let missing: Vec<_> = dues
+        .iter()
+        .filter(|d| !ran.contains_key(d) && !abandoned.contains(d))
+        .collect();
+    eprintln!(
+        "{} dues: {} ran once, {} abandoned by the killed leader",
+        dues.len(),
+        dues.iter().filter(|d| ran.get(d) == Some(&1)).count(),
+        abandoned.len()
+    );
+    assert!(twice.is_empty(), "dues that ran twice: {twice:?}");
+    assert!(
+        missing.is_empty(),
+        "dues neither run nor abandoned (CatchUp::All): {missing:?}"
+    );
+}
+
 #[test]
 fn a_bare_db_error_is_told_from_one_with_the_servers_message() {
     assert!(says_only_db_error(

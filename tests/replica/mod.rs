@@ -42,6 +42,10 @@ pub const ENV_NAME: &str = "PG_ELECTOR_REPLICA_NAME";
 /// (`replica text, epoch bigint, at timestamptz DEFAULT clock_timestamp()`), which the parent
 /// creates.
 pub const ENV_FENCED: &str = "PG_ELECTOR_REPLICA_FENCED";
+/// Set to a period in ms: the replica also runs a schedule with one job, `tick`, every that
+/// period (`CatchUp::All`), each run logged into `job_log` (`job text, due timestamptz,
+/// replica text, kind text`), which the parent creates.
+pub const ENV_JOB_MS: &str = "PG_ELECTOR_REPLICA_JOB_MS";
 const MARK: &str = "@replica ";
 
 pub fn unix_us() -> u64 {
@@ -118,6 +122,32 @@ async fn child_main() {
             std::process::exit(0);
         }
     });
+
+    if let Ok(ms) = std::env::var(ENV_JOB_MS) {
+        let period = Duration::from_millis(ms.parse().expect("milliseconds"));
+        let (app, name) = (app.clone(), name.clone());
+        let schedule = pg_elector::schedule::Schedule::new(&elector, app.clone())
+            .poll_interval(interval)
+            .job(
+                pg_elector::schedule::Job::every("tick", period)
+                    .catch_up(pg_elector::schedule::CatchUp::All),
+                move |run| {
+                    let (app, name) = (app.clone(), name.clone());
+                    async move {
+                        let client = app.get().await.map_err(|e| e.to_string())?;
+                        client
+                            .execute(
+                                "INSERT INTO job_log (job, due, replica, kind) VALUES ($1, $2, $3, $4)",
+                                &[&run.job, &run.due, &name, &format!("{:?}", run.kind)],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>(())
+                    }
+                },
+            );
+        tokio::spawn(schedule.run(shutdown.clone()));
+    }
 
     // The watcher: every transition of `is_leader()`, read every millisecond.
     let reported = Arc::new(AtomicBool::new(false));
@@ -255,6 +285,8 @@ pub struct Fleet {
     pub procs: Vec<Proc>,
     /// Replicas spawned from now on fence and write (see [`ENV_FENCED`]).
     pub fenced: bool,
+    /// Replicas spawned from now on run a job every this many ms (see [`ENV_JOB_MS`]).
+    pub job_ms: Option<u64>,
 }
 
 impl Fleet {
@@ -272,6 +304,7 @@ impl Fleet {
             board: Arc::default(),
             procs: Vec::new(),
             fenced: false,
+            job_ms: None,
         }
     }
 
@@ -302,6 +335,10 @@ impl Fleet {
         } else {
             command.env_remove(ENV_FENCED);
         }
+        match self.job_ms {
+            Some(ms) => command.env(ENV_JOB_MS, ms.to_string()),
+            None => command.env_remove(ENV_JOB_MS),
+        };
         let mut child = command.spawn().expect("start a replica process");
         let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
         let stdout = child.stdout.take().expect("piped stdout");
