@@ -9,51 +9,19 @@ use std::time::{Duration, Instant};
 use common::capture::Capture;
 use common::*;
 use deadpool_postgres::Pool;
-use pg_elector::{Elector, Error, LockKey};
+use pg_elector::{Elector, LockKey};
 use pg_elector_harness::{Pgbouncer, PoolMode};
-use tokio::task::{JoinHandle, block_in_place};
-use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
+use tokio::task::block_in_place;
 
-/// A replica whose `run` logs into `capture`.
-struct Captured {
-    elector: Elector,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), Error>>,
+/// A replica at interval `I` whose `run` logs into `capture`.
+fn captured(pool: Pool, key: LockKey, capture: &Capture) -> Replica {
+    let elector = Elector::builder(pool, key)
+        .check_interval(I)
+        .build()
+        .expect("valid elector");
+    Replica::run_captured(elector, capture)
 }
 
-impl Captured {
-    fn start(pool: Pool, key: LockKey, capture: &Capture) -> Self {
-        let elector = Elector::builder(pool, key)
-            .check_interval(I)
-            .build()
-            .expect("valid elector");
-        Self::run(elector, capture)
-    }
-
-    fn run(elector: Elector, capture: &Capture) -> Self {
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(
-            {
-                let (elector, shutdown) = (elector.clone(), shutdown.clone());
-                async move { elector.run(shutdown).await }
-            }
-            .with_subscriber(capture.dispatch()),
-        );
-        Self {
-            elector,
-            shutdown,
-            task,
-        }
-    }
-
-    async fn stop(self) -> Result<(), Error> {
-        self.shutdown.cancel();
-        self.task.await.expect("run does not panic")
-    }
-}
-
-/// Samples `electors` every 2 ms for `span`: the longest time any one of them reported
 /// leadership at a stretch, and how many samples saw two or more leaders.
 async fn watch_leadership(electors: &[&Elector], span: Duration) -> (Duration, usize, usize) {
     let start = Instant::now();
@@ -100,7 +68,7 @@ async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
     let capture = Capture::default();
 
     // Alone: nobody holds the lock anywhere, and still the standby's elector never leads.
-    let on_replica = Captured::start(db.pool_via(standby.addr(), 2), key, &capture);
+    let on_replica = captured(db.pool_via(standby.addr(), 2), key, &capture);
     let (longest, _, _) = watch_leadership(&[&on_replica.elector], 5 * I).await;
     assert_eq!(longest, Duration::ZERO, "an elector on a read replica led");
     let errors = capture.errors(key);
@@ -122,7 +90,7 @@ async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
     );
 
     // With a leader on the primary, still standby (and no lock taken on the replica).
-    let on_primary = Captured::start(db.pool(2), key, &capture);
+    let on_primary = captured(db.pool(2), key, &capture);
     wait_for(2 * I, || on_primary.elector.is_leader())
         .await
         .expect("the primary-side elector leads");
@@ -184,7 +152,7 @@ async fn through_a_transaction_pooler(pool_size: usize, key: LockKey) {
         async {
             let mut replicas = Vec::new();
             for elector in &electors {
-                replicas.push(Captured::run(elector.clone(), &capture));
+                replicas.push(Replica::run_captured(elector.clone(), &capture));
                 tokio::time::sleep(I / 3).await;
             }
             replicas
@@ -237,8 +205,8 @@ async fn e16_through_a_session_pooler_election_works() {
         .unwrap_or_else(|e| panic!("{e}"));
     let key = LockKey::new(16, 4);
     let capture = Capture::default();
-    let mut replicas: Vec<Captured> = (0..3)
-        .map(|_| Captured::start(bouncer.pool_for(&db, 2), key, &capture))
+    let mut replicas: Vec<Replica> = (0..3)
+        .map(|_| captured(bouncer.pool_for(&db, 2), key, &capture))
         .collect();
     let electors: Vec<&Elector> = replicas.iter().map(|r| &r.elector).collect();
     wait_for(2 * I, || {
