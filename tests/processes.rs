@@ -438,6 +438,16 @@ async fn f5_three_replica_processes_run_each_due_once_through_a_sigkill_a_termin
         fleet.spawn(None);
     }
     let first = fleet.one_leader().await;
+    // Dues count from the job's registration, which the leader makes after it is elected:
+    // the first instant the row is seen is after it, so every due from then on is owed.
+    wait_for_async(5 * I, || async {
+        admin
+            .query_opt("SELECT 1 FROM pg_elector_jobs", &[])
+            .await
+            .is_ok_and(|row| row.is_some())
+    })
+    .await
+    .expect("the leader registers its job");
     let from: std::time::SystemTime = admin
         .query_one("SELECT clock_timestamp()", &[])
         .await
