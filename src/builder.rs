@@ -48,6 +48,7 @@ pub struct ElectorBuilder {
     fencing_schema: Option<String>,
     fencing_table: String,
     drain_timeout: Option<Duration>,
+    fast_takeover: bool,
 }
 
 impl ElectorBuilder {
@@ -62,6 +63,7 @@ impl ElectorBuilder {
             fencing_schema: None,
             fencing_table: DEFAULT_FENCING_TABLE.to_owned(),
             drain_timeout: None,
+            fast_takeover: false,
         }
     }
 
@@ -105,6 +107,22 @@ impl ElectorBuilder {
     /// line. While it waits, the leader keeps checking its session every interval.
     pub fn drain_timeout(mut self, limit: Duration) -> Self {
         self.drain_timeout = Some(limit);
+        self
+    }
+
+    /// Fast takeover (default off): a standby also keeps one session of its own waiting for
+    /// the lock on the server, so that it leads within milliseconds of the leader letting go
+    /// (a graceful release, a killed process, an ended session) instead of at its next try,
+    /// up to one interval later.
+    ///
+    /// It costs one more backend per standby, outside the pool's size: a fleet of 50 replicas
+    /// on one key holds 49 waiting sessions besides the leader's. Everything else stays as
+    /// without it: the standby still tries every interval (so a waiting session that breaks,
+    /// or a server restart, only falls back to that), and a grant on the waiting session goes
+    /// through the same checks (read replica, pooler), bounds, identity and epoch before its
+    /// term starts.
+    pub fn fast_takeover(mut self, on: bool) -> Self {
+        self.fast_takeover = on;
         self
     }
 
@@ -191,6 +209,7 @@ impl ElectorBuilder {
                 identity,
                 fencing,
                 drain_timeout: self.drain_timeout.unwrap_or(interval),
+                fast_takeover: self.fast_takeover,
             }),
             metrics,
         ))

@@ -90,6 +90,8 @@ pub(crate) struct PgSettings {
     pub(crate) fencing: Option<Arc<FenceTable>>,
     /// How long a graceful handover waits for work still running.
     pub(crate) drain_timeout: Duration,
+    /// A standby keeps a session waiting for the lock.
+    pub(crate) fast_takeover: bool,
 }
 
 /// The state every clone of an elector shares.

@@ -46,6 +46,8 @@ pub const ENV_FENCED: &str = "PG_ELECTOR_REPLICA_FENCED";
 /// period (`CatchUp::All`), each run logged into `job_log` (`job text, due timestamptz,
 /// replica text, kind text`), which the parent creates.
 pub const ENV_JOB_MS: &str = "PG_ELECTOR_REPLICA_JOB_MS";
+/// Set: the elector runs with fast takeover.
+pub const ENV_FAST: &str = "PG_ELECTOR_REPLICA_FAST";
 const MARK: &str = "@replica ";
 
 pub fn unix_us() -> u64 {
@@ -102,6 +104,7 @@ async fn child_main() {
         .check_interval(interval)
         .identity(name.as_str())
         .fencing(fenced)
+        .fast_takeover(std::env::var(ENV_FAST).is_ok())
         .build()
         .expect("a valid elector");
     tracing::info!(name = %env(ENV_NAME), pid = std::process::id(), "replica starts");
@@ -287,6 +290,8 @@ pub struct Fleet {
     pub fenced: bool,
     /// Replicas spawned from now on run a job every this many ms (see [`ENV_JOB_MS`]).
     pub job_ms: Option<u64>,
+    /// Replicas spawned from now on run with fast takeover (see [`ENV_FAST`]).
+    pub fast: bool,
 }
 
 impl Fleet {
@@ -305,6 +310,7 @@ impl Fleet {
             procs: Vec::new(),
             fenced: false,
             job_ms: None,
+            fast: false,
         }
     }
 
@@ -339,6 +345,11 @@ impl Fleet {
             Some(ms) => command.env(ENV_JOB_MS, ms.to_string()),
             None => command.env_remove(ENV_JOB_MS),
         };
+        if self.fast {
+            command.env(ENV_FAST, "1");
+        } else {
+            command.env_remove(ENV_FAST);
+        }
         let mut child = command.spawn().expect("start a replica process");
         let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
         let stdout = child.stdout.take().expect("piped stdout");
