@@ -18,10 +18,12 @@ use session::{
     try_acquire,
 };
 use tokio::sync::watch;
+use waiter::{WaitSpec, Waiter};
 
 mod fence;
 mod leader;
 mod session;
+mod waiter;
 
 pub(crate) use leader::leader_of;
 pub use leader::{LeaderInfo, current_leader};
@@ -232,6 +234,11 @@ fn millis(d: Duration) -> u64 {
 
 /// Tries the lock every tick until it is granted (`Some`) or `shutdown` is cancelled (`None`).
 /// During a resign's cooldown it does not try; a resign asked of a standby is answered at once.
+///
+/// With fast takeover, a try refused because another session holds the lock also starts a
+/// waiting session, unless one is waiting already; the tries go on every tick all the same,
+/// so a waiting session that breaks only leaves the standby trying as without it until the
+/// next refused try starts another. Whichever is granted first wins; the other is closed.
 async fn standby(
     shared: &Shared,
     pg: &PgSettings,
@@ -242,30 +249,62 @@ async fn standby(
     resigns: &mut watch::Receiver<u64>,
 ) -> Option<Grant> {
     let mut repeats = Repeats::default();
+    let spec = pg.fast_takeover.then(|| WaitSpec {
+        pool: pg.pool.clone(),
+        key: pg.key,
+        identity: pg.identity.clone(),
+        bounds: *bounds,
+        interval: pg.interval,
+        setup_bound: pg.interval.max(MIN_TRY_BOUND),
+    });
+    let mut waiter: Option<Waiter> = None;
     loop {
-        tokio::select! {
+        let waited = tokio::select! {
             biased;
             () = shutdown.cancelled() => return None,
             Ok(()) = resigns.changed() => {
                 shared.resigned.send_modify(|n| *n += 1);
                 continue;
             }
-            _ = ticks.tick() => {}
-        }
-        if shared.cooling_down() {
-            continue;
-        }
-        let attempt = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return None,
-            attempt = try_acquire(
-                borrower,
-                pg.key,
-                &pg.identity,
-                bounds,
-                pg.interval,
-                pg.interval.max(MIN_TRY_BOUND),
-            ) => attempt,
+            outcome = wait_for(&mut waiter) => Some(outcome),
+            _ = ticks.tick() => None,
+        };
+        let mut from_wait = waited.is_some();
+        let attempt = match waited {
+            Some(outcome) => {
+                waiter = None;
+                outcome
+            }
+            None if shared.cooling_down() => {
+                // No session may wait for the lock while this replica stays away from it.
+                waiter = None;
+                continue;
+            }
+            None => {
+                let attempt = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return None,
+                    // A grant to the waiting session while the try is under way: the try, which
+                    // the lock now refuses, is dropped (its connection closed).
+                    outcome = wait_for(&mut waiter) => {
+                        waiter = None;
+                        from_wait = true;
+                        outcome
+                    }
+                    attempt = try_acquire(
+                        borrower,
+                        pg.key,
+                        &pg.identity,
+                        bounds,
+                        pg.interval,
+                        pg.interval.max(MIN_TRY_BOUND),
+                    ) => attempt,
+                };
+                if let (Ok(Attempt::Refused), Some(spec), None) = (&attempt, &spec, &waiter) {
+                    waiter = Some(Waiter::start(spec));
+                }
+                attempt
+            }
         };
         match attempt {
             Ok(Attempt::Granted {
@@ -274,6 +313,7 @@ async fn standby(
                 unbounded,
                 applied,
             }) => {
+                // The waiting session, if the try won, is closed with the waiter.
                 return Some(Grant {
                     session,
                     sent_at,
@@ -299,6 +339,13 @@ async fn standby(
                     tracing::debug!(key = %pg.key, "{POOLER}: {SHARED_TRY}")
                 }
             }
+            Err(e) if from_wait => {
+                if repeats.loud("wait") {
+                    tracing::warn!(key = %pg.key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
+                } else {
+                    tracing::debug!(key = %pg.key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
+                }
+            }
             Err(e) => {
                 if repeats.loud("acquire") {
                     tracing::warn!(key = %pg.key, error = %e, "acquire lock connection")
@@ -307,6 +354,14 @@ async fn standby(
                 }
             }
         }
+    }
+}
+
+/// The outcome of the waiting session, if there is one; pending forever otherwise.
+async fn wait_for(waiter: &mut Option<Waiter>) -> waiter::Outcome {
+    match waiter {
+        Some(waiter) => waiter.outcome().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -92,6 +92,8 @@ pub(crate) enum SessionError {
     Unexpected(Option<String>),
     #[error("the connection attempt was cancelled")]
     BorrowCancelled,
+    #[error("the waiting session's task was cancelled")]
+    WaitAborted,
 }
 
 /// The server-side bounds a granted lock session gets, all derived from the interval I.
@@ -168,25 +170,57 @@ pub(crate) enum Attempt {
     SharedSession,
 }
 
-/// The try's first column, as far as this elector knows it.
+impl Attempt {
+    /// A grant, from the answer row of a statement whose columns 1 to 5 read back the bounds
+    /// as [`TRY_LOCK`]'s do.
+    pub(super) fn granted(
+        session: LockSession,
+        row: &tokio_postgres::Row,
+        answer: Answer,
+        sent_at: u64,
+    ) -> Self {
+        let setting = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
+        Attempt::Granted {
+            unbounded: answer == Answer::GrantedUnbounded,
+            applied: AppliedBounds {
+                idle_session_timeout: setting(1),
+                tcp_user_timeout: setting(2),
+                keepalives_idle: setting(3),
+                keepalives_interval: setting(4),
+                keepalives_count: setting(5),
+            },
+            session: Box::new(session),
+            sent_at,
+        }
+    }
+}
+
+/// The first column of the try (and of the waiting session's statements), as far as this
+/// elector knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     Granted,
     GrantedUnbounded,
     Refused,
     Recovery,
     Marked,
+    /// The waiting session's statements ran on two server sessions: a transaction pooler.
+    Moved,
+    /// The waiting session is ready to wait.
+    Armed,
 }
 
 impl Answer {
     /// `None` for anything else (a NULL included): the lock state is then unknown.
-    fn parse(answer: Option<&str>) -> Option<Self> {
+    pub(super) fn parse(answer: Option<&str>) -> Option<Self> {
         Some(match answer? {
             "granted" => Self::Granted,
             "granted_unbounded" => Self::GrantedUnbounded,
             "refused" => Self::Refused,
             "recovery" => Self::Recovery,
             "marked" => Self::Marked,
+            "moved" => Self::Moved,
+            "armed" => Self::Armed,
             _ => return None,
         })
     }
@@ -300,29 +334,20 @@ pub(crate) async fn try_acquire(
     let answer: Option<String> = row.try_get(0).map_err(SessionError::Query)?;
     let attempt = match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
-            let setting = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
-            return Ok(Attempt::Granted {
-                unbounded: granted == Answer::GrantedUnbounded,
-                applied: AppliedBounds {
-                    idle_session_timeout: setting(1),
-                    tcp_user_timeout: setting(2),
-                    keepalives_idle: setting(3),
-                    keepalives_interval: setting(4),
-                    keepalives_count: setting(5),
-                },
-                session: Box::new(LockSession {
-                    client: Object::take(borrowed.keep()),
-                    key,
-                    mark,
-                }),
-                sent_at,
-            });
+            let session = LockSession {
+                client: Object::take(borrowed.keep()),
+                key,
+                mark,
+            };
+            return Ok(Attempt::granted(session, &row, granted, sent_at));
         }
         Some(Answer::Refused) => Attempt::Refused,
         Some(Answer::Recovery) => Attempt::InRecovery,
         Some(Answer::Marked) => Attempt::SharedSession,
         // Dropping `borrowed` closes the connection.
-        None => return Err(SessionError::Unexpected(answer)),
+        Some(Answer::Moved | Answer::Armed) | None => {
+            return Err(SessionError::Unexpected(answer));
+        }
     };
     borrowed.give_back();
     Ok(attempt)
@@ -338,6 +363,12 @@ pub(crate) struct LockSession {
 }
 
 impl LockSession {
+    /// The lock session that `client` became when a statement that marked it with `mark`
+    /// was granted the lock.
+    pub(super) fn new(client: ClientWrapper, key: LockKey, mark: String) -> Self {
+        Self { client, key, mark }
+    }
+
     /// The leader check, as one unnamed statement.
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
         let (holds, ours, unvisited): (bool, bool, bool) = bounded(bound, async {
@@ -403,7 +434,7 @@ impl LockSession {
 }
 
 /// A mark unique to one grant: process, time, and a counter.
-fn session_mark() -> String {
+pub(super) fn session_mark() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -412,7 +443,7 @@ fn session_mark() -> String {
     format!("{}-{nanos:x}-{n}", std::process::id())
 }
 
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     bound: Duration,
     query: impl Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, SessionError> {
@@ -466,6 +497,8 @@ mod tests {
             "refused",
             "recovery",
             "marked",
+            "moved",
+            "armed",
         ] {
             assert!(Answer::parse(Some(known)).is_some(), "{known}");
         }

@@ -1,0 +1,216 @@
+//! Fast takeover's waiting session: a standby's own connection, out of the pool, blocked in
+//! `pg_advisory_lock` so that the server hands it the lock the moment the holder's session
+//! lets go of it.
+//!
+//! The session gets everything a lock session needs *before* it waits, in a first statement:
+//! the bounds of [`SessionBounds`] (so that a grant to a standby that is frozen or gone is
+//! ended by the server within 4·I, as for any silent lock session), the replica's identity,
+//! and no statement, lock or transaction timeout of the pool's that would cut the wait short.
+//! The second statement waits; once granted it marks the session as the try does, and reads
+//! the bounds back. Both statements check for a read replica and for a transaction pooler
+//! (another elector's mark on the session, or the two statements landing on two server
+//! sessions), so a grant there is refused as a try's would be.
+//!
+//! The connection is never given back to a pool: the task that owns it closes it on any
+//! outcome but a grant, and when it is dropped (the standby stops waiting: shutdown, a grant
+//! by the standby's own try, a cooldown), so a wait the server grants after the client gave
+//! up frees the lock as soon as the server notices the closed connection.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool};
+use tokio::time::timeout;
+use tokio_postgres::types::Type;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::session::{
+    Answer, Attempt, LockSession, SessionBounds, SessionError, bounded, session_mark,
+};
+use crate::LockKey;
+use crate::lease::now_ms;
+
+/// Readies a session to wait: checks it is a primary's and not shared, marks it as this
+/// waiter's ($1), and sets the bounds (as [`super::session`]'s try does at a grant), the
+/// identity ($7), and no statement, lock or transaction timeout. On PostgreSQL 14 and later
+/// `client_connection_check_interval` ($8 ms) makes the server notice, while it waits, a
+/// client that has closed the connection.
+const ARM: &str = "SELECT CASE \
+     WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
+     WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
+       CASE WHEN pg_catalog.set_config('pg_elector.visited', $1::text, false) = $1::text \
+            THEN 'marked' END \
+     WHEN pg_catalog.set_config('pg_elector.waiter', $1::text, false) = $1::text \
+      AND pg_catalog.set_config('statement_timeout', '0', false) IS NOT NULL \
+      AND pg_catalog.set_config('lock_timeout', '0', false) IS NOT NULL \
+      AND pg_catalog.set_config('idle_in_transaction_session_timeout', '0', false) IS NOT NULL \
+      AND pg_catalog.set_config('application_name', $7::text, false) IS NOT NULL \
+      AND pg_catalog.set_config('tcp_user_timeout', $3::text, false) IS NOT NULL \
+      AND pg_catalog.set_config('tcp_keepalives_idle', $4::text, false) IS NOT NULL \
+      AND pg_catalog.set_config('tcp_keepalives_interval', $5::text, false) IS NOT NULL \
+      AND pg_catalog.set_config('tcp_keepalives_count', $6::text, false) IS NOT NULL \
+      AND CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 THEN true \
+               ELSE pg_catalog.set_config('idle_session_timeout', $2::text, false) IS NOT NULL \
+                AND pg_catalog.set_config('client_connection_check_interval', $8::text, false) \
+                    IS NOT NULL END \
+      AND CASE WHEN pg_catalog.current_setting('server_version_num')::int < 170000 THEN true \
+               ELSE pg_catalog.set_config('transaction_timeout', '0', false) IS NOT NULL END \
+     THEN 'armed' END";
+
+/// Waits for the lock on the armed session ($3 is the waiter's mark, which becomes the lock
+/// session's), then answers as the try does, with the same columns: `moved` when this
+/// statement runs on another server session than [`ARM`] did (a transaction pooler).
+const WAIT: &str = "SELECT answer, \
+     pg_catalog.current_setting('idle_session_timeout', true), \
+     pg_catalog.current_setting('tcp_user_timeout', true), \
+     pg_catalog.current_setting('tcp_keepalives_idle', true), \
+     pg_catalog.current_setting('tcp_keepalives_interval', true), \
+     pg_catalog.current_setting('tcp_keepalives_count', true) \
+   FROM (SELECT CASE \
+     WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
+     WHEN coalesce(pg_catalog.current_setting('pg_elector.waiter', true), '') <> $3::text \
+       THEN 'moved' \
+     WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
+       CASE WHEN pg_catalog.set_config('pg_elector.visited', $3::text, false) = $3::text \
+            THEN 'marked' END \
+     WHEN pg_catalog.pg_advisory_lock($1::int4, $2::int4) IS NOT NULL THEN \
+       CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
+       THEN CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 \
+                 THEN 'granted_unbounded' ELSE 'granted' END END \
+     END AS answer OFFSET 0) AS wait";
+
+/// How a waiting session fared; what [`Waiter::outcome`] returns.
+pub(crate) type Outcome = Result<Attempt, SessionError>;
+
+/// A waiting session, in a task of its own. Dropping the waiter aborts the task and closes
+/// the connection.
+pub(crate) struct Waiter {
+    task: AbortOnDropHandle<Outcome>,
+}
+
+/// What a waiting session is made with.
+pub(crate) struct WaitSpec {
+    pub(crate) pool: Pool,
+    pub(crate) key: LockKey,
+    pub(crate) identity: String,
+    pub(crate) bounds: SessionBounds,
+    pub(crate) interval: Duration,
+    /// The bound on getting a connection and on the first statement.
+    pub(crate) setup_bound: Duration,
+}
+
+impl Waiter {
+    /// Opens a waiting session in the background.
+    pub(crate) fn start(spec: &WaitSpec) -> Self {
+        let task = tokio::spawn(wait(
+            spec.pool.clone(),
+            spec.key,
+            spec.identity.clone(),
+            spec.bounds,
+            spec.interval,
+            spec.setup_bound,
+        ));
+        Self {
+            task: AbortOnDropHandle::new(task),
+        }
+    }
+
+    /// The waiting session's outcome: a grant, a refusal (a read replica or a pooler), or why
+    /// it ended. Cancel safe: the wait goes on until the waiter is dropped.
+    pub(crate) async fn outcome(&mut self) -> Outcome {
+        match (&mut self.task).await {
+            Ok(outcome) => outcome,
+            // A panic in the pool (a hook of the application's) unwinds through `run`.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(SessionError::WaitAborted),
+        }
+    }
+}
+
+async fn wait(
+    pool: Pool,
+    key: LockKey,
+    identity: String,
+    bounds: SessionBounds,
+    interval: Duration,
+    setup_bound: Duration,
+) -> Outcome {
+    let object = timeout(interval, pool.get())
+        .await
+        .map_err(|_| SessionError::PoolTimeout(interval))?
+        .map_err(SessionError::Pool)?;
+    // Out of the pool for good, before anything is set on it: the pool's size does not count
+    // it, and no outcome gives it back. Dropped, it is closed.
+    let client = Object::take(object);
+    let mark = session_mark();
+    let text = |n: u64| n.to_string();
+    let (idle, user, k_idle, k_interval, k_count, check) = (
+        text(bounds.idle_session_timeout_ms),
+        text(bounds.tcp_user_timeout_ms),
+        text(bounds.keepalives_idle_s),
+        text(bounds.keepalives_interval_s),
+        text(bounds.keepalives_count),
+        text(client_check_ms(interval)),
+    );
+    let armed = bounded(setup_bound, async {
+        let rows = client
+            .query_typed(
+                ARM,
+                &[
+                    (&mark, Type::TEXT),
+                    (&idle, Type::TEXT),
+                    (&user, Type::TEXT),
+                    (&k_idle, Type::TEXT),
+                    (&k_interval, Type::TEXT),
+                    (&k_count, Type::TEXT),
+                    (&identity, Type::TEXT),
+                    (&check, Type::TEXT),
+                ],
+            )
+            .await?;
+        rows.first()
+            .map(|row| row.try_get::<_, Option<String>>(0))
+            .transpose()
+            .map(Option::flatten)
+    })
+    .await?;
+    match Answer::parse(armed.as_deref()) {
+        Some(Answer::Armed) => {}
+        Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
+        Some(Answer::Marked) => return Ok(Attempt::SharedSession),
+        _ => return Err(SessionError::Unexpected(armed)),
+    }
+    let sent_at = now_ms();
+    // No bound: the wait lasts as long as the lock is held elsewhere. It ends with a grant,
+    // or with an error when the server ends the session (a restart, a terminate).
+    let rows = client
+        .query_typed(
+            WAIT,
+            &[
+                (&key.class(), Type::INT4),
+                (&key.object(), Type::INT4),
+                (&mark, Type::TEXT),
+            ],
+        )
+        .await
+        .map_err(SessionError::Query)?;
+    let Some(row) = rows.into_iter().next() else {
+        return Err(SessionError::Unexpected(None));
+    };
+    let answer: Option<String> = row.try_get(0).map_err(SessionError::Query)?;
+    match Answer::parse(answer.as_deref()) {
+        Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
+            let session = LockSession::new(client, key, mark);
+            Ok(Attempt::granted(session, &row, granted, sent_at))
+        }
+        Some(Answer::Recovery) => Ok(Attempt::InRecovery),
+        Some(Answer::Marked | Answer::Moved) => Ok(Attempt::SharedSession),
+        // Dropping `client` closes the connection, whatever the server did.
+        _ => Err(SessionError::Unexpected(answer)),
+    }
+}
+
+/// How often the server looks, while the session waits, whether its client has gone: one
+/// interval, at least 100 ms and at most 10 s.
+fn client_check_ms(interval: Duration) -> u64 {
+    (interval.as_millis() as u64).clamp(100, 10_000)
+}

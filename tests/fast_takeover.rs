@@ -1,0 +1,364 @@
+//! F1: fast takeover. A standby keeps a session waiting for the lock, so that it leads within
+//! milliseconds of the leader letting go, at any interval; and each hazard of a waiting
+//! session: a wait granted to a standby that is gone, a wait the standby gave up, a waiting
+//! session that ends, a pool whose timeouts would cut the wait short.
+//!
+//! The interval here is long (2 s) so that a standby that only tried every interval would
+//! take hundreds of milliseconds on average; every test first waits until the standby's
+//! session is seen waiting in `pg_locks`, which no standby without fast takeover ever shows.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::capture::Capture;
+use common::*;
+use pg_elector::{Elector, LockKey, current_leader};
+
+/// A long interval: fast takeover is measured against it.
+const LONG: Duration = Duration::from_secs(2);
+
+/// The bound a fast takeover is held to in these tests: far below one interval, with slack
+/// for a loaded 2-core machine (the benchmark measures the real figure).
+const FAST: Duration = Duration::from_millis(250);
+
+fn fast(pool: deadpool_postgres::Pool, key: LockKey, interval: Duration, name: &str) -> Elector {
+    Elector::builder(pool, key)
+        .check_interval(interval)
+        .identity(name)
+        .fast_takeover(true)
+        .build()
+        .expect("a valid elector")
+}
+
+/// The backends waiting for `key` in this database: (pid, application_name).
+async fn waiting(client: &tokio_postgres::Client, key: LockKey) -> Vec<(i32, String)> {
+    client
+        .query(
+            "SELECT l.pid, coalesce(a.application_name, '') FROM pg_locks l \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND NOT l.granted \
+             AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&(key.class() as u32), &(key.object() as u32)],
+        )
+        .await
+        .expect("pg_locks query")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Waits until a session named `name` waits for `key`; returns its pid.
+async fn session_waiting(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    name: &str,
+    limit: Duration,
+) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some((pid, _)) = waiting(client, key)
+            .await
+            .into_iter()
+            .find(|(_, n)| n == name)
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no session of {name} waits for the lock within {limit:?}: {:?}",
+            waiting(client, key).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A leader on `LONG`, and a fast standby whose session waits; returns both and the admin
+/// connection.
+async fn leader_and_waiting_standby(
+    db: &TestDb,
+    key: LockKey,
+) -> (Replica, Replica, tokio_postgres::Client) {
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, LONG, "leader"));
+    wait_for(3 * LONG, || leader.elector.is_leader())
+        .await
+        .expect("the first replica leads");
+    let standby = Replica::run(fast(db.pool(2), key, LONG, "standby"));
+    session_waiting(&admin, key, "standby", 2 * LONG).await;
+    (leader, standby, admin)
+}
+
+/// How long after `from` the standby leads; panics past `limit`.
+async fn takeover(standby: &Replica, from: Instant, limit: Duration) -> Duration {
+    wait_for(limit, || standby.elector.is_leader())
+        .await
+        .unwrap_or_else(|| panic!("the standby did not lead within {limit:?}"));
+    from.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_waiting_standby_leads_within_milliseconds_of_a_graceful_release() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 1);
+    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    let took = takeover(&standby, released, LONG).await;
+    eprintln!("graceful release: the standby led {took:?} after the shutdown began");
+    assert!(took < FAST, "took {took:?}; interval {LONG:?}");
+    standby.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_leaders_run_being_aborted() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 2);
+    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    // An aborted run closes its lock connection without an unlock, as a killed process's
+    // kernel does.
+    let aborted = Instant::now();
+    leader.task.abort();
+    let took = takeover(&standby, aborted, LONG).await;
+    eprintln!("aborted leader: the standby led {took:?} after the abort");
+    assert!(took < FAST, "took {took:?}; interval {LONG:?}");
+    standby.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_lock_session_being_terminated() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 3);
+    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    let terminated = Instant::now();
+    terminate_holder(&db, key).await;
+    let took = takeover(&standby, terminated, LONG).await;
+    eprintln!("terminated lock session: the standby led {took:?} after the terminate");
+    assert!(took < FAST, "took {took:?}; interval {LONG:?}");
+    // The old leader notices its closed connection on its own (F2).
+    wait_for(LONG, || !leader.elector.is_leader())
+        .await
+        .expect("the old leader demotes");
+    leader.stop().await.unwrap();
+    standby.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_term_won_by_waiting_has_its_identity_bounds_and_epoch_in_place_when_it_starts() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 4);
+    let admin = db.connect().await.unwrap();
+    let fenced = |name: &str| {
+        Elector::builder(db.pool(2), key)
+            .check_interval(LONG)
+            .identity(name)
+            .fencing(true)
+            .fast_takeover(true)
+            .build()
+            .unwrap()
+    };
+    let leader = Replica::run(fenced("first"));
+    let first = leader.elector.wait_for_leadership().await;
+    let capture = Capture::default();
+    let standby = Replica::run_captured(fenced("second"), &capture);
+    session_waiting(&admin, key, "second", 2 * LONG).await;
+    let mut changes = standby.elector.subscribe();
+    leader.stop().await.unwrap();
+    // The first moment the term exists, everything it stands on is in place.
+    let term = loop {
+        changes.changed().await.unwrap();
+        let term = standby.elector.term();
+        if term.is_leader() {
+            break term;
+        }
+    };
+    assert_eq!(term.epoch(), Some(first.epoch().unwrap() + 1));
+    let who = current_leader(&admin, key)
+        .await
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(who.identity, "second");
+    let grants = capture.events("lock granted; the server's bounds");
+    let grant = grants.last().expect("the grant is logged with its bounds");
+    // 4·I = 8 s, as the server shows it.
+    if has_idle_session_timeout(&db).await {
+        assert_eq!(grant.field("idle_session_timeout"), "8s", "{grant:?}");
+    }
+    assert_eq!(grant.field("tcp_user_timeout"), "8000", "{grant:?}");
+    assert_eq!(grant.field("tcp_keepalives_idle"), "8", "{grant:?}");
+    standby.stop().await.unwrap();
+}
+
+/// The pool's own session timeouts (here a `statement_timeout` and a `lock_timeout` shorter
+/// than the wait) must not end the waiting session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_pools_statement_and_lock_timeouts_do_not_cut_the_wait_short() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 5);
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, LONG, "leader"));
+    leader.elector.wait_for_leadership().await;
+    let mut config = db.config();
+    config.options("-c statement_timeout=300 -c lock_timeout=300");
+    let pool = pg_elector_harness::pool_from_config(config, 2);
+    let standby = Replica::run(fast(pool, key, LONG, "standby"));
+    let pid = session_waiting(&admin, key, "standby", 2 * LONG).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        session_waiting(&admin, key, "standby", Duration::ZERO).await,
+        pid,
+        "the same session still waits after three statement timeouts"
+    );
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    let took = takeover(&standby, released, LONG).await;
+    assert!(took < FAST, "took {took:?}");
+    standby.stop().await.unwrap();
+}
+
+/// A waiting session that the server ends (an operator's terminate) leaves the standby trying
+/// every interval, and the next refused try starts another waiting session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_terminated_waiting_session_is_replaced_after_the_next_refused_try() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 6);
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, I, "leader"));
+    leader.elector.wait_for_leadership().await;
+    let capture = Capture::default();
+    let standby = Replica::run_captured(fast(db.pool(2), key, I, "standby"), &capture);
+    let first = session_waiting(&admin, key, "standby", 3 * I).await;
+    let terminated = Instant::now();
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap();
+    let second = loop {
+        let pid = session_waiting(&admin, key, "standby", 3 * I).await;
+        if pid != first {
+            break pid;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let back = terminated.elapsed();
+    eprintln!("a new waiting session ({second}) {back:?} after the first ({first}) was terminated");
+    assert!(back <= 2 * I + I / 2, "back after {back:?}; interval {I:?}");
+    assert!(
+        !capture.events("the waiting session ended").is_empty(),
+        "the end of the waiting session is logged"
+    );
+    // And it works: the new one takes over at once.
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    let took = takeover(&standby, released, 3 * I).await;
+    assert!(took < I / 2, "took {took:?}; interval {I:?}");
+    standby.stop().await.unwrap();
+}
+
+/// A standby that stops while its session waits closes that session: the lock is never granted
+/// to a connection that anyone could use, and no pool gets it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_standby_that_stops_while_waiting_leaves_no_session_to_be_granted() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 7);
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, LONG, "leader"));
+    leader.elector.wait_for_leadership().await;
+    let stopped_pool = db.pool(1);
+    let stopped = Replica::run(fast(stopped_pool.clone(), key, LONG, "stopped"));
+    let aborted = Replica::run(fast(db.pool(1), key, LONG, "aborted"));
+    let gone = session_waiting(&admin, key, "stopped", 2 * LONG).await;
+    let torn = session_waiting(&admin, key, "aborted", 2 * LONG).await;
+    stopped.stop().await.unwrap();
+    aborted.task.abort();
+    // The server sees the closed connections while they wait (client_connection_check_interval
+    // on 14 and later) or at the latest when it grants them the lock; either way they end.
+    let third = Replica::run(fast(db.pool(2), key, LONG, "third"));
+    session_waiting(&admin, key, "third", 2 * LONG).await;
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    let took = takeover(&third, released, LONG).await;
+    eprintln!("the third replica led {took:?} after the release");
+    assert!(took < FAST, "took {took:?}");
+    let alive: Vec<i32> = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE pid = ANY($1)",
+            &[&vec![gone, torn]],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        alive.is_empty(),
+        "given-up waiting sessions still exist: {alive:?}"
+    );
+    // Nothing the stopped replica's pool hands out holds the lock.
+    let client = stopped_pool.get().await.unwrap();
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 0);
+    third.stop().await.unwrap();
+}
+
+/// A wait granted to a standby that is gone without the server knowing (its network cut, then
+/// the process gone): the server ends the granted session within 4·I, its usual bound on a
+/// silent lock session, because the session carried its bounds before it waited; then another
+/// waiting standby leads at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_wait_granted_to_a_vanished_standby_is_freed_by_the_server_within_four_intervals() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 8);
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, I, "leader"));
+    leader.elector.wait_for_leadership().await;
+    let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let vanished = Replica::run(fast(db.pool_via(proxy.addr(), 2), key, I, "vanished"));
+    let orphan = session_waiting(&admin, key, "vanished", 3 * I).await;
+    // Queued behind the vanished one.
+    let next = Replica::run(fast(db.pool(2), key, I, "next"));
+    session_waiting(&admin, key, "next", 3 * I).await;
+    proxy.blackhole();
+    vanished.task.abort();
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    // The lock went to the first in the queue, which can no longer hear of it.
+    wait_for_async(I, || async { holders(&admin, key).await == vec![orphan] })
+        .await
+        .expect("the vanished standby's session is granted the lock");
+    if !has_idle_session_timeout(&db).await {
+        tokio::time::sleep(6 * I).await;
+        assert_eq!(holders(&admin, key).await, vec![orphan]);
+        assert!(!next.elector.is_leader());
+        next.stop().await.unwrap();
+        return;
+    }
+    let took = takeover(&next, released, 8 * I).await;
+    eprintln!(
+        "the next standby led {took:?} after the release; the server's bound is 4·I = {:?}",
+        4 * I
+    );
+    assert!(
+        took >= 4 * I - I / 4,
+        "led after {took:?}, before the server's bound"
+    );
+    assert!(took <= 4 * I + 2 * I, "led after {took:?}; interval {I:?}");
+    next.stop().await.unwrap();
+}
