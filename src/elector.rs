@@ -385,7 +385,13 @@ impl Elector {
                 was_leader
             }
             Mode::Postgres(pg) => {
-                if !was_leader || !self.shared.is_running() {
+                if !self.shared.is_running() {
+                    return false;
+                }
+                if !was_leader {
+                    // A standby's `run` hears of it at once, not at its next try: with fast
+                    // takeover it closes its waiting session.
+                    self.shared.resign.send_modify(|n| *n += 1);
                     return false;
                 }
                 let mut resigned = self.shared.resigned.subscribe();

@@ -31,49 +31,6 @@ fn fast(pool: deadpool_postgres::Pool, key: LockKey, interval: Duration, name: &
         .expect("a valid elector")
 }
 
-/// The backends waiting for `key` in this database: (pid, application_name).
-async fn waiting(client: &tokio_postgres::Client, key: LockKey) -> Vec<(i32, String)> {
-    client
-        .query(
-            "SELECT l.pid, coalesce(a.application_name, '') FROM pg_locks l \
-             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND NOT l.granted \
-             AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&(key.class() as u32), &(key.object() as u32)],
-        )
-        .await
-        .expect("pg_locks query")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect()
-}
-
-/// Waits until a session named `name` waits for `key`; returns its pid.
-async fn session_waiting(
-    client: &tokio_postgres::Client,
-    key: LockKey,
-    name: &str,
-    limit: Duration,
-) -> i32 {
-    let start = Instant::now();
-    loop {
-        if let Some((pid, _)) = waiting(client, key)
-            .await
-            .into_iter()
-            .find(|(_, n)| n == name)
-        {
-            return pid;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "no session of {name} waits for the lock within {limit:?}: {:?}",
-            waiting(client, key).await
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// A leader on `LONG`, and a fast standby whose session waits; returns both and the admin
 /// connection.
 async fn leader_and_waiting_standby(
@@ -361,4 +318,44 @@ async fn f1_a_wait_granted_to_a_vanished_standby_is_freed_by_the_server_within_f
     );
     assert!(took <= 4 * I + 2 * I, "led after {took:?}; interval {I:?}");
     next.stop().await.unwrap();
+}
+
+/// A standby that resigns gives up its waiting session at once, not at its next try: the
+/// server drops it from the queue within its client check (1 s here), long before the
+/// standby's next try (its interval is 30 s); and the lock goes to the other waiting standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_standby_that_resigns_stops_waiting_at_once_and_the_other_takes_over() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 9);
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, LONG, "leader"));
+    leader.elector.wait_for_leadership().await;
+    // Its first try is at once; its next one 30 s later.
+    let resigned = Replica::run(fast(db.pool(2), key, Duration::from_secs(30), "resigned"));
+    session_waiting(&admin, key, "resigned", 2 * LONG).await;
+    let other = Replica::run(fast(db.pool(2), key, LONG, "other"));
+    session_waiting(&admin, key, "other", 2 * LONG).await;
+    assert!(
+        !resigned.elector.resign(Duration::from_secs(60)).await,
+        "a standby resigns at once"
+    );
+    let gone = wait_for_async(Duration::from_millis(1500), || async {
+        !waiting(&admin, key)
+            .await
+            .iter()
+            .any(|(_, name)| name == "resigned")
+    })
+    .await
+    .expect("the resigned standby's session leaves the queue within the server's client check");
+    eprintln!("the resigned standby's waiting session left the queue after {gone:?}");
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    let took = takeover(&other, released, LONG).await;
+    assert!(took < FAST, "took {took:?}");
+    tokio::time::sleep(LONG).await;
+    assert!(!resigned.elector.is_leader());
+    assert_eq!(holders(&admin, key).await.len(), 1);
+    resigned.stop().await.unwrap();
+    other.stop().await.unwrap();
 }

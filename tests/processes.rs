@@ -353,6 +353,17 @@ fn says_only_db_error(line: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e16_two_replica_processes_behind_a_transaction_pooler_name_it_and_no_statement_collides() {
+    behind_a_transaction_pooler(false).await;
+}
+
+/// With fast takeover the waiting sessions go through the pooler too; what a replica may do
+/// there is the same as without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_fast_takeover_behind_a_transaction_pooler_is_refused_as_without_it() {
+    behind_a_transaction_pooler(true).await;
+}
+
+async fn behind_a_transaction_pooler(fast: bool) {
     let _serial = serial();
     init_tracing();
     // A private server, whose log this test reads.
@@ -364,6 +375,7 @@ async fn e16_two_replica_processes_behind_a_transaction_pooler_name_it_and_no_st
     .unwrap_or_else(|e| panic!("{e}"));
     let key = LockKey::new(16, 20);
     let mut fleet = new_fleet(&db, key, I);
+    fleet.fast = fast;
     let started = unix_us();
     fleet.spawn(Some(bouncer.addr()));
     fleet.spawn(Some(bouncer.addr()));
@@ -391,8 +403,8 @@ async fn e16_two_replica_processes_behind_a_transaction_pooler_name_it_and_no_st
         .filter(|l| l.contains("prepared statement") && l.contains("already exists"))
         .collect();
     eprintln!(
-        "two replica processes behind PgBouncer (transaction mode) for {:.0} ms: {terms} terms, \
-         longest {:.1} ms, {pooler_errors} pooler errors logged",
+        "two replica processes (fast takeover: {fast}) behind PgBouncer (transaction mode) for \
+         {:.0} ms: {terms} terms, longest {:.1} ms, {pooler_errors} pooler errors logged",
         ms(ended - started),
         ms(longest)
     );
@@ -559,5 +571,114 @@ fn the_overlap_of_a_timeline_is_measured() {
     assert_eq!(
         parse(1, "test replica_child ... @replica 17 tick").map(|e| (e.replica, e.at, e.what)),
         Some((1, 17, What::Tick))
+    );
+}
+
+/// The pid of the session of replica `replica` that waits for `key`.
+async fn waiting_session_of(admin: &tokio_postgres::Client, key: LockKey, replica: usize) -> i32 {
+    session_waiting(admin, key, &format!("replica-{replica}"), STARTUP).await
+}
+
+/// A fleet of fast replicas where 0 leads, then 1 waits, then 2 waits behind it.
+async fn leader_and_two_queued(db: &TestDb, key: LockKey) -> (Fleet, tokio_postgres::Client, i32) {
+    let admin = db.connect().await.unwrap();
+    let mut fleet = new_fleet(db, key, I);
+    fleet.fast = true;
+    fleet.spawn(None);
+    assert_eq!(fleet.one_leader().await, 0);
+    fleet.spawn(None);
+    let first = waiting_session_of(&admin, key, 1).await;
+    fleet.spawn(None);
+    waiting_session_of(&admin, key, 2).await;
+    (fleet, admin, first)
+}
+
+/// F1: the lock granted to a waiting standby that is frozen (SIGSTOP) stays with it only until
+/// the server's bound on a silent session (4·I), which the waiting session carried before it
+/// waited; then the next standby leads; and the frozen one, resumed, never acts as leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_wait_granted_to_a_frozen_standby_process_is_freed_within_four_intervals() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 0x57);
+    let (mut fleet, admin, frozen_pid) = leader_and_two_queued(&db, key).await;
+    let frozen_at = fleet.signal(1, Signal::STOP);
+    let released = unix_us();
+    fleet.stop(0).await.unwrap();
+    wait_for_async(2 * I, || async {
+        holders(&admin, key).await == vec![frozen_pid]
+    })
+    .await
+    .expect("the frozen standby's waiting session is granted the lock");
+    if !has_idle_session_timeout(&db).await {
+        // PostgreSQL 13 keeps the granted session until the frozen process resumes; then it
+        // leads, and no one led meanwhile.
+        tokio::time::sleep(6 * I).await;
+        assert_eq!(holders(&admin, key).await, vec![frozen_pid]);
+        fleet.signal(1, Signal::CONT);
+        let led = fleet.first(STARTUP, What::Leader, Some(0), frozen_at).await;
+        assert_eq!(led.replica, 1);
+        let (most, _) = overlap(&fleet.events(), 3);
+        assert_eq!(most, 1);
+        return;
+    }
+    let next = fleet.first(8 * I, What::Leader, Some(0), released).await;
+    assert_eq!(
+        next.replica, 2,
+        "the next standby leads, not the frozen one"
+    );
+    let took = next.at - released;
+    eprintln!(
+        "frozen standby granted the wait: the next one led {:.1} ms after the release (4·I = {:?})",
+        ms(took),
+        4 * I
+    );
+    assert!(
+        took >= us(4 * I - I / 4),
+        "led after {:.1} ms: before the server's bound",
+        ms(took)
+    );
+    assert!(
+        took <= us(6 * I),
+        "led after {:.1} ms; interval {I:?}",
+        ms(took)
+    );
+    let resumed = fleet.signal(1, Signal::CONT);
+    tokio::time::sleep(5 * I).await;
+    let events = fleet.events();
+    let (most, both) = overlap(&events, 3);
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.replica == 1 && e.what == What::Leader),
+        "the frozen standby led after it resumed at {resumed}: {events:?}"
+    );
+    assert_eq!((most, both), (1, 0), "never two leaders");
+    assert_eq!(leaders(&events, 3), vec![2]);
+}
+
+/// F1: a waiting standby that is killed costs the one queued behind it no time: the server
+/// drops the dead session (it sees the closed connection while it waits, or when it hands it
+/// the lock), and the next waiting session is granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_killed_waiting_standby_process_costs_the_next_one_no_time() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 0x5c);
+    let (mut fleet, _admin, _) = leader_and_two_queued(&db, key).await;
+    fleet.kill(1).await;
+    let released = unix_us();
+    fleet.stop(0).await.unwrap();
+    let next = fleet.first(4 * I, What::Leader, Some(0), released).await;
+    assert_eq!(next.replica, 2);
+    let took = next.at - released;
+    eprintln!(
+        "killed waiting standby: the next one led {:.1} ms after the release",
+        ms(took)
+    );
+    assert!(
+        took <= us(I / 2),
+        "led after {:.1} ms; interval {I:?}",
+        ms(took)
     );
 }

@@ -13,10 +13,20 @@ use pg_elector_harness::ShutdownMode;
 /// How often the replicas are sampled.
 const SAMPLE: Duration = Duration::from_millis(2);
 
-async fn restart_with_three_replicas(mode: ShutdownMode) {
+async fn restart_with_three_replicas(mode: ShutdownMode, fast: bool) {
     let (server, db) = private_server().await;
     let key = LockKey::new(0x5253, 1);
-    let replicas: Vec<Replica> = (0..3).map(|_| Replica::start(db.pool(2), key, I)).collect();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|n| {
+            let elector = pg_elector::Elector::builder(db.pool(2), key)
+                .check_interval(I)
+                .identity(format!("replica-{n}"))
+                .fast_takeover(fast)
+                .build()
+                .expect("a valid elector");
+            Replica::run(elector)
+        })
+        .collect();
     let old = one_leader(&replicas, Duration::from_secs(10)).await;
     let old_term = replicas[old].elector.term();
     // Every standby is past its first try.
@@ -112,6 +122,14 @@ async fn restart_with_three_replicas(mode: ShutdownMode) {
         I + I / 2
     );
     assert_eq!(leaders(&replicas), vec![new], "the new leader leads on");
+    if fast {
+        // The waiting sessions ended with the server; the standbys tried every I meanwhile
+        // (the takeover above), and wait again after their next refused try.
+        let admin = db.connect().await.unwrap();
+        for n in (0..3).filter(|&n| n != new) {
+            session_waiting(&admin, key, &format!("replica-{n}"), 2 * I + I / 2).await;
+        }
+    }
     for replica in replicas {
         replica.stop().await.unwrap();
     }
@@ -122,12 +140,21 @@ async fn restart_with_three_replicas(mode: ShutdownMode) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_restart_demotes_every_replica_and_one_leads_within_one_interval_of_the_return() {
     let _serial = serial();
-    restart_with_three_replicas(ShutdownMode::Fast).await;
+    restart_with_three_replicas(ShutdownMode::Fast, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_immediate_restart_demotes_every_replica_and_one_leads_within_one_interval_of_the_return()
  {
     let _serial = serial();
-    restart_with_three_replicas(ShutdownMode::Immediate).await;
+    restart_with_three_replicas(ShutdownMode::Immediate, false).await;
+}
+
+/// With fast takeover the waiting sessions die with the server: the standbys fall back to
+/// trying every I, one leads within one I of the server's return as without fast takeover,
+/// and the others wait again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_after_a_fast_restart_fast_takeover_standbys_lead_by_trying_then_wait_again() {
+    let _serial = serial();
+    restart_with_three_replicas(ShutdownMode::Fast, true).await;
 }

@@ -15,8 +15,14 @@ use tokio::task::block_in_place;
 
 /// A replica at interval `I` whose `run` logs into `capture`.
 fn captured(pool: Pool, key: LockKey, capture: &Capture) -> Replica {
+    captured_fast(pool, key, capture, false)
+}
+
+/// The same, with fast takeover or without.
+fn captured_fast(pool: Pool, key: LockKey, capture: &Capture, fast: bool) -> Replica {
     let elector = Elector::builder(pool, key)
         .check_interval(I)
+        .fast_takeover(fast)
         .build()
         .expect("valid elector");
     Replica::run_captured(elector, capture)
@@ -57,6 +63,17 @@ async fn watch_leadership(electors: &[&Elector], span: Duration) -> (Duration, u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
+    on_a_read_replica(false).await;
+}
+
+/// With fast takeover no session waits on the replica either: its tries never find the lock
+/// held by another session, which is what starts a waiting session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_fast_takeover_elector_on_a_read_replica_never_leads_nor_waits_there() {
+    on_a_read_replica(true).await;
+}
+
+async fn on_a_read_replica(fast: bool) {
     let _serial = serial();
     init_tracing();
     let primary = block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
@@ -68,7 +85,7 @@ async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
     let capture = Capture::default();
 
     // Alone: nobody holds the lock anywhere, and still the standby's elector never leads.
-    let on_replica = captured(db.pool_via(standby.addr(), 2), key, &capture);
+    let on_replica = captured_fast(db.pool_via(standby.addr(), 2), key, &capture, fast);
     let (longest, _, _) = watch_leadership(&[&on_replica.elector], 5 * I).await;
     assert_eq!(longest, Duration::ZERO, "an elector on a read replica led");
     let errors = capture.errors(key);
@@ -96,6 +113,17 @@ async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
         .expect("the primary-side elector leads");
     let (longest, _, _) = watch_leadership(&[&on_replica.elector], 3 * I).await;
     assert_eq!(longest, Duration::ZERO);
+    let (replica_client, conn) = db
+        .config_via(standby.addr())
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    assert_eq!(
+        waiting(&replica_client, key).await,
+        vec![],
+        "no session waits for the lock on the read replica"
+    );
     on_primary.stop().await.unwrap();
 
     // Promoted, the former replica is a primary of its own: the elector leads there.

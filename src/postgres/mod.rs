@@ -263,6 +263,8 @@ async fn standby(
             biased;
             () = shutdown.cancelled() => return None,
             Ok(()) = resigns.changed() => {
+                // No session may wait for the lock during the cooldown the resign set.
+                waiter = None;
                 shared.resigned.send_modify(|n| *n += 1);
                 continue;
             }

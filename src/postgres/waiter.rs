@@ -209,8 +209,121 @@ async fn wait(
     }
 }
 
-/// How often the server looks, while the session waits, whether its client has gone: one
-/// interval, at least 100 ms and at most 10 s.
+/// How often the server looks, while the session waits, whether its client has gone (a
+/// `poll` of the socket, so cheap even for a thousand waiting sessions): one interval, at
+/// least 100 ms and at most 1 s. A waiting session that its standby gave up (a resign, a
+/// shutdown, a grant to its try) thus leaves the server's queue within a second.
 fn client_check_ms(interval: Duration) -> u64 {
-    (interval.as_millis() as u64).clamp(100, 10_000)
+    (interval.as_millis() as u64).clamp(100, 1_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pg_elector_harness::{PgServer, serial};
+
+    fn describe(outcome: &Outcome) -> String {
+        match outcome {
+            Ok(Attempt::Granted { .. }) => "granted".into(),
+            Ok(Attempt::Refused) => "refused".into(),
+            Ok(Attempt::InRecovery) => "recovery".into(),
+            Ok(Attempt::SharedSession) => "shared".into(),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+
+    fn spec_bounds() -> (SessionBounds, Duration) {
+        let interval = Duration::from_millis(200);
+        (SessionBounds::for_interval(interval), interval)
+    }
+
+    /// A session that already carries an elector's mark is one a transaction pooler shares:
+    /// the waiter refuses it as the try does, and leaves a visit mark for that elector.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_with_an_electors_mark_is_refused_before_it_waits() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let pool = db.pool(1);
+        {
+            let client = pool.get().await.unwrap();
+            client
+                .execute(
+                    "SELECT set_config('pg_elector.session', 'other', false)",
+                    &[],
+                )
+                .await
+                .unwrap();
+        }
+        let (bounds, interval) = spec_bounds();
+        let key = LockKey::new(0xf1, 0x3a);
+        let outcome = wait(pool.clone(), key, "w".into(), bounds, interval, interval).await;
+        assert_eq!(describe(&outcome), "shared");
+    }
+
+    /// The wait refuses to run on another server session than the one armed (what a
+    /// transaction pooler may do between two statements).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_on_a_session_armed_for_another_waiter_answers_moved() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let client = db.connect().await.unwrap();
+        client
+            .execute(
+                "SELECT set_config('pg_elector.waiter', 'someone-else', false)",
+                &[],
+            )
+            .await
+            .unwrap();
+        let row = client
+            .query_typed(
+                WAIT,
+                &[
+                    (&1i32, Type::INT4),
+                    (&2i32, Type::INT4),
+                    (&"mine", Type::TEXT),
+                ],
+            )
+            .await
+            .unwrap();
+        let answer: Option<String> = row[0].get(0);
+        assert_eq!(Answer::parse(answer.as_deref()), Some(Answer::Moved));
+        let held: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(held, 0, "no lock taken");
+    }
+
+    /// On a read replica the waiter never waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_a_read_replica_the_waiter_answers_recovery_and_never_waits() {
+        let _serial = serial();
+        let primary =
+            tokio::task::block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
+        let db = primary.create_database().await.unwrap();
+        let standby = tokio::task::block_in_place(|| primary.spawn_standby())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (bounds, interval) = spec_bounds();
+        let key = LockKey::new(0xf1, 0x3b);
+        let outcome = timeout(
+            Duration::from_secs(10),
+            wait(
+                db.pool_via(standby.addr(), 1),
+                key,
+                "w".into(),
+                bounds,
+                interval,
+                interval,
+            ),
+        )
+        .await
+        .expect("no wait on a read replica");
+        assert_eq!(describe(&outcome), "recovery");
+    }
 }

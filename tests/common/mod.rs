@@ -231,3 +231,46 @@ pub fn gauge(registry: &prometheus::Registry, name: &str) -> Option<i64> {
         .find(|family| family.name() == name)
         .map(|family| family.get_metric()[0].get_gauge().value() as i64)
 }
+
+/// The backends waiting for `key` in this database: (pid, application_name).
+pub async fn waiting(client: &tokio_postgres::Client, key: LockKey) -> Vec<(i32, String)> {
+    client
+        .query(
+            "SELECT l.pid, coalesce(a.application_name, '') FROM pg_locks l \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND NOT l.granted \
+             AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&(key.class() as u32), &(key.object() as u32)],
+        )
+        .await
+        .expect("pg_locks query")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Waits until a session named `name` waits for `key`; returns its pid.
+pub async fn session_waiting(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    name: &str,
+    limit: Duration,
+) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some((pid, _)) = waiting(client, key)
+            .await
+            .into_iter()
+            .find(|(_, n)| n == name)
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no session of {name} waits for the lock within {limit:?}: {:?}",
+            waiting(client, key).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
