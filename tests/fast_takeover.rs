@@ -47,6 +47,25 @@ async fn leader_and_waiting_standby(
     (leader, standby, admin)
 }
 
+/// Reads both electors every 50 µs for `span`; returns how long both said they led.
+fn both_leading(a: &Elector, b: &Elector, span: Duration) -> std::thread::JoinHandle<Duration> {
+    let (a, b) = (a.clone(), b.clone());
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut both = Duration::ZERO;
+        let mut last = Instant::now();
+        while start.elapsed() < span {
+            let now = Instant::now();
+            if a.is_leader() && b.is_leader() {
+                both += now - last;
+            }
+            last = now;
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        both
+    })
+}
+
 /// How long after `from` the standby leads; panics past `limit`.
 async fn takeover(standby: &Replica, from: Instant, limit: Duration) -> Duration {
     wait_for(limit, || standby.elector.is_leader())
@@ -91,15 +110,23 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_lock_session_bein
     let db = fresh_db().await;
     let key = LockKey::new(0xf1, 3);
     let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    // Both replicas read every 50 µs on a thread of their own: any instant with two leaders.
+    let overlap = both_leading(&leader.elector, &standby.elector, LONG);
     let terminated = Instant::now();
     terminate_holder(&db, key).await;
     let took = takeover(&standby, terminated, LONG).await;
     eprintln!("terminated lock session: the standby led {took:?} after the terminate");
     assert!(took < FAST, "took {took:?}; interval {LONG:?}");
-    // The old leader notices its closed connection on its own (F2).
+    // The old leader notices its closed connection on its own (F2), before the new one leads.
     wait_for(LONG, || !leader.elector.is_leader())
         .await
         .expect("the old leader demotes");
+    let both = overlap.join().unwrap();
+    assert_eq!(
+        both,
+        Duration::ZERO,
+        "two replicas led at once for {both:?}"
+    );
     leader.stop().await.unwrap();
     standby.stop().await.unwrap();
 }

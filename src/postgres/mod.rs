@@ -121,6 +121,18 @@ pub(crate) async fn run(
             }
             continue;
         }
+        if let Some(until) = grant.settle_until {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => {
+                    if let Some(session) = held.session.take() {
+                        unlock(pg, session, false).await;
+                    }
+                    return Ok(());
+                }
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
         let deadline = deadline_after(held_since, lease_length(pg.interval));
         if now_ms() >= deadline {
             drop(held.session.take());
@@ -321,6 +333,7 @@ async fn standby(
                     sent_at,
                     unbounded,
                     applied,
+                    settle_until: from_wait.then(|| Instant::now() + SETTLE),
                 });
             }
             Ok(Attempt::Refused) => {
@@ -375,7 +388,21 @@ struct Grant {
     /// The server has no `idle_session_timeout`.
     unbounded: bool,
     applied: AppliedBounds,
+    /// A grant to the waiting session: the term starts no earlier than this.
+    settle_until: Option<Instant>,
 }
+
+/// How long a term won by a waiting session waits before it starts. The waiting session is
+/// granted the lock the moment the holder's session ends; if that session was ended under a
+/// live leader (`pg_terminate_backend`, a proxy reset), that leader notices its closed
+/// connection within [`FAST_WATCH_POLL`], and this gives it four times that to step down
+/// first, so fast takeover adds no instant with two leaders. A standby that tries finds the
+/// lock free only at its next try, long after.
+const SETTLE: Duration = Duration::from_millis(8);
+
+/// How often a leader with fast takeover looks at its connection and lease between checks
+/// (see [`WATCH_POLL`] without it).
+const FAST_WATCH_POLL: Duration = Duration::from_millis(2);
 
 /// How often a standby repeats the same complaint at its full level; in between, at DEBUG.
 const REPEAT_EVERY: Duration = Duration::from_secs(60);
@@ -480,11 +507,16 @@ async fn lead(
     session: &LockSession,
     resigns: &mut watch::Receiver<u64>,
 ) -> Led {
+    let poll = if pg.fast_takeover {
+        FAST_WATCH_POLL
+    } else {
+        WATCH_POLL
+    };
     loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            cause = watch(shared.lease(), session) => return Led::Lost(cause),
+            cause = watch(shared.lease(), session, poll) => return Led::Lost(cause),
             Ok(()) = resigns.changed() => return Led::Resign,
             _ = ticks.tick() => {}
         }
@@ -496,7 +528,7 @@ async fn lead(
         let check = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            cause = watch(shared.lease(), session) => return Led::Lost(cause),
+            cause = watch(shared.lease(), session, poll) => return Led::Lost(cause),
             check = session.check(pg.interval) => check,
         };
         if let Some(metrics) = shared.metrics() {
@@ -526,7 +558,7 @@ const LEASE_EXPIRED: &str =
 /// Completes, with the cause, when the lock connection closes or the local lease expires
 ///: within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
 /// term (and cancels its token) at once rather than at its next tick or when its check ends.
-async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
+async fn watch(lease: &Lease, session: &LockSession, poll: Duration) -> LossCause {
     loop {
         if session.is_closed() {
             return LossCause::ConnectionClosed;
@@ -534,7 +566,7 @@ async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
         if !lease.is_live() {
             return LossCause::LeaseExpired;
         }
-        tokio::time::sleep(WATCH_POLL).await;
+        tokio::time::sleep(poll).await;
     }
 }
 
