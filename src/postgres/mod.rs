@@ -82,7 +82,18 @@ pub(crate) async fn run(
             shared.warn_no_idle_session_timeout(pg.key);
         }
         // Guarded from here on: a drop or a panic closes the session (E7).
-        let session = held.session.insert(grant.session);
+        held.session = Some(grant.session);
+        // A resign asked while the try was on the wire: its cooldown holds, and no epoch is
+        // bumped for a term that will not start.
+        if shared.cooling_down() {
+            if let Some(session) = held.session.take() {
+                unlock(pg, session, false).await;
+            }
+            continue;
+        }
+        let Some(session) = held.session.as_deref() else {
+            continue;
+        };
         let applied = &grant.applied;
         tracing::debug!(
             key = %pg.key,
