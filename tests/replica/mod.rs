@@ -16,6 +16,11 @@
 //! A watcher thread in the child reads `is_leader()` every millisecond, so a transition is
 //! stamped at most about 1 ms after it happened. A `tick` is stamped when `do_work` is called,
 //! before it looks at leadership.
+//!
+//! When the watcher finds that more than [`WOKE_GAP_US`] passed since its previous read (the
+//! process was stopped, or starved), it first says what that first read found, stamped just
+//! before the read: `woke leader` or `woke standby` (then the transition, if any, as usual).
+//! So a parent that SIGSTOPs a leader can tell whether it still led when it ran again.
 #![allow(dead_code, unreachable_pub)]
 
 use std::convert::Infallible;
@@ -49,6 +54,8 @@ pub const ENV_JOB_MS: &str = "PG_ELECTOR_REPLICA_JOB_MS";
 /// Set: the elector runs with fast takeover.
 pub const ENV_FAST: &str = "PG_ELECTOR_REPLICA_FAST";
 const MARK: &str = "@replica ";
+/// A gap between two reads of the watcher (µs) after which it says `woke …`.
+pub const WOKE_GAP_US: u64 = 100_000;
 
 pub fn unix_us() -> u64 {
     SystemTime::now()
@@ -157,8 +164,14 @@ async fn child_main() {
     std::thread::spawn({
         let (elector, reported) = (elector.clone(), reported.clone());
         move || {
+            let mut last = unix_us();
             loop {
+                let before = unix_us();
                 let now = elector.is_leader();
+                if before.saturating_sub(last) > WOKE_GAP_US {
+                    say(before, if now { "woke leader" } else { "woke standby" });
+                }
+                last = before;
                 if now != reported.load(Ordering::Relaxed) {
                     say(unix_us(), if now { "leader" } else { "standby" });
                     reported.store(now, Ordering::Relaxed);
@@ -230,6 +243,11 @@ pub enum What {
     Exited,
     /// Not said by the child: the parent SIGKILLed it at this time.
     Killed,
+    /// The watcher's first read after a gap longer than [`WOKE_GAP_US`] (a stopped or starved
+    /// process), and whether it found the replica leading. Not a transition.
+    Woke {
+        leading: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -250,6 +268,9 @@ pub fn parse(replica: usize, line: &str) -> Option<Event> {
         "standby" => What::Standby,
         "tick" => What::Tick,
         "exited" => What::Exited,
+        "woke" => What::Woke {
+            leading: words.next()? == "leader",
+        },
         _ => return None,
     };
     Some(Event { replica, at, what })
@@ -475,7 +496,7 @@ pub fn leaders(events: &[Event], n: usize) -> Vec<usize> {
         match e.what {
             What::Leader => leading[e.replica] = true,
             What::Standby | What::Killed | What::Exited => leading[e.replica] = false,
-            What::Started | What::Tick => {}
+            What::Started | What::Tick | What::Woke { .. } => {}
         }
     }
     (0..n).filter(|&i| leading[i]).collect()
