@@ -760,6 +760,8 @@ struct Row {
     rss_total_kb: u64,
     rss_max_kb: u64,
     warnings: usize,
+    /// The fleet's WARN and ERROR lines by message and error, most frequent first.
+    warning_kinds: Vec<(String, usize)>,
     log_tail: Vec<String>,
 }
 
@@ -958,9 +960,11 @@ impl Run<'_> {
             .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
             .count();
         let tail: Vec<String> = logs[logs.len().saturating_sub(5)..].to_vec();
+        let kinds = warning_kinds(&logs);
         match result {
             Ok(mut row) => {
                 row.warnings = warnings;
+                row.warning_kinds = kinds;
                 row.log_tail = tail;
                 Ok(row)
             }
@@ -968,6 +972,7 @@ impl Run<'_> {
                 e,
                 Row {
                     warnings,
+                    warning_kinds: kinds,
                     log_tail: tail,
                     ..Row::default()
                 },
@@ -1124,6 +1129,7 @@ impl Run<'_> {
             rss_total_kb: rss.iter().sum(),
             rss_max_kb: samples.iter().map(|s| s.rss_kb).max().unwrap_or(0),
             warnings: 0,
+            warning_kinds: Vec::new(),
             log_tail: Vec::new(),
         })
     }
@@ -1185,6 +1191,40 @@ impl Run<'_> {
             backends,
         })
     }
+}
+
+/// The fleet's WARN and ERROR lines counted by their message and `error` field (a tracing line
+/// reads `<time> WARN <spans>: pg_elector::<module>: <message> key=… error=…`).
+fn warning_kinds(logs: &[String]) -> Vec<(String, usize)> {
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for line in logs {
+        let Some(at) = line.find(" WARN ").or_else(|| line.find(" ERROR ")) else {
+            continue;
+        };
+        let rest = &line[at + 1..];
+        let level = rest.split_whitespace().next().unwrap_or("");
+        let message = rest
+            .find(" pg_elector")
+            .and_then(|t| rest[t + 1..].find(": ").map(|c| &rest[t + 1 + c + 2..]))
+            .unwrap_or(rest);
+        let text: Vec<&str> = message
+            .split_whitespace()
+            .take_while(|w| !w.contains('='))
+            .collect();
+        let error = message
+            .find("error=")
+            .map(|e| {
+                let value: String = message[e + 6..].chars().take(80).collect();
+                format!(" (error={value})")
+            })
+            .unwrap_or_default();
+        *kinds
+            .entry(format!("{level} {}{error}", text.join(" ")))
+            .or_default() += 1;
+    }
+    let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    kinds
 }
 
 fn spawn_child(
@@ -1630,6 +1670,25 @@ fn print_tables(
                 None => String::new(),
             }
         );
+    }
+
+    // What the fleet logged, for runs that logged anything.
+    for (plan, outcome) in results {
+        let (Ok(row) | Err((_, row))) = outcome;
+        if row.warning_kinds.is_empty() {
+            continue;
+        }
+        println!();
+        println!(
+            "Fleet log, {} / {} / {} electors ({} WARN or ERROR lines over the whole run):",
+            plan.shape.name(),
+            plan.mode.name(),
+            plan.electors,
+            row.warnings
+        );
+        for (kind, count) in row.warning_kinds.iter().take(6) {
+            println!("- {count} × {}", kind.replace('|', "/"));
+        }
     }
 
     // The largest fleet measured with the checks within I/10 at p99, per shape and mode.
