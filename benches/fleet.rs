@@ -436,7 +436,7 @@ fn server_ticks(postmaster: i32) -> (u64, usize) {
 }
 
 /// The whole machine's busy time so far (clock ticks, every CPU): the first line of
-/// /proc/stat without idle and iowait.
+/// /proc/stat without idle, iowait and steal.
 fn machine_ticks() -> u64 {
     std::fs::read_to_string("/proc/stat")
         .ok()
@@ -447,8 +447,9 @@ fn machine_ticks() -> u64 {
                 .skip(1)
                 .filter_map(|f| f.parse().ok())
                 .collect();
-            // user nice system idle iowait irq softirq steal (guest time is inside user)
-            Some(v.iter().take(8).sum::<u64>() - v.get(3)? - v.get(4)?)
+            // user nice system idle iowait irq softirq (guest time is inside user; steal,
+            // the hypervisor's, is left out)
+            Some(v.iter().take(7).sum::<u64>() - v.get(3)? - v.get(4)?)
         })
         .unwrap_or(0)
 }
@@ -701,7 +702,13 @@ struct Statements {
 }
 
 struct Snapshot {
+    /// When every process had answered with its metrics.
     at: Instant,
+    /// When /proc was read (for the CPU rates: under overload the parts of a snapshot can be
+    /// seconds apart).
+    proc_at: Instant,
+    /// When `pg_stat_statements` was read (for the statement rates).
+    stmts_at: Instant,
     server: u64,
     /// The bench's own backends.
     own: u64,
@@ -1043,22 +1050,24 @@ impl Run<'_> {
         let end = self.snapshot(monitor, own_pids, procs).await?;
         let leaders_now = monitor.leaders().await;
 
-        let window = end.at.duration_since(start.at).as_secs_f64();
+        let window = end.proc_at.duration_since(start.proc_at).as_secs_f64();
+        let stmts_window = end.stmts_at.duration_since(start.stmts_at).as_secs_f64();
+        let fleet_window = end.at.duration_since(start.at).as_secs_f64();
         let cores = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / self.ticks_per_s / window;
         let server_cores = cores(start.server, end.server) - cores(start.own, end.own);
         let statements = start.statements.zip(end.statements).map(|(a, b)| {
             let tries = (b.try_calls - a.try_calls) as f64;
             let checks = (b.check_calls - a.check_calls) as f64;
             (
-                tries / window,
-                checks / window,
+                tries / stmts_window,
+                checks / stmts_window,
                 (b.try_ms - a.try_ms) * 1e3 / tries.max(1.0),
                 (b.check_ms - a.check_ms) * 1e3 / checks.max(1.0),
-                (b.other_calls - a.other_calls) as f64 / window,
+                (b.other_calls - a.other_calls) as f64 / stmts_window,
             )
         });
         let check_count = end.fleet.count - start.fleet.count;
-        let checks_client = check_count as f64 / window;
+        let checks_client = check_count as f64 / fleet_window;
         let histogram: Vec<(f64, u64)> = end
             .fleet
             .buckets
@@ -1160,7 +1169,8 @@ impl Run<'_> {
         let postmaster = self.server.postmaster;
         let own_pids = own_pids.to_vec();
         let pids: Vec<i32> = procs.iter().map(|p| p.pid).collect();
-        let (server, own, clients, machine) = tokio::task::spawn_blocking(move || {
+        let (proc_at, server, own, clients, machine) = tokio::task::spawn_blocking(move || {
+            let proc_at = Instant::now();
             let (server, _) = server_ticks(postmaster);
             let own = own_pids
                 .iter()
@@ -1168,10 +1178,11 @@ impl Run<'_> {
                 .map(|s| s.own)
                 .sum();
             let clients = pids.iter().filter_map(|&p| stat(p)).map(|s| s.own).sum();
-            (server, own, clients, machine_ticks())
+            (proc_at, server, own, clients, machine_ticks())
         })
         .await
         .expect("a /proc read");
+        let stmts_at = Instant::now();
         let statements = if self.server.statements {
             monitor.statements().await
         } else {
@@ -1181,6 +1192,8 @@ impl Run<'_> {
         let (backends, _) = monitor.backends().await;
         Ok(Snapshot {
             at,
+            proc_at,
+            stmts_at,
             server,
             own,
             clients,
