@@ -127,7 +127,20 @@ impl LockKey {
     pub(crate) fn object_oid(&self) -> u32 {
         self.object as u32
     }
+
+    /// The bigint advisory lock a leader takes, shared, in the statement that gives this key
+    /// up gracefully, and holds until its session closes: a waiting standby granted the key
+    /// while it is held knows the old leader stepped down before it let go. The key's two
+    /// halves, XORed with a constant so that small keys do not meet an application's small
+    /// bigint locks.
+    pub(crate) fn handover_marker(&self) -> i64 {
+        let key = ((self.class_oid() as u64) << 32) | self.object_oid() as u64;
+        (key ^ HANDOVER_MARKER_MASK) as i64
+    }
 }
+
+/// See [`LockKey::handover_marker`]: `pg_elector` as bytes, in hex, twice over.
+const HANDOVER_MARKER_MASK: u64 = 0x7067_5f65_6c65_6374;
 
 impl std::fmt::Display for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

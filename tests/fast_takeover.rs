@@ -36,15 +36,26 @@ fn fast(pool: deadpool_postgres::Pool, key: LockKey, interval: Duration, name: &
 async fn leader_and_waiting_standby(
     db: &TestDb,
     key: LockKey,
+    capture: &Capture,
 ) -> (Replica, Replica, tokio_postgres::Client) {
     let admin = db.connect().await.unwrap();
     let leader = Replica::run(fast(db.pool(2), key, LONG, "leader"));
     wait_for(3 * LONG, || leader.elector.is_leader())
         .await
         .expect("the first replica leads");
-    let standby = Replica::run(fast(db.pool(2), key, LONG, "standby"));
+    let standby = Replica::run_captured(fast(db.pool(2), key, LONG, "standby"), capture);
     session_waiting(&admin, key, "standby", 2 * LONG).await;
     (leader, standby, admin)
+}
+
+/// How the standby's grant came: (through its waiting session, from a graceful unlock).
+fn grant_kind(capture: &Capture) -> (String, String) {
+    let grants = capture.events("lock granted; the server's bounds");
+    let grant = grants.last().expect("the grant is logged");
+    (
+        grant.field("waited").to_owned(),
+        grant.field("handed_over").to_owned(),
+    )
 }
 
 /// Whether the server has `client_connection_check_interval` (PostgreSQL 14 and later), with
@@ -90,12 +101,15 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_a_graceful_release() 
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xf1, 1);
-    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    let capture = Capture::default();
+    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key, &capture).await;
     let released = Instant::now();
     leader.stop().await.unwrap();
     let took = takeover(&standby, released, LONG).await;
     eprintln!("graceful release: the standby led {took:?} after the shutdown began");
     assert!(took < FAST, "took {took:?}; interval {LONG:?}");
+    // Handed over: the old leader had stepped down, so the term started without a wait.
+    assert_eq!(grant_kind(&capture), ("true".into(), "true".into()));
     standby.stop().await.unwrap();
 }
 
@@ -104,7 +118,8 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_leaders_run_being
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xf1, 2);
-    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    let capture = Capture::default();
+    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key, &capture).await;
     // An aborted run closes its lock connection without an unlock, as a killed process's
     // kernel does.
     let aborted = Instant::now();
@@ -112,6 +127,8 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_leaders_run_being
     let took = takeover(&standby, aborted, LONG).await;
     eprintln!("aborted leader: the standby led {took:?} after the abort");
     assert!(took < FAST, "took {took:?}; interval {LONG:?}");
+    // The session ended without an unlock: the term waited for a leader to step down.
+    assert_eq!(grant_kind(&capture), ("true".into(), "false".into()));
     standby.stop().await.unwrap();
 }
 
@@ -120,7 +137,8 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_lock_session_bein
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xf1, 3);
-    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key).await;
+    let capture = Capture::default();
+    let (leader, standby, _admin) = leader_and_waiting_standby(&db, key, &capture).await;
     // Both replicas read every 50 µs on a thread of their own: any instant with two leaders.
     let overlap = both_leading(&leader.elector, &standby.elector, LONG);
     let terminated = Instant::now();
@@ -132,6 +150,7 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_the_lock_session_bein
     wait_for(LONG, || !leader.elector.is_leader())
         .await
         .expect("the old leader demotes");
+    assert_eq!(grant_kind(&capture), ("true".into(), "false".into()));
     let both = overlap.join().unwrap();
     assert_eq!(
         both,

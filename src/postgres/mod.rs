@@ -102,6 +102,8 @@ pub(crate) async fn run(
             tcp_keepalives_idle = applied.keepalives_idle.as_deref().unwrap_or("(none)"),
             tcp_keepalives_interval = applied.keepalives_interval.as_deref().unwrap_or("(none)"),
             tcp_keepalives_count = applied.keepalives_count.as_deref().unwrap_or("(none)"),
+            waited = grant.settle_until.is_some() || grant.handed_over,
+            handed_over = grant.handed_over,
             "lock granted; the server's bounds on the lock session"
         );
         let prepared = tokio::select! {
@@ -337,6 +339,7 @@ async fn standby(
                 sent_at,
                 unbounded,
                 applied,
+                handed_over,
             }) => {
                 // The waiting session, if the try won, is closed with the waiter.
                 return Some(Grant {
@@ -344,7 +347,9 @@ async fn standby(
                     sent_at,
                     unbounded,
                     applied,
-                    settle_until: from_wait.then(|| Instant::now() + SETTLE),
+                    // A graceful unlock came after the old leader stepped down: no wait.
+                    settle_until: (from_wait && !handed_over).then(|| Instant::now() + SETTLE),
+                    handed_over,
                 });
             }
             Ok(Attempt::Refused) => {
@@ -399,8 +404,11 @@ struct Grant {
     /// The server has no `idle_session_timeout`.
     unbounded: bool,
     applied: AppliedBounds,
-    /// A grant to the waiting session: the term starts no earlier than this.
+    /// A grant to the waiting session from a session that ended: the term starts no earlier
+    /// than this.
     settle_until: Option<Instant>,
+    /// A grant to the waiting session from a graceful unlock.
+    handed_over: bool,
 }
 
 /// How long a term won by a waiting session waits before it starts. The waiting session is
@@ -408,8 +416,17 @@ struct Grant {
 /// live leader (`pg_terminate_backend`, a proxy reset), that leader notices its closed
 /// connection within [`FAST_WATCH_POLL`], and this gives it four times that to step down
 /// first, so fast takeover adds no instant with two leaders. A standby that tries finds the
-/// lock free only at its next try, long after.
+/// lock free only at its next try, long after. A lock handed over by a graceful unlock (the
+/// old session still holds the key's handover marker) needs no wait: that leader stepped down
+/// before it unlocked.
 const SETTLE: Duration = Duration::from_millis(8);
+
+/// How long a session that unlocked gracefully stays open, holding the key's handover marker.
+/// A terminated session within this time of a graceful handover may look handed over too,
+/// to a standby waiting behind the new leader: then it skips [`SETTLE`], and the overlap is
+/// the old-style one of a terminated session (the new leader notices within
+/// [`FAST_WATCH_POLL`]).
+const HANDOVER_LINGER: Duration = Duration::from_millis(50);
 
 /// How often a leader with fast takeover looks at its connection and lease between checks
 /// (see [`WATCH_POLL`] without it).
@@ -641,9 +658,20 @@ async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool 
 async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
-        Ok(Ok(true)) if led => tracing::info!(key = %pg.key, "leadership released"),
         Ok(Ok(true)) => {
-            tracing::debug!(key = %pg.key, "the lock was given back before a term began")
+            if led {
+                tracing::info!(key = %pg.key, "leadership released");
+            } else {
+                tracing::debug!(key = %pg.key, "the lock was given back before a term began");
+            }
+            // The session, and with it the handover marker the unlock took, stays a moment:
+            // long enough for a waiting standby granted the lock to see that it was handed
+            // over (its term then starts without waiting for an old leader to step down).
+            tokio::spawn(async move {
+                tokio::time::sleep(HANDOVER_LINGER).await;
+                drop(session);
+            });
+            return;
         }
         Ok(Ok(false)) => {
             tracing::warn!(key = %pg.key, "the unlock found the lock not held")

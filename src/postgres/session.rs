@@ -66,7 +66,12 @@ const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
      coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = ''";
 
-const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
+/// The graceful unlock. It first takes the key's handover marker (a bigint advisory lock,
+/// shared, never waited for), which the session holds until it closes, so that a waiting
+/// standby granted the lock by this unlock can tell that no leader is left to step down.
+pub(super) const UNLOCK: &str = "SELECT CASE \
+     WHEN pg_catalog.pg_try_advisory_lock_shared($3::int8) IS NOT NULL \
+     THEN pg_catalog.pg_advisory_unlock($1::int4, $2::int4) END";
 
 /// How often the leader looks at its connection and its lease between checks: a
 /// closed socket, or a lease that expired while the process was frozen, is noticed within this
@@ -158,6 +163,9 @@ pub(crate) enum Attempt {
     Granted {
         session: Box<LockSession>,
         sent_at: u64,
+        /// The lock came from a graceful unlock whose session still held the handover marker
+        /// (only a waiting session looks).
+        handed_over: bool,
         /// The server has no `idle_session_timeout` (PostgreSQL 13 and older).
         unbounded: bool,
         applied: AppliedBounds,
@@ -172,7 +180,8 @@ pub(crate) enum Attempt {
 
 impl Attempt {
     /// A grant, from the answer row of a statement whose columns 1 to 5 read back the bounds
-    /// as [`TRY_LOCK`]'s do.
+    /// as [`TRY_LOCK`]'s do, and whose column 6, if any, says whether the lock was handed
+    /// over gracefully.
     pub(super) fn granted(
         session: LockSession,
         row: &tokio_postgres::Row,
@@ -180,7 +189,13 @@ impl Attempt {
         sent_at: u64,
     ) -> Self {
         let setting = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
+        let handed_over = row
+            .try_get::<_, Option<bool>>(6)
+            .ok()
+            .flatten()
+            .unwrap_or(false);
         Attempt::Granted {
+            handed_over,
             unbounded: answer == Answer::GrantedUnbounded,
             applied: AppliedBounds {
                 idle_session_timeout: setting(1),
@@ -409,11 +424,12 @@ impl LockSession {
                     &[
                         (&self.key.class(), Type::INT4),
                         (&self.key.object(), Type::INT4),
+                        (&self.key.handover_marker(), Type::INT8),
                     ],
                 )
                 .await?;
             match rows.first() {
-                Some(row) => row.try_get(0),
+                Some(row) => Ok(row.try_get::<_, Option<bool>>(0)?.unwrap_or(false)),
                 None => Ok(false),
             }
         })

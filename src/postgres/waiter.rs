@@ -58,13 +58,20 @@ const ARM: &str = "SELECT CASE \
 
 /// Waits for the lock on the armed session ($3 is the waiter's mark, which becomes the lock
 /// session's), then answers as the try does, with the same columns: `moved` when this
-/// statement runs on another server session than [`ARM`] did (a transaction pooler).
+/// statement runs on another server session than [`ARM`] did (a transaction pooler). A last
+/// column, read after the grant, says whether the session that gave the lock up still holds
+/// the key's handover marker ($4, $5: its two halves as `pg_locks` shows them), that is
+/// whether the lock came from a graceful unlock rather than from a session that ended.
 const WAIT: &str = "SELECT answer, \
      pg_catalog.current_setting('idle_session_timeout', true), \
      pg_catalog.current_setting('tcp_user_timeout', true), \
      pg_catalog.current_setting('tcp_keepalives_idle', true), \
      pg_catalog.current_setting('tcp_keepalives_interval', true), \
-     pg_catalog.current_setting('tcp_keepalives_count', true) \
+     pg_catalog.current_setting('tcp_keepalives_count', true), \
+     EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND classid = $4 AND objid = $5 AND mode = 'ShareLock' AND granted \
+             AND database = (SELECT oid FROM pg_catalog.pg_database \
+                             WHERE datname = pg_catalog.current_database())) \
    FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.waiter', true), '') <> $3::text \
@@ -179,6 +186,8 @@ async fn wait(
         Some(Answer::Marked) => return Ok(Attempt::SharedSession),
         _ => return Err(SessionError::Unexpected(armed)),
     }
+    let marker = key.handover_marker() as u64;
+    let (marker_class, marker_object) = ((marker >> 32) as u32, marker as u32);
     let sent_at = now_ms();
     // No bound: the wait lasts as long as the lock is held elsewhere. It ends with a grant,
     // or with an error when the server ends the session (a restart, a terminate).
@@ -189,6 +198,8 @@ async fn wait(
                 (&key.class(), Type::INT4),
                 (&key.object(), Type::INT4),
                 (&mark, Type::TEXT),
+                (&marker_class, Type::OID),
+                (&marker_object, Type::OID),
             ],
         )
         .await
@@ -283,6 +294,8 @@ mod tests {
                     (&1i32, Type::INT4),
                     (&2i32, Type::INT4),
                     (&"mine", Type::TEXT),
+                    (&0u32, Type::OID),
+                    (&0u32, Type::OID),
                 ],
             )
             .await
@@ -325,5 +338,51 @@ mod tests {
         .await
         .expect("no wait on a read replica");
         assert_eq!(describe(&outcome), "recovery");
+    }
+}
+
+#[cfg(test)]
+mod handover_tests {
+    use super::*;
+    use pg_elector_harness::{PgServer, serial};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_granted_by_a_graceful_unlock_knows_it() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let key = LockKey::new(0xf1, 0x3c);
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        let interval = Duration::from_millis(200);
+        let bounds = SessionBounds::for_interval(interval);
+        let waiting = tokio::spawn(wait(
+            db.pool(1),
+            key,
+            "w".into(),
+            bounds,
+            interval,
+            interval,
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let unlocked: Option<bool> = holder
+            .query_one(
+                super::super::session::UNLOCK,
+                &[&key.class(), &key.object(), &key.handover_marker()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(unlocked, Some(true));
+        match waiting.await.unwrap() {
+            Ok(Attempt::Granted { handed_over, .. }) => assert!(handed_over),
+            _ => panic!("not granted"),
+        }
     }
 }
