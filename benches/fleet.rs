@@ -1170,7 +1170,10 @@ impl Run<'_> {
         let own_pids = own_pids.to_vec();
         let pids: Vec<i32> = procs.iter().map(|p| p.pid).collect();
         let (proc_at, server, own, clients, machine) = tokio::task::spawn_blocking(move || {
-            let proc_at = Instant::now();
+            // The machine first: scanning /proc for the server's processes can take a while
+            // under load, and the instant of the reads is taken as the scan's middle.
+            let began = Instant::now();
+            let machine = machine_ticks();
             let (server, _) = server_ticks(postmaster);
             let own = own_pids
                 .iter()
@@ -1178,7 +1181,8 @@ impl Run<'_> {
                 .map(|s| s.own)
                 .sum();
             let clients = pids.iter().filter_map(|&p| stat(p)).map(|s| s.own).sum();
-            (proc_at, server, own, clients, machine_ticks())
+            let proc_at = began + began.elapsed() / 2;
+            (proc_at, server, own, clients, machine)
         })
         .await
         .expect("a /proc read");
