@@ -427,3 +427,40 @@ async fn f1_a_standby_that_resigns_stops_waiting_at_once_and_the_other_takes_ove
     resigned.stop().await.unwrap();
     other.stop().await.unwrap();
 }
+
+/// A leader that loses its session waits again at once: a second failover soon after the
+/// first (here 150 ms, against an interval of 2 s) still finds it waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_a_demoted_leader_waits_again_at_once_so_a_second_failover_is_fast_too() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 10);
+    let capture = Capture::default();
+    let (first, second, admin) = leader_and_waiting_standby(&db, key, &capture).await;
+    terminate_holder(&db, key).await;
+    takeover(&second, Instant::now(), LONG).await;
+    wait_for(LONG, || !first.elector.is_leader())
+        .await
+        .expect("the first leader demotes");
+    let back = wait_for_async(LONG, || async {
+        waiting(&admin, key)
+            .await
+            .iter()
+            .any(|(_, n)| n == "leader")
+    })
+    .await
+    .expect("the old leader waits again");
+    eprintln!("the demoted leader waited again {back:?} after it saw its session end");
+    assert!(
+        back < Duration::from_millis(150),
+        "waited again after {back:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(150) - back).await;
+    let terminated = Instant::now();
+    terminate_holder(&db, key).await;
+    let took = takeover(&first, terminated, LONG).await;
+    eprintln!("second failover: the first replica led again {took:?} after the terminate");
+    assert!(took < FAST, "took {took:?}; interval {LONG:?}");
+    first.stop().await.unwrap();
+    second.stop().await.unwrap();
+}

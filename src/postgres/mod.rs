@@ -283,10 +283,15 @@ async fn standby(
         setup_bound: pg.interval.max(MIN_TRY_BOUND),
     });
     let mut waiter: Option<Waiter> = None;
+    // With fast takeover the first try is at once, not at the next tick: a replica that has
+    // just stopped leading gets its waiting session within a round trip rather than within I,
+    // so that a second failover soon after the first still finds a session waiting.
+    let mut try_now = spec.is_some();
     loop {
         let waited = tokio::select! {
             biased;
             () = shutdown.cancelled() => return None,
+            () = std::future::ready(()), if std::mem::take(&mut try_now) => None,
             Ok(()) = resigns.changed() => {
                 // No session may wait for the lock during the cooldown the resign set.
                 waiter = None;
