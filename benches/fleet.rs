@@ -14,7 +14,7 @@
 //! 20), `--pool P` pool size per process (default 4), `--duration S` (default 60),
 //! `--warmup S` (default 5), `--baseline S` idle measurement (default 10), `--interval-ms`
 //! (default 1000), `--no-statements` (no `pg_stat_statements`), `--sweep` and `--sweep-max N`
-//! (default 16000), `--quick`.
+//! (default 16000), `--set name=value` (a server setting, repeatable), `--quick`.
 //!
 //! The fleet is made of replica processes (this binary run again with `--fleet-child`), each
 //! running `--per-proc` electors on one current-thread tokio runtime, all sharing one
@@ -179,6 +179,8 @@ struct Options {
     statements: bool,
     sweep: bool,
     sweep_max: usize,
+    /// Server settings (`name=value`) applied with `ALTER SYSTEM` before the first run.
+    settings: Vec<String>,
 }
 
 impl Options {
@@ -234,6 +236,19 @@ impl Options {
             statements: !has("--no-statements"),
             sweep: has("--sweep"),
             sweep_max: number("--sweep-max").unwrap_or(16_000) as usize,
+            settings: args
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| *a == "--set")
+                .map(|(i, _)| {
+                    let setting = args.get(i + 1).expect("--set takes name=value");
+                    assert!(
+                        setting.contains('=') && !setting.contains(';'),
+                        "--set takes name=value, not {setting:?}"
+                    );
+                    setting.clone()
+                })
+                .collect(),
         };
         assert!(
             options.per_proc > 0 && options.pool > 0,
@@ -485,7 +500,7 @@ struct Server {
 }
 
 impl Server {
-    async fn start(statements: bool, max_connections: usize) -> Self {
+    async fn start(statements: bool, max_connections: usize, extra: &[String]) -> Self {
         let pg = Arc::new(
             tokio::task::spawn_blocking(PgServer::spawn)
                 .await
@@ -500,6 +515,10 @@ impl Server {
         };
         let admin = connect(server.pg.config()).await;
         let mut settings = vec![format!("max_connections = {max_connections}")];
+        settings.extend(extra.iter().map(|s| {
+            let (name, value) = s.split_once('=').expect("name=value");
+            format!("{} = '{}'", name.trim(), value.trim().replace('\'', "''"))
+        }));
         if statements {
             // The library must exist, or the server would not start again.
             let lib: Option<String> = admin
@@ -766,9 +785,14 @@ struct Row {
     machine_cores: f64,
     rss_total_kb: u64,
     rss_max_kb: u64,
+    /// The fleet's WARN and ERROR lines over the whole run (start-up included).
     warnings: usize,
-    /// The fleet's WARN and ERROR lines by message and error, most frequent first.
+    /// The same by message and error, most frequent first.
     warning_kinds: Vec<(String, usize)>,
+    /// The fleet's log lines (indices) written during the window.
+    log_window: (usize, usize),
+    window_warnings: usize,
+    window_warning_kinds: Vec<(String, usize)>,
     log_tail: Vec<String>,
 }
 
@@ -941,7 +965,7 @@ impl Run<'_> {
             procs.push(spawn_child(&db, &plan, options, index, n, logs.clone()));
         }
         let result = self
-            .measure(&plan, &monitor, &own_pids, &mut procs, &probes)
+            .measure(&plan, &monitor, &own_pids, &mut procs, &probes, &logs)
             .await;
 
         // Tear down: the fleet first, then wait for its backends to go.
@@ -962,14 +986,15 @@ impl Run<'_> {
             .expect("drop the database");
 
         let logs = logs.lock().unwrap();
-        let warnings = logs
-            .iter()
-            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-            .count();
+        let warnings = logs.iter().filter(|l| is_warning(l)).count();
         let tail: Vec<String> = logs[logs.len().saturating_sub(5)..].to_vec();
         let kinds = warning_kinds(&logs);
         match result {
             Ok(mut row) => {
+                let (from, to) = row.log_window;
+                let window = &logs[from.min(logs.len())..to.min(logs.len())];
+                row.window_warnings = window.iter().filter(|l| is_warning(l)).count();
+                row.window_warning_kinds = warning_kinds(window);
                 row.warnings = warnings;
                 row.warning_kinds = kinds;
                 row.log_tail = tail;
@@ -995,6 +1020,7 @@ impl Run<'_> {
         own_pids: &[i32],
         procs: &mut [Proc],
         probes: &Mutex<Vec<(Instant, u64)>>,
+        logs: &Mutex<Vec<String>>,
     ) -> Result<Row, String> {
         let options = self.options;
         // Every process has started its electors.
@@ -1021,6 +1047,7 @@ impl Run<'_> {
         tokio::time::sleep(options.warmup).await;
 
         let start = self.snapshot(monitor, own_pids, procs).await?;
+        let log_start = logs.lock().unwrap().len();
         let mut samples = Vec::new();
         let end_at = start.at + options.duration;
         let mut every = tokio::time::interval(Duration::from_secs(1));
@@ -1048,6 +1075,7 @@ impl Run<'_> {
         }
         tokio::time::sleep_until(end_at.into()).await;
         let end = self.snapshot(monitor, own_pids, procs).await?;
+        let log_end = logs.lock().unwrap().len();
         let leaders_now = monitor.leaders().await;
 
         let window = end.proc_at.duration_since(start.proc_at).as_secs_f64();
@@ -1139,6 +1167,9 @@ impl Run<'_> {
             rss_max_kb: samples.iter().map(|s| s.rss_kb).max().unwrap_or(0),
             warnings: 0,
             warning_kinds: Vec::new(),
+            log_window: (log_start, log_end),
+            window_warnings: 0,
+            window_warning_kinds: Vec::new(),
             log_tail: Vec::new(),
         })
     }
@@ -1212,6 +1243,10 @@ impl Run<'_> {
 
 /// The fleet's WARN and ERROR lines counted by their message and `error` field (a tracing line
 /// reads `<time> WARN <spans>: pg_elector::<module>: <message> key=… error=…`).
+fn is_warning(line: &str) -> bool {
+    line.contains(" WARN ") || line.contains(" ERROR ")
+}
+
 fn warning_kinds(logs: &[String]) -> Vec<(String, usize)> {
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for line in logs {
@@ -1335,11 +1370,11 @@ async fn bench(options: Options) {
     let need = plans
         .first()
         .map_or(300, |p| connections_needed(p, options.pool));
-    let mut server = Server::start(options.statements, need).await;
+    let mut server = Server::start(options.statements, need, &options.settings).await;
     let ticks_per_s = clock_ticks();
     eprintln!(
         "fleet: PostgreSQL at {} (postmaster {}, max_connections {}, pg_stat_statements {}), I = {:?}, \
-         {} s per run after a {} s warm-up, pool {} per process",
+         {} s per run after a {} s warm-up, pool {} per process{}",
         server.pg.addr(),
         server.postmaster,
         server.max_connections,
@@ -1348,6 +1383,11 @@ async fn bench(options: Options) {
         options.duration.as_secs(),
         options.warmup.as_secs(),
         options.pool,
+        if options.settings.is_empty() {
+            String::new()
+        } else {
+            format!(", server settings {}", options.settings.join(", "))
+        },
     );
 
     let idle = idle_cores(&server, &options, ticks_per_s).await;
@@ -1437,7 +1477,7 @@ async fn run_plan(
     match &outcome {
         Ok(row) => eprintln!(
             "fleet: … {:.0} s (window {:.1} s): server {:.3} cores, {} server processes at most, {:.0} tries/s, {:.0} checks/s, backends {:.0} (max {}), \
-             check mean {:.2} ms p99 {}, probe p99 {}, client {:.3} cores, {} warnings",
+             check mean {:.2} ms p99 {}, probe p99 {}, client {:.3} cores, {} warnings in the window ({} in all)",
             began.elapsed().as_secs_f64(),
             row.window,
             row.server_cores,
@@ -1451,6 +1491,7 @@ async fn run_plan(
             percentile(&row.probe, 0.99)
                 .map_or("-".into(), |v| format!("{:.2} ms", v as f64 / 1e3)),
             row.client_cores,
+            row.window_warnings,
             row.warnings,
         ),
         Err((e, row)) => {
@@ -1557,13 +1598,18 @@ fn print_tables(
     println!(
         "Fleet cost at I = {i_ms} ms: {} s per run after the fleet is up and a {} s warm-up; one private \
          PostgreSQL (pg_stat_statements {}, max_connections set per run to what its pools, leaders \
-         and waiting sessions could use, plus a fifth) on the same machine as the replica \
+         and waiting sessions could use, plus a fifth{}) on the same machine as the replica \
          processes; pool of {} per process. Server CPU is the postmaster and all its processes, minus \
          the bench's two sessions and minus the idle server ({idle:.4} cores). Machine busy is every \
          CPU's busy time (of 2): the server, the fleet, the bench, and whatever else ran meanwhile.",
         options.duration.as_secs(),
         options.warmup.as_secs(),
         if server.statements { "on" } else { "off" },
+        options
+            .settings
+            .iter()
+            .map(|s| format!(", {s}"))
+            .collect::<String>(),
         options.pool,
     );
     println!();
@@ -1614,7 +1660,7 @@ fn print_tables(
     );
     println!();
     println!(
-        "| shape | mode | electors | checks | check mean (ms) | check p50 / p99 (bucket) | ≤ I/10 | probe p50 / p99 / max (ms) | leadership changes | client CPU (cores) | client µs CPU/s per elector | client RSS total (max) / per proc (MiB) | machine busy (cores) | WARN lines |"
+        "| shape | mode | electors | checks | check mean (ms) | check p50 / p99 (bucket) | ≤ I/10 | probe p50 / p99 / max (ms) | leadership changes | client CPU (cores) | client µs CPU/s per elector | client RSS total (max) / per proc (MiB) | machine busy (cores) | WARN lines in window (whole run) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (plan, outcome) in results {
@@ -1624,7 +1670,7 @@ fn print_tables(
         };
         let procs = plan.procs() as f64;
         println!(
-            "| {} | {} | {} | {} | {:.2} | {} / {} | {} | {} / {} / {} | {:.0} | {:.3} | {:.1} | {:.0} ({:.0}) / {:.1} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {} / {} | {} | {} / {} / {} | {:.0} | {:.3} | {:.1} | {:.0} ({:.0}) / {:.1} | {:.2} | {} ({}) |",
             plan.shape.name(),
             plan.mode.name(),
             plan.electors,
@@ -1644,6 +1690,7 @@ fn print_tables(
             row.rss_max_kb as f64 / 1024.0,
             row.rss_total_kb as f64 / 1024.0 / procs,
             row.machine_cores,
+            row.window_warnings,
             row.warnings,
         );
     }
@@ -1695,16 +1742,31 @@ fn print_tables(
         if row.warning_kinds.is_empty() {
             continue;
         }
-        println!();
-        println!(
-            "Fleet log, {} / {} / {} electors ({} WARN or ERROR lines over the whole run):",
-            plan.shape.name(),
-            plan.mode.name(),
-            plan.electors,
-            row.warnings
-        );
-        for (kind, count) in row.warning_kinds.iter().take(6) {
-            println!("- {count} × {}", kind.replace('|', "/"));
+        for (when, count, kinds) in [
+            (
+                "in the window",
+                row.window_warnings,
+                &row.window_warning_kinds,
+            ),
+            (
+                "over the whole run, start-up included",
+                row.warnings,
+                &row.warning_kinds,
+            ),
+        ] {
+            if kinds.is_empty() {
+                continue;
+            }
+            println!();
+            println!(
+                "Fleet log, {} / {} / {} electors, {when} ({count} WARN or ERROR lines):",
+                plan.shape.name(),
+                plan.mode.name(),
+                plan.electors,
+            );
+            for (kind, count) in kinds.iter().take(5) {
+                println!("- {count} × {}", kind.replace('|', "/"));
+            }
         }
     }
 
