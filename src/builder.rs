@@ -110,13 +110,15 @@ impl ElectorBuilder {
         self
     }
 
-    /// Fast takeover (default off): a standby also keeps one session of its own waiting for
-    /// the lock on the server, so that it leads within milliseconds of the leader letting go
-    /// (a graceful release, a killed process, an ended session) instead of at its next try,
-    /// up to one interval later.
+    /// Fast takeover (default off): up to three standbys per key also keep a session of their
+    /// own waiting for the lock on the server, so that one of them leads within milliseconds
+    /// of the leader letting go (a graceful release, a killed process, an ended session)
+    /// instead of at a standby's next try, up to one interval later.
     ///
-    /// It costs one more backend per standby, outside the pool's size: a fleet of 50 replicas
-    /// on one key holds 49 waiting sessions besides the leader's. Everything else stays as
+    /// It costs one more backend per waiting standby, outside the pool's size, at most three
+    /// per key: a fleet of 50 replicas on one key holds 3 waiting sessions besides the
+    /// leader's (the others only try; a long queue of waiting sessions on one key makes
+    /// PostgreSQL's deadlock checks stall the server). Everything else stays as
     /// without it: the standby still tries every interval (so a waiting session that breaks,
     /// or a server restart, only falls back to that), and a grant on the waiting session goes
     /// through the same checks (read replica, pooler), bounds, identity and epoch before its

@@ -134,13 +134,26 @@ impl LockKey {
     /// halves, XORed with a constant so that small keys do not meet an application's small
     /// bigint locks.
     pub(crate) fn handover_marker(&self) -> i64 {
-        let key = ((self.class_oid() as u64) << 32) | self.object_oid() as u64;
-        (key ^ HANDOVER_MARKER_MASK) as i64
+        (self.as_u64() ^ HANDOVER_MARKER_MASK) as i64
+    }
+
+    /// The bigint advisory lock of fast takeover's waiting slot `n`: a standby's session
+    /// waits for the key only while it holds one of the key's few slots, so that the server's
+    /// queue for the key stays short whatever the size of the fleet.
+    pub(crate) fn waiting_slot(&self, n: u8) -> i64 {
+        (self.as_u64() ^ WAITING_SLOT_MASK).wrapping_add(u64::from(n)) as i64
+    }
+
+    fn as_u64(&self) -> u64 {
+        ((self.class_oid() as u64) << 32) | self.object_oid() as u64
     }
 }
 
-/// See [`LockKey::handover_marker`]: `pg_elector` as bytes, in hex, twice over.
+/// See [`LockKey::handover_marker`]: `pg_elect` as bytes.
 const HANDOVER_MARKER_MASK: u64 = 0x7067_5f65_6c65_6374;
+
+/// See [`LockKey::waiting_slot`]: `pg_waits` as bytes.
+const WAITING_SLOT_MASK: u64 = 0x7067_5f77_6169_7473;
 
 impl std::fmt::Display for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -464,3 +464,39 @@ async fn f1_a_demoted_leader_waits_again_at_once_so_a_second_failover_is_fast_to
     first.stop().await.unwrap();
     second.stop().await.unwrap();
 }
+
+/// At most three standbys wait for a key, whatever the size of the fleet: the server's queue
+/// for the key stays short (a long one makes PostgreSQL's deadlock checks stall the server).
+/// The others only try; a slot freed by a takeover is taken by one of them at its next try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f1_at_most_three_standbys_wait_and_a_freed_slot_is_taken_again() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf1, 11);
+    let admin = db.connect().await.unwrap();
+    let leader = Replica::run(fast(db.pool(2), key, I, "leader"));
+    leader.elector.wait_for_leadership().await;
+    let standbys: Vec<Replica> = (0..6)
+        .map(|n| Replica::run(fast(db.pool(2), key, I, &format!("standby-{n}"))))
+        .collect();
+    tokio::time::sleep(3 * I).await;
+    assert_eq!(
+        waiting(&admin, key).await.len(),
+        3,
+        "three wait, the others try"
+    );
+    let released = Instant::now();
+    leader.stop().await.unwrap();
+    wait_for(I, || leaders(&standbys).len() == 1)
+        .await
+        .expect("a waiting standby takes over");
+    let took = released.elapsed();
+    assert!(took < I / 2, "took {took:?}; interval {I:?}");
+    // The new leader gave its slot back; one of the trying standbys takes it.
+    tokio::time::sleep(3 * I).await;
+    assert_eq!(waiting(&admin, key).await.len(), 3);
+    assert_eq!(leaders(&standbys).len(), 1);
+    for standby in standbys {
+        standby.stop().await.unwrap();
+    }
+}

@@ -361,6 +361,9 @@ async fn standby(
                 repeats.clear();
                 tracing::trace!(key = %pg.key, "lock held by another session")
             }
+            Ok(Attempt::QueueFull) => {
+                tracing::trace!(key = %pg.key, "every waiting slot is taken; this standby only tries")
+            }
             Ok(Attempt::InRecovery) => {
                 if repeats.loud("recovery") {
                     tracing::error!(key = %pg.key, "{RECOVERY}")

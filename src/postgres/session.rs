@@ -176,6 +176,8 @@ pub(crate) enum Attempt {
     InRecovery,
     /// The server session carries another elector's mark: a transaction pooler shares it.
     SharedSession,
+    /// Fast takeover: every waiting slot of the key is taken, so this standby only tries.
+    QueueFull,
 }
 
 impl Attempt {
@@ -221,8 +223,10 @@ pub(super) enum Answer {
     Marked,
     /// The waiting session's statements ran on two server sessions: a transaction pooler.
     Moved,
-    /// The waiting session is ready to wait.
-    Armed,
+    /// The waiting session is ready to wait, holding this waiting slot.
+    Armed(u8),
+    /// Every waiting slot of the key is taken: the standby only tries.
+    Full,
 }
 
 impl Answer {
@@ -235,8 +239,11 @@ impl Answer {
             "recovery" => Self::Recovery,
             "marked" => Self::Marked,
             "moved" => Self::Moved,
-            "armed" => Self::Armed,
-            _ => return None,
+            "full" => Self::Full,
+            armed => match armed.strip_prefix("armed")?.parse() {
+                Ok(slot) => Self::Armed(slot),
+                Err(_) => return None,
+            },
         })
     }
 }
@@ -360,7 +367,7 @@ pub(crate) async fn try_acquire(
         Some(Answer::Recovery) => Attempt::InRecovery,
         Some(Answer::Marked) => Attempt::SharedSession,
         // Dropping `borrowed` closes the connection.
-        Some(Answer::Moved | Answer::Armed) | None => {
+        Some(Answer::Moved | Answer::Armed(_) | Answer::Full) | None => {
             return Err(SessionError::Unexpected(answer));
         }
     };
@@ -471,22 +478,22 @@ pub(super) async fn bounded<T>(
 
 /// A pooled connection on which a try is in flight. Unless it is given back or kept, dropping
 /// it closes the connection: its lock state is unknown.
-struct Borrowed(Option<Object>);
+pub(super) struct Borrowed(pub(super) Option<Object>);
 
 impl Borrowed {
-    fn client(&self) -> &Object {
+    pub(super) fn client(&self) -> &Object {
         self.0
             .as_ref()
             .expect("a borrowed connection is present until it is let go")
     }
 
     /// Back to the pool, unchanged.
-    fn give_back(mut self) {
+    pub(super) fn give_back(mut self) {
         drop(self.0.take());
     }
 
     /// Out of the guard, to be taken from the pool.
-    fn keep(mut self) -> Object {
+    pub(super) fn keep(mut self) -> Object {
         self.0
             .take()
             .expect("a borrowed connection is present until it is let go")
@@ -514,11 +521,21 @@ mod tests {
             "recovery",
             "marked",
             "moved",
-            "armed",
+            "armed0",
+            "armed2",
+            "full",
         ] {
             assert!(Answer::parse(Some(known)).is_some(), "{known}");
         }
-        for unknown in [None, Some(""), Some("GRANTED"), Some("shared"), Some("t")] {
+        for unknown in [
+            None,
+            Some(""),
+            Some("GRANTED"),
+            Some("shared"),
+            Some("t"),
+            Some("armed"),
+            Some("armedx"),
+        ] {
             assert_eq!(Answer::parse(unknown), None, "{unknown:?}");
         }
     }

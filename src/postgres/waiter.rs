@@ -16,6 +16,7 @@
 //! by the standby's own try, a cooldown), so a wait the server grants after the client gave
 //! up frees the lock as soon as the server notices the closed connection.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
@@ -24,22 +25,28 @@ use tokio_postgres::types::Type;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::session::{
-    Answer, Attempt, LockSession, SessionBounds, SessionError, bounded, session_mark,
+    Answer, Attempt, Borrowed, LockSession, SessionBounds, SessionError, bounded, session_mark,
 };
 use crate::LockKey;
 use crate::lease::now_ms;
 
-/// Readies a session to wait: checks it is a primary's and not shared, marks it as this
-/// waiter's ($1), and sets the bounds (as [`super::session`]'s try does at a grant), the
-/// identity ($7), and no statement, lock or transaction timeout. On PostgreSQL 14 and later
-/// `client_connection_check_interval` ($8 ms) makes the server notice, while it waits, a
-/// client that has closed the connection.
-const ARM: &str = "SELECT CASE \
-     WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
-     WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
-       CASE WHEN pg_catalog.set_config('pg_elector.visited', $1::text, false) = $1::text \
-            THEN 'marked' END \
-     WHEN pg_catalog.set_config('pg_elector.waiter', $1::text, false) = $1::text \
+/// How many standbys may wait for a key at once. The server's queue for the key then stays
+/// this short whatever the size of the fleet: every session that waits on a lock runs
+/// PostgreSQL's deadlock check once after `deadlock_timeout` (1 s by default, settable only by
+/// a superuser), and that check holds the whole lock table while it walks the queue, so a
+/// thousand waiting sessions on one key stall the server (measured: the leader's check then
+/// took up to 2.5 s, and leadership moved 7 to 9 times a minute). The other standbys only try.
+pub(crate) const WAITING_SLOTS: u8 = 3;
+
+/// Readies a session to wait: checks that it is a primary's and not shared, takes one of the
+/// key's waiting slots ($9, $10, $11: bigint advisory locks, tried without waiting), marks the
+/// session as this waiter's ($1), and sets the bounds (as [`super::session`]'s try does at a
+/// grant), the identity ($7), and no statement, lock or transaction timeout. On PostgreSQL 14
+/// and later `client_connection_check_interval` ($8 ms) makes the server notice, while it
+/// waits, a client that has closed the connection. Answers `armed<slot>`, or `full` when every
+/// slot is taken (then nothing was changed on the session), `recovery` or `marked`.
+static ARM: LazyLock<String> = LazyLock::new(|| {
+    let settings = "pg_catalog.set_config('pg_elector.waiter', $1::text, false) = $1::text \
       AND pg_catalog.set_config('statement_timeout', '0', false) IS NOT NULL \
       AND pg_catalog.set_config('lock_timeout', '0', false) IS NOT NULL \
       AND pg_catalog.set_config('idle_in_transaction_session_timeout', '0', false) IS NOT NULL \
@@ -53,11 +60,29 @@ const ARM: &str = "SELECT CASE \
                 AND pg_catalog.set_config('client_connection_check_interval', $8::text, false) \
                     IS NOT NULL END \
       AND CASE WHEN pg_catalog.current_setting('server_version_num')::int < 170000 THEN true \
-               ELSE pg_catalog.set_config('transaction_timeout', '0', false) IS NOT NULL END \
-     THEN 'armed' END";
+               ELSE pg_catalog.set_config('transaction_timeout', '0', false) IS NOT NULL END";
+    let slots: String = (0..WAITING_SLOTS)
+        .map(|n| {
+            format!(
+                "WHEN pg_catalog.pg_try_advisory_lock(${}::int8) THEN CASE WHEN {settings} \
+                 THEN 'armed{n}' END ",
+                9 + n
+            )
+        })
+        .collect();
+    format!(
+        "SELECT CASE \
+         WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
+         WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
+           CASE WHEN pg_catalog.set_config('pg_elector.visited', $1::text, false) = $1::text \
+                THEN 'marked' END \
+         {slots}ELSE 'full' END"
+    )
+});
 
 /// Waits for the lock on the armed session ($3 is the waiter's mark, which becomes the lock
-/// session's), then answers as the try does, with the same columns: `moved` when this
+/// session's), gives its waiting slot ($6) back once granted, then answers as the try does,
+/// with the same columns: `moved` when this
 /// statement runs on another server session than [`ARM`] did (a transaction pooler). A last
 /// column, read after the grant, says whether the session that gave the lock up still holds
 /// the key's handover marker ($4, $5: its two halves as `pg_locks` shows them), that is
@@ -80,7 +105,8 @@ const WAIT: &str = "SELECT answer, \
        CASE WHEN pg_catalog.set_config('pg_elector.visited', $3::text, false) = $3::text \
             THEN 'marked' END \
      WHEN pg_catalog.pg_advisory_lock($1::int4, $2::int4) IS NOT NULL THEN \
-       CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
+       CASE WHEN pg_catalog.pg_advisory_unlock($6::int8) IS NOT NULL \
+             AND pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
        THEN CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 \
                  THEN 'granted_unbounded' ELSE 'granted' END END \
      END AS answer OFFSET 0) AS wait";
@@ -145,9 +171,9 @@ async fn wait(
         .await
         .map_err(|_| SessionError::PoolTimeout(interval))?
         .map_err(SessionError::Pool)?;
-    // Out of the pool for good, before anything is set on it: the pool's size does not count
-    // it, and no outcome gives it back. Dropped, it is closed.
-    let client = Object::take(object);
+    // Until it is armed, the connection goes back to the pool unchanged (every slot taken, a
+    // read replica, a shared session), or is closed on any other outcome: it may hold a slot.
+    let borrowed = Borrowed(Some(object));
     let mark = session_mark();
     let text = |n: u64| n.to_string();
     let (idle, user, k_idle, k_interval, k_count, check) = (
@@ -158,34 +184,45 @@ async fn wait(
         text(bounds.keepalives_count),
         text(client_check_ms(interval)),
     );
+    let slots: Vec<i64> = (0..WAITING_SLOTS).map(|n| key.waiting_slot(n)).collect();
     let armed = bounded(setup_bound, async {
-        let rows = client
-            .query_typed(
-                ARM,
-                &[
-                    (&mark, Type::TEXT),
-                    (&idle, Type::TEXT),
-                    (&user, Type::TEXT),
-                    (&k_idle, Type::TEXT),
-                    (&k_interval, Type::TEXT),
-                    (&k_count, Type::TEXT),
-                    (&identity, Type::TEXT),
-                    (&check, Type::TEXT),
-                ],
-            )
-            .await?;
+        let mut params: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> = vec![
+            (&mark, Type::TEXT),
+            (&idle, Type::TEXT),
+            (&user, Type::TEXT),
+            (&k_idle, Type::TEXT),
+            (&k_interval, Type::TEXT),
+            (&k_count, Type::TEXT),
+            (&identity, Type::TEXT),
+            (&check, Type::TEXT),
+        ];
+        params.extend(slots.iter().map(|slot| (slot as _, Type::INT8)));
+        let rows = borrowed.client().query_typed(ARM.as_str(), &params).await?;
         rows.first()
             .map(|row| row.try_get::<_, Option<String>>(0))
             .transpose()
             .map(Option::flatten)
     })
     .await?;
-    match Answer::parse(armed.as_deref()) {
-        Some(Answer::Armed) => {}
-        Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
-        Some(Answer::Marked) => return Ok(Attempt::SharedSession),
+    let slot = match Answer::parse(armed.as_deref()) {
+        Some(Answer::Armed(slot)) if slot < WAITING_SLOTS => slots[usize::from(slot)],
+        Some(Answer::Full) => {
+            borrowed.give_back();
+            return Ok(Attempt::QueueFull);
+        }
+        Some(Answer::Recovery) => {
+            borrowed.give_back();
+            return Ok(Attempt::InRecovery);
+        }
+        Some(Answer::Marked) => {
+            borrowed.give_back();
+            return Ok(Attempt::SharedSession);
+        }
         _ => return Err(SessionError::Unexpected(armed)),
-    }
+    };
+    // Out of the pool for good: the pool's size does not count it, and no outcome gives it
+    // back. Dropped, it is closed (and the server frees its slot).
+    let client = Object::take(borrowed.keep());
     let marker = key.handover_marker() as u64;
     let (marker_class, marker_object) = ((marker >> 32) as u32, marker as u32);
     let sent_at = now_ms();
@@ -200,6 +237,7 @@ async fn wait(
                 (&mark, Type::TEXT),
                 (&marker_class, Type::OID),
                 (&marker_object, Type::OID),
+                (&slot, Type::INT8),
             ],
         )
         .await
@@ -239,6 +277,7 @@ mod tests {
             Ok(Attempt::Refused) => "refused".into(),
             Ok(Attempt::InRecovery) => "recovery".into(),
             Ok(Attempt::SharedSession) => "shared".into(),
+            Ok(Attempt::QueueFull) => "full".into(),
             Err(e) => format!("error: {e}"),
         }
     }
@@ -296,6 +335,7 @@ mod tests {
                     (&"mine", Type::TEXT),
                     (&0u32, Type::OID),
                     (&0u32, Type::OID),
+                    (&0i64, Type::INT8),
                 ],
             )
             .await
