@@ -104,8 +104,10 @@ async fn f1_a_waiting_standby_leads_within_milliseconds_of_a_graceful_release() 
     let capture = Capture::default();
     let (leader, standby, _admin) = leader_and_waiting_standby(&db, key, &capture).await;
     let released = Instant::now();
-    leader.stop().await.unwrap();
+    // In the background: a graceful stop returns after the handover marker's linger.
+    let stopping = tokio::spawn(leader.stop());
     let took = takeover(&standby, released, LONG).await;
+    stopping.await.unwrap().unwrap();
     eprintln!("graceful release: the standby led {took:?} after the shutdown began");
     assert!(took < FAST, "took {took:?}; interval {LONG:?}");
     // Handed over: the old leader had stepped down, so the term started without a wait.
@@ -230,8 +232,10 @@ async fn f1_a_pools_statement_and_lock_timeouts_do_not_cut_the_wait_short() {
         "the same session still waits after three statement timeouts"
     );
     let released = Instant::now();
-    leader.stop().await.unwrap();
+    // In the background: a graceful stop returns after the handover marker's linger.
+    let stopping = tokio::spawn(leader.stop());
     let took = takeover(&standby, released, LONG).await;
+    stopping.await.unwrap().unwrap();
     assert!(took < FAST, "took {took:?}");
     standby.stop().await.unwrap();
 }
@@ -270,8 +274,10 @@ async fn f1_a_terminated_waiting_session_is_replaced_after_the_next_refused_try(
     );
     // And it works: the new one takes over at once.
     let released = Instant::now();
-    leader.stop().await.unwrap();
+    // In the background: a graceful stop returns after the handover marker's linger.
+    let stopping = tokio::spawn(leader.stop());
     let took = takeover(&standby, released, 3 * I).await;
+    stopping.await.unwrap().unwrap();
     assert!(took < I / 2, "took {took:?}; interval {I:?}");
     standby.stop().await.unwrap();
 }
@@ -298,8 +304,10 @@ async fn f1_a_standby_that_stops_while_waiting_leaves_no_session_to_be_granted()
     let third = Replica::run(fast(db.pool(2), key, LONG, "third"));
     session_waiting(&admin, key, "third", 2 * LONG).await;
     let released = Instant::now();
-    leader.stop().await.unwrap();
+    // In the background: a graceful stop returns after the handover marker's linger.
+    let stopping = tokio::spawn(leader.stop());
     let took = takeover(&third, released, LONG).await;
+    stopping.await.unwrap().unwrap();
     eprintln!("the third replica led {took:?} after the release");
     assert!(took < FAST, "took {took:?}");
     let alive: Vec<i32> = admin
@@ -418,8 +426,10 @@ async fn f1_a_standby_that_resigns_stops_waiting_at_once_and_the_other_takes_ove
         assert!(in_queue().await);
     }
     let released = Instant::now();
-    leader.stop().await.unwrap();
+    // In the background: a graceful stop returns after the handover marker's linger.
+    let stopping = tokio::spawn(leader.stop());
     let took = takeover(&other, released, LONG).await;
+    stopping.await.unwrap().unwrap();
     assert!(took < FAST, "took {took:?}");
     tokio::time::sleep(LONG).await;
     assert!(!resigned.elector.is_leader());
@@ -486,11 +496,12 @@ async fn f1_at_most_three_standbys_wait_and_a_freed_slot_is_taken_again() {
         "three wait, the others try"
     );
     let released = Instant::now();
-    leader.stop().await.unwrap();
+    let stopping = tokio::spawn(leader.stop());
     wait_for(I, || leaders(&standbys).len() == 1)
         .await
         .expect("a waiting standby takes over");
     let took = released.elapsed();
+    stopping.await.unwrap().unwrap();
     assert!(took < I / 2, "took {took:?}; interval {I:?}");
     // The new leader gave its slot back; one of the trying standbys takes it.
     tokio::time::sleep(3 * I).await;

@@ -422,12 +422,12 @@ struct Grant {
 /// How long a term won by a waiting session waits before it starts. The waiting session is
 /// granted the lock the moment the holder's session ends; if that session was ended under a
 /// live leader (`pg_terminate_backend`, a proxy reset), that leader notices its closed
-/// connection within [`FAST_WATCH_POLL`], and this gives it four times that to step down
+/// connection within [`FAST_WATCH_POLL`], and this gives it five times that to step down
 /// first, so fast takeover adds no instant with two leaders. A standby that tries finds the
 /// lock free only at its next try, long after. A lock handed over by a graceful unlock (the
 /// old session still holds the key's handover marker) needs no wait: that leader stepped down
 /// before it unlocked.
-const SETTLE: Duration = Duration::from_millis(8);
+const SETTLE: Duration = Duration::from_millis(5);
 
 /// How long a session that unlocked gracefully stays open, holding the key's handover marker.
 /// A terminated session within this time of a graceful handover may look handed over too,
@@ -438,7 +438,7 @@ const HANDOVER_LINGER: Duration = Duration::from_millis(50);
 
 /// How often a leader with fast takeover looks at its connection and lease between checks
 /// (see [`WATCH_POLL`] without it).
-const FAST_WATCH_POLL: Duration = Duration::from_millis(2);
+const FAST_WATCH_POLL: Duration = Duration::from_millis(1);
 
 /// How often a standby repeats the same complaint at its full level; in between, at DEBUG.
 const REPEAT_EVERY: Duration = Duration::from_secs(60);
@@ -672,14 +672,14 @@ async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
             } else {
                 tracing::debug!(key = %pg.key, "the lock was given back before a term began");
             }
-            // The session, and with it the handover marker the unlock took, stays a moment:
-            // long enough for a waiting standby granted the lock to see that it was handed
-            // over (its term then starts without waiting for an old leader to step down).
-            tokio::spawn(async move {
+            // With fast takeover the session, and with it the handover marker the unlock took,
+            // stays a moment: long enough for a waiting standby granted the lock to see that
+            // it was handed over (its term then starts without waiting for an old leader to
+            // step down). In place, not in a task: a process that exits after `run` returns
+            // would otherwise close it at once.
+            if pg.fast_takeover {
                 tokio::time::sleep(HANDOVER_LINGER).await;
-                drop(session);
-            });
-            return;
+            }
         }
         Ok(Ok(false)) => {
             tracing::warn!(key = %pg.key, "the unlock found the lock not held")
