@@ -1,0 +1,282 @@
+//! One replica process of the soak: an elector, a fenced ticker, a watcher that reports every
+//! change of `is_leader()` on stdout, and commands on stdin.
+//!
+//! Lines on stdout, each `@soak <what> …` with µs UNIX timestamps of this process's clock:
+//!
+//! - `started <t>`;
+//! - `leader <definite> <possible> <epoch|->`: a read of `is_leader()` found it leading, and
+//!   the one before did not. The watcher stamps each read on both sides, so the replica
+//!   certainly led at `<definite>` (the stamp after the read) and may have led from
+//!   `<possible>` on (the stamp before the previous read);
+//! - `standby <definite> <possible>`: the reverse: it certainly led until `<definite>` (before
+//!   the last leading read) and may have until `<possible>` (after the first standby read);
+//! - `woke <at> <previous> <0|1> <epoch|->`: a read that came more than 100 ms after the
+//!   previous one (the process was stopped or starved), and what it found;
+//! - `fenced <t> <epoch>`: a tick's `Term::fence` refused its transaction;
+//! - `resigned <t> <0|1>`: `resign` returned (1: it led);
+//! - `exhausted <t> <n>`, `released <t>`: the dummy borrowers got `n` connections of the
+//!   elector's pool, and gave them back;
+//! - `exited <t>`: a graceful shutdown is over.
+//!
+//! Commands on stdin: `stop` (graceful shutdown), `resign <ms>` (resign with that cooldown),
+//! `exhaust <ms>` (borrow every connection of the elector's pool for that long). The process
+//! exits when its stdin closes (the parent is gone).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pg_elector::{Elector, LockKey};
+use pg_elector_harness::{config_with_addr, pool_from_config};
+use tokio_util::sync::CancellationToken;
+
+/// The argument that makes the soak binary a replica.
+pub(crate) const FLAG: &str = "--soak-replica";
+/// The database URL (user, password, database) of the soak's database.
+pub(crate) const ENV_URL: &str = "PG_ELECTOR_SOAK_URL";
+/// The address to connect to instead of the URL's (the replica's fault proxy).
+pub(crate) const ENV_ADDR: &str = "PG_ELECTOR_SOAK_ADDR";
+/// `class,object` of the lock key.
+pub(crate) const ENV_KEY: &str = "PG_ELECTOR_SOAK_KEY";
+/// The check interval in ms.
+pub(crate) const ENV_INTERVAL_MS: &str = "PG_ELECTOR_SOAK_INTERVAL_MS";
+/// The replica's identity (`replica-<n>`); its pools' connections are named
+/// `replica-<n>/pool` and `replica-<n>/app` until the elector renames a lock session.
+pub(crate) const ENV_IDENTITY: &str = "PG_ELECTOR_SOAK_IDENTITY";
+/// Set: fast takeover.
+pub(crate) const ENV_FAST: &str = "PG_ELECTOR_SOAK_FAST";
+/// The size of the elector's pool, and of the ticker's own pool.
+pub(crate) const POOL_SIZE: usize = 2;
+/// The prefix of every line meant for the parent.
+pub(crate) const MARK: &str = "@soak ";
+/// A gap between two reads of the watcher after which it says `woke`.
+pub(crate) const WOKE_GAP_US: u64 = 100_000;
+
+/// µs since the UNIX epoch.
+pub(crate) fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn say(what: &str) {
+    println!("{MARK}{what}");
+}
+
+fn epoch_text(epoch: Option<u64>) -> String {
+    epoch.map_or_else(|| "-".to_owned(), |e| e.to_string())
+}
+
+/// Runs one replica, with its settings in the environment, until a graceful shutdown or the
+/// end of its stdin.
+pub(crate) fn main() {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(replica());
+}
+
+enum Command {
+    Stop,
+    Resign(Duration),
+    Exhaust(Duration),
+}
+
+async fn replica() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "pg_elector=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
+    let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
+    let (class, object) = env(ENV_KEY)
+        .split_once(',')
+        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
+        .expect("class,object");
+    let identity = env(ENV_IDENTITY);
+    let base: tokio_postgres::Config = env(ENV_URL).parse().expect("a connection URL");
+    let mut config = config_with_addr(&base, env(ENV_ADDR).parse().expect("a socket address"));
+    config.connect_timeout(Duration::from_secs(2));
+    let named = |suffix: &str| {
+        let mut c = config.clone();
+        c.application_name(format!("{identity}/{suffix}"));
+        c
+    };
+    let pool = pool_from_config(named("pool"), POOL_SIZE);
+    let app = pool_from_config(named("app"), POOL_SIZE);
+    let elector = Elector::builder(pool.clone(), LockKey::new(class, object))
+        .check_interval(interval)
+        .identity(identity.as_str())
+        .fencing(true)
+        .fast_takeover(std::env::var(ENV_FAST).is_ok())
+        .drain_timeout(interval)
+        .build()
+        .expect("a valid elector");
+    tracing::info!(%identity, pid = std::process::id(), "soak replica starts");
+    say(&format!("started {}", unix_us()));
+
+    // stdin: commands; its end means the parent is gone.
+    let (commands, mut received) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            let mut words = line.split_whitespace();
+            let ms = |w: Option<&str>| {
+                Duration::from_millis(w.and_then(|w| w.parse().ok()).unwrap_or(0))
+            };
+            let command = match words.next() {
+                Some("stop") => Command::Stop,
+                Some("resign") => Command::Resign(ms(words.next())),
+                Some("exhaust") => Command::Exhaust(ms(words.next())),
+                _ => continue,
+            };
+            if commands.send(command).is_err() {
+                break;
+            }
+        }
+        std::process::exit(0);
+    });
+
+    // The watcher: every change of `is_leader()`, read every millisecond, each read stamped
+    // on both sides.
+    std::thread::spawn({
+        let elector = elector.clone();
+        move || {
+            let leadership = elector.subscribe();
+            let mut leading = false;
+            let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
+            loop {
+                let before = unix_us();
+                let now = elector.is_leader();
+                let after = unix_us();
+                let epoch = if now { leadership.borrow().epoch } else { None };
+                if before.saturating_sub(prev_after) > WOKE_GAP_US {
+                    say(&format!(
+                        "woke {before} {prev_after} {} {}",
+                        u8::from(now),
+                        epoch_text(epoch)
+                    ));
+                }
+                if now != leading {
+                    if now {
+                        say(&format!(
+                            "leader {after} {prev_before} {}",
+                            epoch_text(epoch)
+                        ));
+                    } else {
+                        say(&format!("standby {prev_before} {after}"));
+                    }
+                    leading = now;
+                }
+                (prev_before, prev_after) = (before, after);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+
+    // The ticker: every I/10, one fenced row through do_work.
+    let ticker = async {
+        let mut every = tokio::time::interval(interval / 10);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            every.tick().await;
+            let (app, identity) = (&app, identity.as_str());
+            let _ = elector
+                .do_work(|term| async move {
+                    if let Err(Refused::Fence(epoch)) = write(app, &term, identity).await {
+                        say(&format!("fenced {} {}", unix_us(), epoch_text(epoch)));
+                    }
+                    Ok::<_, std::convert::Infallible>(())
+                })
+                .await;
+        }
+    };
+
+    let shutdown = CancellationToken::new();
+    let commands = async {
+        while let Some(command) = received.recv().await {
+            match command {
+                Command::Stop => shutdown.cancel(),
+                Command::Resign(cooldown) => {
+                    let elector = elector.clone();
+                    tokio::spawn(async move {
+                        let led = elector.resign(cooldown).await;
+                        say(&format!("resigned {} {}", unix_us(), u8::from(led)));
+                    });
+                }
+                Command::Exhaust(hold) => {
+                    tokio::spawn(exhaust(pool.clone(), hold));
+                }
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+
+    tokio::select! {
+        result = elector.run(shutdown.clone()) => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "run failed");
+            }
+        }
+        () = ticker => {}
+        () = commands => {}
+    }
+    // Let the watcher report the demotion before saying goodbye.
+    let deadline = unix_us() + 200_000;
+    while elector.is_leader() && unix_us() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    say(&format!("exited {}", unix_us()));
+}
+
+/// Why a tick wrote nothing.
+enum Refused {
+    /// `Term::fence` refused: the term's epoch.
+    Fence(Option<u64>),
+    /// Anything else (the database unreachable, a terminated session): the parent reads what
+    /// landed, so it is not reported.
+    Other,
+}
+
+/// One fenced row of this term: replica, epoch and the server's `clock_timestamp()`.
+async fn write(
+    app: &deadpool_postgres::Pool,
+    term: &pg_elector::Term,
+    identity: &str,
+) -> Result<(), Refused> {
+    let mut client = app.get().await.map_err(|_| Refused::Other)?;
+    let tx = client.transaction().await.map_err(|_| Refused::Other)?;
+    term.fence(&tx)
+        .await
+        .map_err(|_| Refused::Fence(term.epoch()))?;
+    let epoch = term.epoch().map(|e| e as i64);
+    tx.execute(
+        "INSERT INTO soak_writes (replica, epoch, at) VALUES ($1, $2, clock_timestamp())",
+        &[&identity, &epoch],
+    )
+    .await
+    .map_err(|_| Refused::Other)?;
+    tx.commit().await.map_err(|_| Refused::Other)
+}
+
+/// Borrows every connection of `pool` (each borrow waiting at most `hold`), keeps them for
+/// what is left of `hold`, and gives them back.
+async fn exhaust(pool: deadpool_postgres::Pool, hold: Duration) {
+    let until = tokio::time::Instant::now() + hold;
+    let mut held = Vec::new();
+    for _ in 0..pool.status().max_size {
+        match tokio::time::timeout_at(until, pool.get()).await {
+            Ok(Ok(object)) => held.push(object),
+            _ => break,
+        }
+    }
+    say(&format!("exhausted {} {}", unix_us(), held.len()));
+    tokio::time::sleep_until(until).await;
+    drop(held);
+    say(&format!("released {}", unix_us()));
+}

@@ -1,0 +1,484 @@
+//! The replica processes as the parent sees them: spawning, signals, stdin commands, and what
+//! each one said on stdout (parsed into [`Event`]s) and stderr (kept for log excerpts).
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pg_elector::LockKey;
+use pg_elector_harness::FaultProxy;
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
+
+use crate::child::{self, MARK, unix_us};
+
+/// What a replica said, or what the parent did to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum What {
+    /// The process runs.
+    Started,
+    /// It leads: certainly from the event's time, possibly from `possible`.
+    Leader {
+        /// The earliest moment it may have led.
+        possible: u64,
+        /// The term's fencing epoch.
+        epoch: Option<u64>,
+    },
+    /// It stopped leading: possibly until the event's time, certainly until `definite`.
+    Standby {
+        /// The latest moment it certainly led.
+        definite: u64,
+    },
+    /// The watcher's first read after a gap of more than 100 ms since `previous`.
+    Woke {
+        /// The read before the gap.
+        previous: u64,
+        /// Whether this read found it leading.
+        leading: bool,
+        /// The epoch it found, when leading.
+        epoch: Option<u64>,
+    },
+    /// `Term::fence` refused a tick of this epoch.
+    Fenced {
+        /// The refused term's epoch.
+        epoch: Option<u64>,
+    },
+    /// `resign` returned.
+    Resigned {
+        /// Whether it led when asked.
+        led: bool,
+    },
+    /// The dummy borrowers hold `n` connections of the elector's pool.
+    Exhausted {
+        /// Connections held.
+        n: usize,
+    },
+    /// The dummy borrowers gave them back.
+    Released,
+    /// A graceful shutdown ended.
+    Exited,
+    /// The parent SIGKILLed it (stamped just before the signal).
+    Killed,
+    /// The parent SIGSTOPped it (stamped just before the signal).
+    Stopped,
+    /// The parent SIGCONTed it (stamped just before the signal).
+    Continued,
+}
+
+/// One event of one replica process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Event {
+    /// The process (its index in [`Fleet::procs`]).
+    pub(crate) replica: usize,
+    /// µs since the UNIX epoch.
+    pub(crate) at: u64,
+    /// What happened.
+    pub(crate) what: What,
+}
+
+/// Parses one stdout line of a replica.
+pub(crate) fn parse(replica: usize, line: &str) -> Option<Event> {
+    let rest = line.strip_prefix(MARK)?;
+    let mut words = rest.split_whitespace();
+    let kind = words.next()?;
+    let mut number = || words.next()?.parse::<u64>().ok();
+    let at = number()?;
+    let epoch = |w: Option<u64>| w;
+    let what = match kind {
+        "started" => What::Started,
+        "leader" => {
+            let possible = number()?;
+            What::Leader {
+                possible,
+                epoch: epoch(number()),
+            }
+        }
+        "standby" => {
+            // `standby <definite> <possible>`: the event's time is the possible end.
+            let possible = number()?;
+            return Some(Event {
+                replica,
+                at: possible,
+                what: What::Standby { definite: at },
+            });
+        }
+        "woke" => {
+            let previous = number()?;
+            let leading = number()? == 1;
+            What::Woke {
+                previous,
+                leading,
+                epoch: epoch(number()),
+            }
+        }
+        "fenced" => What::Fenced {
+            epoch: epoch(number()),
+        },
+        "resigned" => What::Resigned {
+            led: number()? == 1,
+        },
+        "exhausted" => What::Exhausted {
+            n: number()? as usize,
+        },
+        "released" => What::Released,
+        "exited" => What::Exited,
+        _ => return None,
+    };
+    Some(Event { replica, at, what })
+}
+
+/// The latest state of one process, as its events tell.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct State {
+    /// It said `started`.
+    pub(crate) started: bool,
+    /// Its latest transition says it leads.
+    pub(crate) leading: bool,
+    /// The epoch of its latest term.
+    pub(crate) epoch: Option<u64>,
+    /// SIGSTOPped and not yet SIGCONTed.
+    pub(crate) stopped: bool,
+    /// Killed or exited.
+    pub(crate) ended: bool,
+    /// Its latest `resigned` line (a counter, to wait for the next one).
+    pub(crate) resigned: u64,
+}
+
+/// Everything the replicas said, in arrival order, and their latest states.
+#[derive(Debug, Default)]
+pub(crate) struct Board {
+    events: Mutex<Vec<Event>>,
+    states: Mutex<Vec<State>>,
+    /// Per process: its stderr lines, each stamped on arrival (the latest few thousand).
+    logs: Mutex<Vec<VecDeque<(u64, String)>>>,
+    version: watch::Sender<u64>,
+}
+
+/// Stderr lines kept per process.
+const LOG_LINES: usize = 4000;
+
+impl Board {
+    /// Records an event and updates the process's state.
+    pub(crate) fn push(&self, event: Event) {
+        {
+            let mut states = self.states.lock().unwrap();
+            if states.len() <= event.replica {
+                states.resize(event.replica + 1, State::default());
+            }
+            let state = &mut states[event.replica];
+            match event.what {
+                What::Started => state.started = true,
+                What::Leader { epoch, .. } => {
+                    state.leading = true;
+                    state.epoch = epoch;
+                }
+                What::Standby { .. } => state.leading = false,
+                What::Killed | What::Exited => {
+                    state.leading = false;
+                    state.ended = true;
+                }
+                What::Stopped => state.stopped = true,
+                What::Continued => state.stopped = false,
+                What::Resigned { .. } => state.resigned += 1,
+                What::Woke { .. }
+                | What::Fenced { .. }
+                | What::Exhausted { .. }
+                | What::Released => {}
+            }
+        }
+        self.events.lock().unwrap().push(event);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    fn log(&self, replica: usize, line: String) {
+        let mut logs = self.logs.lock().unwrap();
+        if logs.len() <= replica {
+            logs.resize_with(replica + 1, VecDeque::new);
+        }
+        let lines = &mut logs[replica];
+        if lines.len() == LOG_LINES {
+            lines.pop_front();
+        }
+        lines.push_back((unix_us(), line));
+    }
+
+    /// A copy of every event so far.
+    pub(crate) fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// The state of process `replica`.
+    pub(crate) fn state(&self, replica: usize) -> State {
+        self.states
+            .lock()
+            .unwrap()
+            .get(replica)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// The processes that lead now, are not stopped, and live.
+    pub(crate) fn leaders(&self) -> Vec<usize> {
+        self.states
+            .lock()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.leading && !s.stopped && !s.ended)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// The stderr lines of `replica` that arrived within `[from, to]`.
+    pub(crate) fn log_excerpt(&self, replica: usize, from: u64, to: u64) -> Vec<(u64, String)> {
+        self.logs
+            .lock()
+            .unwrap()
+            .get(replica)
+            .map(|lines| {
+                lines
+                    .iter()
+                    .filter(|(at, _)| (from..=to).contains(at))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until `found` holds, at most `limit`; returns whether it did.
+    pub(crate) async fn wait(
+        &self,
+        limit: Duration,
+        mut found: impl FnMut(&Board) -> bool,
+    ) -> bool {
+        let mut changed = self.version.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            changed.borrow_and_update();
+            if found(self) {
+                return true;
+            }
+            // Also look again now and then: some conditions depend on time, not on events.
+            let tick = tokio::time::Instant::now() + Duration::from_millis(50);
+            match tokio::time::timeout_at(deadline.min(tick), changed.changed()).await {
+                Ok(_) => {}
+                Err(_) if tokio::time::Instant::now() >= deadline => return found(self),
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// One replica process.
+#[derive(Debug)]
+pub(crate) struct Proc {
+    /// The slot (and so the proxy) it runs in.
+    pub(crate) slot: usize,
+    /// Its pid.
+    pub(crate) pid: Pid,
+    /// Whether its elector has fast takeover.
+    pub(crate) fast: bool,
+    /// When it was spawned.
+    pub(crate) spawned: u64,
+    /// When it was killed or exited.
+    pub(crate) ended: Option<u64>,
+    /// RSS samples: (µs, kB).
+    pub(crate) rss: Vec<(u64, u64)>,
+    child: Child,
+    stdin: ChildStdin,
+}
+
+/// The replica processes, one live per slot, each behind its slot's proxy.
+#[derive(Debug)]
+pub(crate) struct Fleet {
+    /// Every process ever spawned; its index is its identity's number.
+    pub(crate) procs: Vec<Proc>,
+    /// The live process of each slot.
+    pub(crate) live: Vec<usize>,
+    /// One proxy per slot.
+    pub(crate) proxies: Vec<Arc<FaultProxy>>,
+    /// What they said.
+    pub(crate) board: Arc<Board>,
+    url: String,
+    key: LockKey,
+    interval: Duration,
+    /// Each process elects on a key of its own (`--sabotage split-key`).
+    pub(crate) split_key: bool,
+}
+
+impl Fleet {
+    /// An empty fleet: one proxy per slot in front of `target`.
+    pub(crate) async fn new(
+        slots: usize,
+        target: std::net::SocketAddr,
+        url: String,
+        key: LockKey,
+        interval: Duration,
+    ) -> Self {
+        let mut proxies = Vec::new();
+        for _ in 0..slots {
+            proxies.push(Arc::new(
+                FaultProxy::start(target).await.expect("a fault proxy"),
+            ));
+        }
+        Fleet {
+            procs: Vec::new(),
+            live: vec![usize::MAX; slots],
+            proxies,
+            board: Arc::default(),
+            url,
+            key,
+            interval,
+            split_key: false,
+        }
+    }
+
+    /// Starts a new replica process in `slot`; returns its index.
+    pub(crate) fn spawn(&mut self, slot: usize, fast: bool) -> usize {
+        let index = self.procs.len();
+        let identity = format!("replica-{index}");
+        let mut command = Command::new(std::env::current_exe().expect("this binary"));
+        command
+            .arg(child::FLAG)
+            .env(child::ENV_URL, &self.url)
+            .env(child::ENV_ADDR, self.proxies[slot].addr().to_string())
+            .env(
+                child::ENV_KEY,
+                format!(
+                    "{},{}",
+                    self.key.class(),
+                    self.key.object() + if self.split_key { index as i32 } else { 0 }
+                ),
+            )
+            .env(
+                child::ENV_INTERVAL_MS,
+                self.interval.as_millis().to_string(),
+            )
+            .env(child::ENV_IDENTITY, &identity)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if fast {
+            command.env(child::ENV_FAST, "1");
+        } else {
+            command.env_remove(child::ENV_FAST);
+        }
+        let mut process = command.spawn().expect("start a replica process");
+        let pid = Pid::from_raw(process.id().expect("a running child") as i32).expect("a pid");
+        let stdout = process.stdout.take().expect("piped stdout");
+        let stderr = process.stderr.take().expect("piped stderr");
+        let stdin = process.stdin.take().expect("piped stdin");
+        tokio::spawn({
+            let board = self.board.clone();
+            async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(event) = parse(index, &line) {
+                        board.push(event);
+                    }
+                }
+            }
+        });
+        tokio::spawn({
+            let board = self.board.clone();
+            async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    board.log(index, line);
+                }
+            }
+        });
+        self.procs.push(Proc {
+            slot,
+            pid,
+            fast,
+            spawned: unix_us(),
+            ended: None,
+            rss: Vec::new(),
+            child: process,
+            stdin,
+        });
+        self.live[slot] = index;
+        index
+    }
+
+    /// Sends `signal` to process `replica`; returns the time just before, which is also
+    /// recorded as an event for SIGKILL, SIGSTOP and SIGCONT.
+    pub(crate) fn signal(&mut self, replica: usize, signal: Signal) -> u64 {
+        let at = unix_us();
+        let _ = kill_process(self.procs[replica].pid, signal);
+        let what = if signal == Signal::KILL {
+            self.procs[replica].ended.get_or_insert(at);
+            Some(What::Killed)
+        } else if signal == Signal::STOP {
+            Some(What::Stopped)
+        } else if signal == Signal::CONT {
+            Some(What::Continued)
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            self.board.push(Event { replica, at, what });
+        }
+        at
+    }
+
+    /// Writes one command line to process `replica`'s stdin; returns the time just before.
+    pub(crate) async fn command(&mut self, replica: usize, line: &str) -> u64 {
+        let at = unix_us();
+        let stdin = &mut self.procs[replica].stdin;
+        let _ = stdin.write_all(format!("{line}\n").as_bytes()).await;
+        let _ = stdin.flush().await;
+        at
+    }
+
+    /// Whether process `replica` has exited (and records when, the first time).
+    pub(crate) fn exited(&mut self, replica: usize) -> bool {
+        let proc = &mut self.procs[replica];
+        match proc.child.try_wait() {
+            Ok(Some(_)) | Err(_) => {
+                proc.ended.get_or_insert_with(unix_us);
+                true
+            }
+            Ok(None) => false,
+        }
+    }
+
+    /// Samples the RSS of every live process.
+    pub(crate) fn sample_rss(&mut self) {
+        let at = unix_us();
+        for &index in &self.live {
+            if let Some(proc) = self.procs.get_mut(index) {
+                if proc.ended.is_none() {
+                    if let Some(kb) = rss_kb(proc.pid) {
+                        proc.rss.push((at, kb));
+                    }
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs every process (at the end of the run).
+    pub(crate) fn kill_all(&mut self) {
+        for proc in &mut self.procs {
+            if proc.ended.is_none() {
+                let _ = proc.child.start_kill();
+                proc.ended = Some(unix_us());
+            }
+        }
+    }
+}
+
+/// `VmRSS` of a process, in kB.
+fn rss_kb(pid: Pid) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero())).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kb| kb.parse().ok())
+}

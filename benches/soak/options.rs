@@ -1,0 +1,236 @@
+//! The soak's command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::faults::Kind;
+
+/// Which replicas run with fast takeover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// None: every standby only tries, once per I.
+    Poll,
+    /// All of them (`ElectorBuilder::fast_takeover(true)`).
+    Fast,
+    /// Each replica process, at each (re)spawn, draws its mode from the seed: both kinds
+    /// stand by side by side, and a slot changes mode over the run.
+    Mixed,
+}
+
+impl Mode {
+    /// The mode's name on the command line and in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Mode::Poll => "poll",
+            Mode::Fast => "fast",
+            Mode::Mixed => "mixed",
+        }
+    }
+}
+
+/// Everything the command line sets.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    /// Fixes every random draw of the run (printed at the start).
+    pub(crate) seed: u64,
+    /// How long faults are injected (the settling and the checks come after).
+    pub(crate) duration: Duration,
+    /// Replica processes running at once.
+    pub(crate) replicas: usize,
+    /// The check interval I of every elector.
+    pub(crate) interval: Duration,
+    /// Poll, fast or mixed.
+    pub(crate) mode: Mode,
+    /// The fault kinds to inject.
+    pub(crate) faults: Vec<Kind>,
+    /// The probability that a fault starts while earlier ones are still in effect.
+    pub(crate) overlap: f64,
+    /// Slot 0 is never killed nor restarted, so one process lives through the whole run and
+    /// its memory is measured over all of it.
+    pub(crate) keep_one: bool,
+    /// Also write the report to this file.
+    pub(crate) out: Option<PathBuf>,
+    /// Print every fault as it is injected.
+    pub(crate) verbose: bool,
+    /// Checks the checker: every replica process elects on a key of its own, so they all
+    /// lead at once and write rows of unrelated epochs; the run must report violations.
+    pub(crate) split_key: bool,
+}
+
+/// The usage line printed on a bad option.
+pub(crate) const USAGE: &str = "usage: cargo bench --bench soak -- [--seed N] [--duration 60s] \
+[--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
+[--overlap 0.25] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
+fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
+restart-fast, restart-immediate (restart: both), exhaust, graceful, resign";
+
+impl Options {
+    /// Parses the arguments after `--` (plus the `--bench` cargo adds).
+    pub(crate) fn parse(args: &[String]) -> Result<Self, String> {
+        let mut options = Options {
+            seed: std::env::var("SOAK_SEED")
+                .ok()
+                .map(|s| s.parse().map_err(|_| "SOAK_SEED takes a number".to_owned()))
+                .transpose()?
+                .unwrap_or_else(time_seed),
+            duration: Duration::from_secs(60),
+            replicas: 5,
+            interval: Duration::from_millis(250),
+            mode: Mode::Mixed,
+            faults: Kind::ALL.to_vec(),
+            overlap: 0.25,
+            keep_one: true,
+            out: None,
+            verbose: false,
+            split_key: false,
+        };
+        let mut i = 0;
+        while i < args.len() {
+            let arg = args[i].as_str();
+            let (flag, inline) = match arg.split_once('=') {
+                Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
+                _ => (arg, None),
+            };
+            let mut value = || -> Result<String, String> {
+                if let Some(v) = &inline {
+                    return Ok(v.clone());
+                }
+                i += 1;
+                args.get(i)
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} takes a value"))
+            };
+            match flag {
+                "--bench" => {}
+                "--seed" => {
+                    options.seed = value()?
+                        .parse()
+                        .map_err(|_| "--seed takes a number".to_owned())?;
+                }
+                "--duration" => options.duration = parse_duration(&value()?)?,
+                "--replicas" => {
+                    options.replicas = value()?
+                        .parse()
+                        .ok()
+                        .filter(|n| (2..=50).contains(n))
+                        .ok_or("--replicas takes a number from 2 to 50")?;
+                }
+                "--interval-ms" => {
+                    options.interval = Duration::from_millis(
+                        value()?
+                            .parse()
+                            .ok()
+                            .filter(|ms| *ms >= 50)
+                            .ok_or("--interval-ms takes a number of ms, at least 50")?,
+                    );
+                }
+                "--mode" => {
+                    options.mode = match value()?.as_str() {
+                        "poll" => Mode::Poll,
+                        "fast" => Mode::Fast,
+                        "mixed" => Mode::Mixed,
+                        other => return Err(format!("unknown mode {other:?}")),
+                    };
+                }
+                "--faults" => {
+                    let mut kinds = Vec::new();
+                    for name in value()?.split(',') {
+                        for kind in Kind::by_name(name.trim())? {
+                            if !kinds.contains(&kind) {
+                                kinds.push(kind);
+                            }
+                        }
+                    }
+                    if kinds.is_empty() {
+                        return Err("--faults names no fault".into());
+                    }
+                    options.faults = kinds;
+                }
+                "--overlap" => {
+                    options.overlap = value()?
+                        .parse()
+                        .ok()
+                        .filter(|p| (0.0..=1.0).contains(p))
+                        .ok_or("--overlap takes a probability from 0 to 1")?;
+                }
+                "--no-keep-one" => options.keep_one = false,
+                "--out" => options.out = Some(PathBuf::from(value()?)),
+                "--verbose" | "-v" => options.verbose = true,
+                "--sabotage" => match value()?.as_str() {
+                    "split-key" => options.split_key = true,
+                    other => return Err(format!("unknown sabotage {other:?}")),
+                },
+                "--help" | "-h" => return Err("options".into()),
+                other if other.starts_with('-') => return Err(format!("unknown option {other}")),
+                // A positional word (the filter `cargo bench` hands every bench): ignored.
+                _ => {}
+            }
+            i += 1;
+        }
+        Ok(options)
+    }
+
+    /// The slack every time bound gets on a loaded machine: I/2 + 250 ms.
+    pub(crate) fn slack(&self) -> Duration {
+        self.interval / 2 + Duration::from_millis(250)
+    }
+
+    /// The arguments that replay this run (the seed and every option that shapes the draws).
+    pub(crate) fn replay_args(&self, duration: Duration) -> String {
+        let mut args = format!(
+            "--seed {} --duration {}s --replicas {} --interval-ms {} --mode {}",
+            self.seed,
+            duration.as_secs().max(1),
+            self.replicas,
+            self.interval.as_millis(),
+            self.mode.name()
+        );
+        if self.faults != Kind::ALL {
+            let names: Vec<&str> = self.faults.iter().map(|k| k.name()).collect();
+            args.push_str(&format!(" --faults {}", names.join(",")));
+        }
+        if self.overlap != 0.25 {
+            args.push_str(&format!(" --overlap {}", self.overlap));
+        }
+        if !self.keep_one {
+            args.push_str(" --no-keep-one");
+        }
+        if self.split_key {
+            args.push_str(" --sabotage split-key");
+        }
+        args
+    }
+}
+
+/// A seed from the clock, for runs that do not give one.
+fn time_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    // Keep it short enough to type: six decimal digits of mixed bits.
+    crate::rng::Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
+}
+
+/// `90`, `90s`, `1500ms`, `5m`, `1h`.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (text, 1.0)
+    };
+    number
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0)
+        .map(|s| Duration::from_secs_f64(s * scale))
+        .ok_or_else(|| format!("{text:?} is not a duration (e.g. 60s, 5m, 1h)"))
+}
