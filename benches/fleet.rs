@@ -820,6 +820,7 @@ impl Monitor {
     async fn leaders(&self) -> i64 {
         self.query(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND objsubid = 2 \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .await

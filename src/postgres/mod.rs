@@ -283,6 +283,7 @@ async fn standby(
         setup_bound: pg.interval.max(MIN_TRY_BOUND),
     });
     let mut waiter: Option<Waiter> = None;
+    let mut wait_repeats = Repeats::default();
     // With fast takeover the first try is at once, not at the next tick: a replica that has
     // just stopped leading gets its waiting session within a round trip rather than within I,
     // so that a second failover soon after the first still finds a session waiting.
@@ -378,8 +379,15 @@ async fn standby(
                     tracing::debug!(key = %pg.key, "{POOLER}: {SHARED_TRY}")
                 }
             }
+            // A waiting session that could not get a pool connection: the tries, which use the
+            // same pool, say so at their level.
+            Err(e @ SessionError::PoolTimeout(_)) if from_wait => {
+                tracing::debug!(key = %pg.key, error = %e, "no pool connection for a waiting session; this standby only tries meanwhile")
+            }
             Err(e) if from_wait => {
-                if repeats.loud("wait") {
+                // Its own record: a refused try clears the tries' record, and would make this
+                // line loud every interval.
+                if wait_repeats.loud("wait") {
                     tracing::warn!(key = %pg.key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
                 } else {
                     tracing::debug!(key = %pg.key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
