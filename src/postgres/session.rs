@@ -127,6 +127,19 @@ const MAX_KEEPALIVE_S: u64 = 32_767;
 const MAX_KEEPALIVE_COUNT: u64 = 127;
 
 impl SessionBounds {
+    /// The settings as `set_config` takes them: `idle_session_timeout`, `tcp_user_timeout`,
+    /// and the keepalives' idle time, interval and count.
+    pub(super) fn as_settings(&self) -> [String; 5] {
+        [
+            self.idle_session_timeout_ms,
+            self.tcp_user_timeout_ms,
+            self.keepalives_idle_s,
+            self.keepalives_interval_s,
+            self.keepalives_count,
+        ]
+        .map(|n| n.to_string())
+    }
+
     pub(crate) fn for_interval(interval: Duration) -> Self {
         let bound_ms = (4 * interval).as_millis() as u64;
         let ceil_s = |ms: u64| ms.div_ceil(1000).clamp(1, MAX_KEEPALIVE_S);
@@ -320,14 +333,7 @@ pub(crate) async fn try_acquire(
     let object = borrower.get(wait).await?;
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
-    let text = |n: u64| n.to_string();
-    let (idle, user, k_idle, k_interval, k_count) = (
-        text(bounds.idle_session_timeout_ms),
-        text(bounds.tcp_user_timeout_ms),
-        text(bounds.keepalives_idle_s),
-        text(bounds.keepalives_interval_s),
-        text(bounds.keepalives_count),
-    );
+    let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
     let sent_at = now_ms();
     let row = bounded(bound, async {
         let rows = borrowed

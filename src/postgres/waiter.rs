@@ -175,15 +175,8 @@ async fn wait(
     // read replica, a shared session), or is closed on any other outcome: it may hold a slot.
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
-    let text = |n: u64| n.to_string();
-    let (idle, user, k_idle, k_interval, k_count, check) = (
-        text(bounds.idle_session_timeout_ms),
-        text(bounds.tcp_user_timeout_ms),
-        text(bounds.keepalives_idle_s),
-        text(bounds.keepalives_interval_s),
-        text(bounds.keepalives_count),
-        text(client_check_ms(interval)),
-    );
+    let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
+    let check = client_check_ms(interval).to_string();
     let slots: Vec<i64> = (0..WAITING_SLOTS).map(|n| key.waiting_slot(n)).collect();
     let armed = bounded(setup_bound, async {
         let mut params: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> = vec![
