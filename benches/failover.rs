@@ -911,7 +911,26 @@ async fn run_part(
         "failover: [{} I={interval:?}] starting a fresh database and fleet",
         mode.name()
     );
+    let log_file = server.log_file().map(|p| p.to_path_buf());
     let mut bench = Bench::new(server, interval, mode).await;
+    let trace = std::env::var_os("FAILOVER_TRACE").is_some();
+    if trace {
+        // Statement end times, backend exits and wait times in the server log, in ms.
+        for setting in [
+            "ALTER SYSTEM SET log_min_duration_statement = 0",
+            "ALTER SYSTEM SET log_disconnections = on",
+            "ALTER SYSTEM SET log_line_prefix = '%m [%p] %a '",
+            "SELECT pg_reload_conf()",
+        ] {
+            if let Err(e) = bench.admin.batch_execute(setting).await {
+                eprintln!("failover: FAILOVER_TRACE: {setting}: {e}");
+            }
+        }
+    }
+    let mut server_log_at = log_file
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
     let mut outcomes = Vec::new();
     for &scenario in &options.scenarios {
         let scenario_started = Instant::now();
@@ -923,7 +942,29 @@ async fn run_part(
                 mode.name(),
                 scenario.name()
             );
-            match bench.run_once(scenario).await {
+            let logs_at = bench.fleet.replicas.board.logs.lock().unwrap().len();
+            let events_at = bench.fleet.replicas.events().len();
+            let outcome = bench.run_once(scenario).await;
+            if trace {
+                // FAILOVER_TRACE=1: what the replicas (RUST_LOG) and the server logged in the run.
+                eprintln!("--- {tag}: trace ---");
+                for e in bench.fleet.replicas.events().iter().skip(events_at) {
+                    eprintln!("  event: {} {} {:?}", e.at, e.replica, e.what);
+                }
+                let logs = bench.fleet.replicas.board.logs.lock().unwrap();
+                for line in logs.iter().skip(logs_at) {
+                    eprintln!("  {line}");
+                }
+                if let Some(text) = log_file.as_ref().and_then(|p| std::fs::read(p).ok()) {
+                    let from = (server_log_at as usize).min(text.len());
+                    for line in String::from_utf8_lossy(&text[from..]).lines() {
+                        eprintln!("  server: {line}");
+                    }
+                    server_log_at = text.len() as u64;
+                }
+                eprintln!("--- end of trace ---");
+            }
+            match outcome {
                 Ok(s) => {
                     eprintln!(
                         "{tag}: takeover {} ms, two leaders {} ms, {}, no leader {} ms, write gap {}{}",
