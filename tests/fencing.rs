@@ -132,6 +132,92 @@ async fn f3_a_deposed_leaders_fenced_write_fails_and_the_new_leaders_succeeds() 
     b.stop().await.unwrap();
 }
 
+/// The case only the epoch row can catch: the deposed leader has not noticed yet. Its lock
+/// connection goes through a proxy that is then blackholed (a partition), and the server ends
+/// its lock session; another replica takes over and bumps the epoch. The old leader, which
+/// checks every 10·I, still believes it leads (its next check times out at the earliest 10·I
+/// after the partition, its lease lasts 30·I), so its fence passes the local "term ended"
+/// check and is refused by the row alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_a_deposed_leader_that_still_believes_it_leads_is_refused_by_the_epoch_row() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let key = LockKey::new(0xf3, 8);
+    // The application's pool: direct, healthy, shared by both replicas' writes.
+    let app = db.pool(4);
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let slow = 10 * I;
+    let a = Replica::run(
+        Elector::builder(db.pool_via(proxy.addr(), 2), key)
+            .check_interval(slow)
+            .identity("a")
+            .fencing(true)
+            .build()
+            .unwrap(),
+    );
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads at its first try");
+    let led_at = std::time::Instant::now();
+    let b = Replica::run(fenced(db.pool(2), key, "b"));
+    let old_term = a.elector.term();
+    let old_epoch = old_term.epoch().expect("a fenced term has an epoch");
+    fenced_write(&app, &old_term, "a")
+        .await
+        .expect("the leader's own write passes");
+
+    proxy.blackhole();
+    terminate_holder(&db, key).await;
+    // b tries every I; nothing else can take the lock (a's tries would go through the
+    // blackholed proxy, and a does not try while it believes it leads).
+    let new_term = next_term(&[&b.elector], old_epoch).await;
+    let new_epoch = new_term.epoch().unwrap();
+    assert!(new_epoch > old_epoch);
+
+    // a's tick goes on as if nothing happened: it still leads, as far as it can tell.
+    let believed = a.elector.is_leader() && old_term.is_leader();
+    let elapsed = led_at.elapsed();
+    let refused = fenced_write(&app, &old_term, "a")
+        .await
+        .expect_err("the deposed leader's write is fenced");
+    assert!(
+        believed && old_term.is_leader(),
+        "a still believed it led around its fence ({elapsed:?} after it began leading, \
+         its first check is due {slow:?} after that): so its local check passed"
+    );
+    assert!(
+        refused.is_superseded(),
+        "refused by the epoch row, not by the term's end: {refused}"
+    );
+    assert_eq!(
+        (refused.ours(), refused.current()),
+        (Some(old_epoch), Some(new_epoch))
+    );
+    fenced_write(&app, &new_term, "b")
+        .await
+        .expect("the new leader's write passes");
+    let rows = writes(&db).await;
+    let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+    assert_eq!(
+        who,
+        [("a", old_epoch as i64), ("b", new_epoch as i64)],
+        "a's refused write did not commit"
+    );
+    eprintln!("old leader, still believing it led: {refused}");
+
+    // The partition heals: a reads its session's end and steps down.
+    proxy.pass();
+    wait_for(3 * I, || !a.elector.is_leader())
+        .await
+        .expect("a steps down once its connection closes");
+    assert_eq!(old_term.end(), Some(TermEnd::LeadershipLost));
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f3_a_fence_that_finds_a_later_epoch_in_the_row_fails_as_superseded() {
     let _serial = serial();
