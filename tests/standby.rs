@@ -343,3 +343,57 @@ async fn e3_a_grant_answered_between_two_and_three_intervals_is_checked_at_once_
     );
     replica.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_an_answer_the_try_does_not_know_closes_the_connection_and_frees_the_lock_granted_on_it()
+{
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(3, 7);
+    let admin = db.connect().await.unwrap();
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let pool = db.pool_via(proxy.addr(), 2);
+    drop(pool.get().await.unwrap()); // the pool's one connection, idle
+    assert_eq!((proxy.accepted(), pool.status().size), (1, 1));
+    // The server grants the lock, and the replica hears "GRANTED", which it does not know:
+    // the session may hold the lock, so it must not go back to the pool.
+    proxy.rewrite_answers(b"granted", b"GRANTED").unwrap();
+    let interval = Duration::from_secs(1);
+    let elector = Elector::builder(pool.clone(), key)
+        .check_interval(interval)
+        .build()
+        .unwrap();
+    let capture = capture::Capture::default();
+    let replica = Replica::run_captured(elector, &capture);
+    // The first try goes out at once, the next one interval later.
+    wait_for(interval / 2, || {
+        !capture.events("acquire lock connection").is_empty()
+    })
+    .await
+    .expect("the unknown answer is logged within I/2");
+    let logged = capture.events("acquire lock connection");
+    assert_eq!(logged[0].level, tracing::Level::WARN, "{logged:?}");
+    assert!(
+        logged[0].field("error").contains("\"GRANTED\""),
+        "the log names the answer: {logged:?}"
+    );
+    assert!(!replica.elector.is_leader());
+    // Not back in the pool, and closed: the server frees the lock it granted on it.
+    assert_eq!(pool.status().size, 0, "{:?}", pool.status());
+    wait_for_async(interval / 4, || async {
+        holders(&admin, key).await.is_empty()
+    })
+    .await
+    .expect("the lock granted on the closed session is free within I/4");
+    assert_eq!(proxy.open(), 0, "no connection left open");
+
+    // Answers the replica knows again: its next try opens a new connection and leads.
+    proxy.stop_rewriting();
+    wait_for(2 * interval, || replica.elector.is_leader())
+        .await
+        .expect("leads at its next try");
+    assert_eq!(proxy.accepted(), 2, "one new connection for the next try");
+    replica.stop().await.unwrap();
+}

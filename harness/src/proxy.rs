@@ -1,4 +1,5 @@
-//! [`FaultProxy`]: a loopback TCP proxy that can delay, partition or reset connections.
+//! [`FaultProxy`]: a loopback TCP proxy that can delay, partition or reset connections, or
+//! rewrite the server's answers.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -37,11 +38,13 @@ struct Shared {
     delay: watch::Sender<Duration>,
     /// Bumped by `reset()`; every connection accepted before closes.
     reset: watch::Sender<u64>,
+    /// Bytes replaced in the server's answers: (what, by what), of one length.
+    rewrite: watch::Sender<Option<(Vec<u8>, Vec<u8>)>>,
     accepted: AtomicU64,
     open: AtomicUsize,
 }
 
-/// A loopback TCP proxy for fault injection: pass, delay, blackhole, reset.
+/// A loopback TCP proxy for fault injection: pass, delay, blackhole, reset, rewrite.
 ///
 /// Listens on `127.0.0.1:<free port>` and forwards each accepted connection
 /// to the target. Each setting applies to every connection, current and new:
@@ -74,6 +77,9 @@ struct Shared {
 ///   `SO_LINGER` 0 on both sides, so the client and the server each see a
 ///   TCP RST (the server ends the session and releases its locks). New
 ///   connections are accepted as usual afterwards, in the current mode.
+/// - [`rewrite_answers`](Self::rewrite_answers)`(from, to)`: a server that says
+///   what it never would. Every `from` in the server's answers becomes `to` (of
+///   the same length), until [`stop_rewriting`](Self::stop_rewriting).
 ///
 /// Needs a tokio runtime: its tasks run on the runtime that called
 /// [`start`](Self::start). Dropping the proxy stops the listener and closes
@@ -108,6 +114,7 @@ impl FaultProxy {
             mode: watch::Sender::new(Mode::Pass),
             delay: watch::Sender::new(Duration::ZERO),
             reset: watch::Sender::new(0),
+            rewrite: watch::Sender::new(None),
             accepted: AtomicU64::new(0),
             open: AtomicUsize::new(0),
         });
@@ -171,6 +178,35 @@ impl FaultProxy {
         self.shared.reset.send_modify(|n| *n += 1);
     }
 
+    /// Replaces every `from` in the server's answers with `to`, on current and new
+    /// connections, to make the server say what it never would (an answer the client does
+    /// not know). Both must be non-empty and of one length, so that the protocol's message
+    /// lengths stay right; `from` is matched within one chunk read from the server (a whole
+    /// small answer, on loopback), not across two. Client→server bytes are never changed.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` when `from` is empty or the lengths differ.
+    pub fn rewrite_answers(&self, from: &[u8], to: &[u8]) -> io::Result<()> {
+        if from.is_empty() || from.len() != to.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "rewrite_answers: `from` and `to` must be non-empty and of one length",
+            ));
+        }
+        tracing::debug!(addr = %self.addr, from = %String::from_utf8_lossy(from), to = %String::from_utf8_lossy(to), "fault proxy: rewrite answers");
+        self.shared
+            .rewrite
+            .send_replace(Some((from.to_vec(), to.to_vec())));
+        Ok(())
+    }
+
+    /// Stops [`rewrite_answers`](Self::rewrite_answers): answers pass unchanged.
+    pub fn stop_rewriting(&self) {
+        tracing::debug!(addr = %self.addr, "fault proxy: answers unchanged");
+        self.shared.rewrite.send_replace(None);
+    }
+
     /// Connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.shared.accepted.load(Ordering::SeqCst)
@@ -217,9 +253,10 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shar
                     let mode = shared.mode.subscribe();
                     let delay = shared.delay.subscribe();
                     let reset = shared.reset.subscribe();
+                    let rewrite = shared.rewrite.subscribe();
                     conns.spawn(async move {
                         let _guard = guard;
-                        handle(socket, target, mode, delay, reset).await;
+                        handle(socket, target, mode, delay, reset, rewrite).await;
                     });
                 }
                 Err(e) => {
@@ -240,6 +277,7 @@ async fn handle(
     mut mode: watch::Receiver<Mode>,
     delay: watch::Receiver<Duration>,
     mut reset: watch::Receiver<u64>,
+    rewrite: watch::Receiver<Option<(Vec<u8>, Vec<u8>)>>,
 ) {
     let _ = client.set_nodelay(true);
     // Connect to the target only once traffic may flow (never delayed).
@@ -266,7 +304,7 @@ async fn handle(
         let (ur, uw) = upstream.split();
         let (mode_up, mode_down) = (mode.clone(), mode);
         tokio::select! {
-            r = async { tokio::try_join!(pump(cr, uw, mode_up), pump_delayed(ur, cw, mode_down, delay)) } => {
+            r = async { tokio::try_join!(pump(cr, uw, mode_up), pump_delayed(ur, cw, mode_down, delay, rewrite)) } => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "fault proxy: connection ended with an error");
                 }
@@ -352,6 +390,7 @@ async fn pump_delayed(
     mut to: WriteHalf<'_>,
     mut mode: watch::Receiver<Mode>,
     mut delay: watch::Receiver<Duration>,
+    rewrite: watch::Receiver<Option<(Vec<u8>, Vec<u8>)>>,
 ) -> io::Result<()> {
     let mut buf = vec![0u8; CHUNK];
     let mut queue: VecDeque<Delayed> = VecDeque::new();
@@ -379,9 +418,13 @@ async fn pump_delayed(
         tokio::select! {
             r = from.read(&mut buf), if may_read => {
                 let n = r?;
+                let mut bytes = buf[..n].to_vec();
+                if let Some((from, to)) = &*rewrite.borrow() {
+                    replace_all(&mut bytes, from, to);
+                }
                 queue.push_back(Delayed {
                     read_at: Instant::now(),
-                    bytes: buf[..n].to_vec(),
+                    bytes,
                     sent: 0,
                 });
                 read_eof = n == 0;
@@ -390,6 +433,19 @@ async fn pump_delayed(
             _ = tokio::time::sleep_until(wake_at.unwrap_or(now)), if wake_at.is_some() => {}
             r = mode.changed() => r.map_err(|_| stopped())?,
             r = delay.changed() => r.map_err(|_| stopped())?,
+        }
+    }
+}
+
+/// Replaces every `from` in `bytes` with `to`, of the same length.
+fn replace_all(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+    let mut at = 0;
+    while at + from.len() <= bytes.len() {
+        if bytes[at..].starts_with(from) {
+            bytes[at..at + to.len()].copy_from_slice(to);
+            at += from.len();
+        } else {
+            at += 1;
         }
     }
 }
@@ -408,4 +464,19 @@ async fn write_head(to: &mut WriteHalf<'_>, queue: &mut VecDeque<Delayed>) -> io
         queue.pop_front();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replace_all;
+
+    #[test]
+    fn every_occurrence_is_replaced_and_nothing_else() {
+        let mut bytes = b"granted granted_unbounded grante".to_vec();
+        replace_all(&mut bytes, b"granted", b"GRANTED");
+        assert_eq!(bytes, b"GRANTED GRANTED_unbounded grante");
+        let mut overlapping = b"aaaa".to_vec();
+        replace_all(&mut overlapping, b"aa", b"ba");
+        assert_eq!(overlapping, b"baba");
+    }
 }
