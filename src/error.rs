@@ -36,13 +36,18 @@ pub enum Error {
     #[error("no pool connection within {0:?}")]
     PoolTimeout(std::time::Duration),
 
-    /// The pool could not hand out a connection.
-    #[error("the pool could not hand out a connection")]
-    Pool(#[source] Box<deadpool_postgres::PoolError>),
+    /// The pool could not hand out a connection. The text carries the pool's error and, for a
+    /// connection the server refused, the server's message; the error itself is the field.
+    // The text is the whole chain, so the error is not also exposed as the source: a report
+    // that prints the sources would say it twice.
+    #[error("the pool could not hand out a connection: {}", chain(.0))]
+    Pool(Box<deadpool_postgres::PoolError>),
 
-    /// A query of [`current_leader`](crate::current_leader) failed.
-    #[error("the query failed")]
-    Database(#[source] tokio_postgres::Error),
+    /// A query of [`current_leader`](crate::current_leader) failed. The text carries the
+    /// server's message (severity, SQLSTATE, message, detail and hint); the error itself,
+    /// with [`as_db_error`](tokio_postgres::Error::as_db_error), is the field.
+    #[error("the query failed: {}", chain(.0))]
+    Database(tokio_postgres::Error),
 
     /// The identity holds a NUL byte, which PostgreSQL refuses in `application_name`.
     #[error("invalid identity {identity:?}: no NUL byte")]
@@ -221,7 +226,68 @@ fn server_message(db: &tokio_postgres::error::DbError) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::chain;
+    use super::{Error, chain};
+    use crate::{Elector, LockKey};
+    use pg_elector_harness::PgServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_current_leader_says_what_the_server_said() {
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let key = LockKey::new(12, 1);
+        // Someone holds the lock, so `current_leader` goes on to read the epoch row, from a
+        // fencing table that was never created.
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute(
+                "SELECT pg_advisory_lock($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        let elector = Elector::builder(db.pool(1), key)
+            .fencing(true)
+            .fencing_table(None, "no_such_epochs")
+            .build()
+            .unwrap();
+        let error = elector
+            .current_leader()
+            .await
+            .expect_err("the epoch table is missing");
+        assert!(matches!(error, Error::Database(_)), "{error:?}");
+        let text = error.to_string();
+        assert!(
+            text.starts_with("the query failed: ")
+                && text.contains("ERROR 42P01: relation \"no_such_epochs\" does not exist"),
+            "{text}"
+        );
+        assert!(
+            std::error::Error::source(&error).is_none(),
+            "the text carries the cause, once"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_the_server_refuses_says_what_the_server_said() {
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let mut config = db.config();
+        config.dbname("no_such_database");
+        let pool = pg_elector_harness::pool_from_config(config, 1);
+        let elector = Elector::builder(pool, LockKey::new(12, 2)).build().unwrap();
+        let error = elector
+            .current_leader()
+            .await
+            .expect_err("no such database");
+        assert!(matches!(error, Error::Pool(_)), "{error:?}");
+        let text = error.to_string();
+        assert!(
+            text.starts_with("the pool could not hand out a connection: ")
+                && text.contains("FATAL 3D000: ")
+                && text.contains("\"no_such_database\" does not exist"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_chain_without_repeats() {
