@@ -170,6 +170,8 @@ mod tests {
 
     #[tokio::test]
     async fn always_leader_leads_again_in_every_run() {
+        // Generous: every step here is immediate; the bound turns a hang into a failure.
+        const LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
         let elector = Elector::always_leader();
         for round in 0..3 {
             let shutdown = CancellationToken::new();
@@ -177,10 +179,16 @@ mod tests {
                 let (elector, shutdown) = (elector.clone(), shutdown.clone());
                 async move { elector.run(shutdown).await }
             });
-            let term = elector.wait_for_leadership().await;
+            let term = tokio::time::timeout(LIMIT, elector.wait_for_leadership())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: no leadership within {LIMIT:?}"));
             assert!(term.is_leader(), "round {round}");
             shutdown.cancel();
-            run.await.unwrap().unwrap();
+            tokio::time::timeout(LIMIT, run)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: run did not return within {LIMIT:?}"))
+                .unwrap()
+                .unwrap();
             assert_eq!(term.end(), Some(TermEnd::Shutdown), "round {round}");
             assert!(!elector.is_leader(), "round {round}: standby between runs");
         }
