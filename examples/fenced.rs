@@ -1,19 +1,24 @@
-//! Fenced writes: a leader that stalls mid-tick and wakes up after another replica took over
-//! cannot write any more. Every step is printed, and the table of writes at the end shows
-//! that each write carries the epoch of the term that made it, and none of the deposed
-//! leader's landed after the new leader started.
+//! Fenced writes: a leader cut off from the database keeps believing it leads until its next
+//! check fails, and meanwhile another replica takes over. Its writes go through the
+//! application's pool, which still works, so only the fence stops them. Every step is printed,
+//! and the table of writes at the end shows that each write carries the epoch of the term that
+//! made it, and none of the deposed leader's landed after the new leader started.
 //!
 //!     cargo run --example fenced
 //!
-//! With `DATABASE_URL` unset it starts a private PostgreSQL from the machine's binaries.
+//! With `DATABASE_URL` unset it starts a private PostgreSQL from the machine's binaries. It
+//! exits with status 1 if the deposed leader's write commits.
 
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey, Term};
-use pg_elector_harness::PgServer;
+use pg_elector_harness::{FaultProxy, PgServer};
 use tokio_util::sync::CancellationToken;
 
 const INTERVAL: Duration = Duration::from_millis(500);
+
+/// An elector's `run`, spawned.
+type Running = tokio::task::JoinHandle<Result<(), pg_elector::Error>>;
 
 #[tokio::main]
 async fn main() {
@@ -62,30 +67,36 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
              at timestamptz DEFAULT clock_timestamp())",
         )
         .await?;
+    // The application's pool, for the writes of both replicas.
     let pool = db.pool(4);
+    // alpha reaches the database through a link that the example can cut.
+    let link = FaultProxy::start(server.addr()).await?;
     let key = LockKey::from_name("example/fenced-ledger");
-    let start = |name: &str| -> Result<(Elector, CancellationToken), pg_elector::Error> {
-        let elector = Elector::builder(db.pool(2), key)
+    let start = |name: &str,
+                 elections: deadpool_postgres::Pool|
+     -> Result<(Elector, CancellationToken, Running), pg_elector::Error> {
+        let elector = Elector::builder(elections, key)
             .check_interval(INTERVAL)
             .identity(name)
             .fencing(true)
             .build()?;
         let shutdown = CancellationToken::new();
-        elector.spawn(shutdown.clone());
-        Ok((elector, shutdown))
+        let running = elector.spawn(shutdown.clone());
+        Ok((elector, shutdown, running))
     };
 
-    let (alpha, alpha_stop) = start("alpha")?;
+    let (alpha, alpha_stop, alpha_run) = start("alpha", db.pool_via(link.addr(), 2))?;
     let alpha_term = alpha.wait_for_leadership().await;
     say(format!(
         "alpha leads, epoch {}",
         alpha_term.epoch().unwrap_or_default()
     ));
-    let (beta, beta_stop) = start("beta")?;
+    let (beta, beta_stop, beta_run) = start("beta", db.pool(2))?;
     write(&pool, &alpha_term, "alpha", "invoice 1 sent").await?;
     say("alpha wrote 'invoice 1 sent'".into());
 
-    say("alpha stalls mid-tick (a long pause), and its database session is cut".into());
+    say("alpha's link to the database goes silent, and the server ends its session".into());
+    link.blackhole();
     admin
         .execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'alpha'",
@@ -100,11 +111,35 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     write(&pool, &beta_term, "beta", "invoice 2 sent").await?;
     say("beta wrote 'invoice 2 sent'".into());
 
-    say("alpha wakes up and finishes its tick with the term it started with:".into());
-    match write(&pool, &alpha_term, "alpha", "invoice 2 sent (again)").await {
-        Ok(()) => say("  the write went through: this should not happen".into()),
-        Err(e) => say(format!("  refused: {e}")),
+    // alpha finds out when its next check gets no answer: one to two intervals after the cut.
+    // beta tried within one, so alpha almost always still leads here, as far as it can tell.
+    say(format!(
+        "alpha finishes its tick with the term it started with (alpha.is_leader() = {}):",
+        alpha.is_leader()
+    ));
+    let stale = write(&pool, &alpha_term, "alpha", "invoice 2 sent (again)").await;
+    match &stale {
+        Ok(()) => say("  the write went through: the fence did not stop it".into()),
+        Err(e) if e.is::<pg_elector::Fenced>() => say(format!("  refused: {e}")),
+        Err(e) => return Err(format!("alpha's write failed, but not by the fence: {e}").into()),
     }
+
+    link.pass();
+    let mut alpha_leads = alpha.subscribe();
+    tokio::time::timeout(2 * INTERVAL, alpha_leads.wait_for(|now| !now.is_leader)).await??;
+    say("alpha's link comes back: it finds its session ended and stops leading".into());
+    if let Some(leader) = beta.current_leader().await? {
+        say(format!(
+            "the server says who leads: {} (pid {}, epoch {})",
+            leader.identity,
+            leader.pid,
+            leader.epoch.unwrap_or_default()
+        ));
+    }
+    alpha_stop.cancel();
+    beta_stop.cancel();
+    alpha_run.await??;
+    beta_run.await??;
 
     println!();
     println!(
@@ -122,17 +157,16 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
             (row.get(0), row.get(1), row.get(2), row.get(3));
         println!("{replica:<8} {epoch:>5}  {what:<24} {at}");
     }
-    if let Some(leader) = beta.current_leader().await? {
-        println!(
-            "\ncurrent leader: {} (pid {}, epoch {})",
-            leader.identity,
-            leader.pid,
-            leader.epoch.unwrap_or_default()
-        );
+    let late: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM ledger WHERE replica = 'alpha' AND at > \
+             (SELECT min(at) FROM ledger WHERE replica = 'beta')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if stale.is_ok() || late > 0 {
+        return Err("the deposed leader's write committed after the new leader's".into());
     }
-    alpha_stop.cancel();
-    beta_stop.cancel();
-    drop(alpha);
-    drop(beta);
     Ok(())
 }
