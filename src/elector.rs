@@ -259,13 +259,14 @@ impl Elector {
     /// A receiver of this replica's leadership, told of every promotion and demotion.
     ///
     /// It holds the latest [`Leadership`]: whether this replica leads, how many changes there
-    /// have been, and why the last term ended. A receiver that falls behind sees the latest
+    /// have been, why the last term ended and, for a lost term, its
+    /// [`LossCause`](crate::LossCause). A receiver that falls behind sees the latest
     /// state, and [`Leadership::changes`] says how many changes it missed. For a `Stream`, wrap
     /// it in `tokio_stream::wrappers::WatchStream`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use pg_elector::{Elector, TermEnd};
+    /// use pg_elector::{Elector, LossCause, TermEnd};
     ///
     /// let (elector, control) = Elector::manual();
     /// let mut leadership = elector.subscribe();
@@ -280,6 +281,7 @@ impl Elector {
     /// let now = leadership.borrow_and_update().clone();
     /// assert!(!now.is_leader);
     /// assert_eq!(now.last_end, Some(TermEnd::LeadershipLost));
+    /// assert_eq!(now.loss_cause, Some(LossCause::Demoted));
     /// assert_eq!(now.changes, 2);
     /// # }
     /// ```
@@ -587,6 +589,7 @@ impl Shared {
             is_leader: true,
             changes,
             last_end: None,
+            loss_cause: None,
             epoch,
         });
     }
@@ -624,11 +627,18 @@ impl Shared {
             let ended = std::mem::replace(&mut *current, self.standby_term.clone());
             (ended, self.count_change(change))
         };
-        term.finish(end);
+        let loss_cause = (end == TermEnd::LeadershipLost)
+            .then(|| change.loss_cause())
+            .flatten();
+        match end {
+            TermEnd::LeadershipLost => term.finish_lost(loss_cause),
+            _ => term.finish(end),
+        }
         self.publish(Leadership {
             is_leader: false,
             changes,
             last_end: Some(end),
+            loss_cause,
             epoch: None,
         });
     }

@@ -21,4 +21,4 @@ pub use key::LockKey;
 pub use local::ManualControl;
 pub use metrics::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME};
 pub use postgres::{LeaderInfo, current_leader};
-pub use term::{Leadership, Term, TermEnd};
+pub use term::{Leadership, LossCause, Term, TermEnd};

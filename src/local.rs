@@ -163,6 +163,11 @@ mod tests {
             .await;
         assert_eq!(out, Ok(None));
         assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+        assert_eq!(term.loss_cause(), Some(crate::LossCause::Demoted));
+        assert_eq!(
+            elector.subscribe().borrow().loss_cause,
+            Some(crate::LossCause::Demoted)
+        );
         assert_eq!(gauge_value(&registry), 0.0);
         assert!(control.promote().is_leader(), "a new term");
         assert!(!term.is_leader(), "the old term stays ended");

@@ -14,6 +14,8 @@ pub const CHECK_DURATION_NAME: &str = "pg_elector_check_duration_seconds";
 /// The gauge of the current term's fencing epoch, labelled by `key`.
 pub const EPOCH_NAME: &str = "pg_elector_epoch";
 
+use crate::LossCause;
+
 /// Why leadership changed, as the `cause` label of the changes counter says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -42,6 +44,21 @@ pub(crate) enum Change {
 }
 
 impl Change {
+    /// The public cause of a lost term, for the changes that end one that way.
+    pub(crate) fn loss_cause(self) -> Option<LossCause> {
+        Some(match self {
+            Self::Acquired | Self::Released | Self::Resigned => return None,
+            Self::Demoted => LossCause::Demoted,
+            Self::Abandoned => LossCause::Abandoned,
+            Self::ConnectionClosed => LossCause::ConnectionClosed,
+            Self::LeaseExpired => LossCause::LeaseExpired,
+            Self::LockGone => LossCause::LockGone,
+            Self::Pooler => LossCause::Pooler,
+            Self::CheckTimeout => LossCause::CheckTimeout,
+            Self::CheckFailed => LossCause::CheckFailed,
+        })
+    }
+
     #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
     pub(crate) fn label(self) -> &'static str {
         match self {
@@ -467,6 +484,38 @@ mod enabled {
                 spec(&registry, "bad name!").register("k"),
                 Err(Error::Metric(_))
             ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod cause_tests {
+    use super::Change;
+
+    #[test]
+    fn a_lost_terms_cause_is_named_as_the_counter_labels_it() {
+        let all = [
+            Change::Acquired,
+            Change::Released,
+            Change::Resigned,
+            Change::Demoted,
+            Change::Abandoned,
+            Change::ConnectionClosed,
+            Change::LeaseExpired,
+            Change::LockGone,
+            Change::Pooler,
+            Change::CheckTimeout,
+            Change::CheckFailed,
+        ];
+        for change in all {
+            let graceful = matches!(
+                change,
+                Change::Acquired | Change::Released | Change::Resigned
+            );
+            match change.loss_cause() {
+                Some(cause) => assert_eq!(cause.as_str(), change.label(), "{change:?}"),
+                None => assert!(graceful, "{change:?} ends a term without a cause"),
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::postgres::FenceTable;
 pub enum TermEnd {
     /// The replica stopped leading: a failed or late leader check, a lost connection, an
     /// expired local lease, or a `run` that was dropped or panicked.
+    /// [`Term::loss_cause`] and [`Leadership::loss_cause`] say which.
     LeadershipLost,
     /// The replica gave the lock up because `run`'s shutdown token was cancelled.
     Shutdown,
@@ -25,6 +26,82 @@ pub enum TermEnd {
     NotLeader,
     /// The replica gave the lock up through [`Elector::resign`](crate::Elector::resign).
     Resigned,
+}
+
+/// Why a replica stopped leading, when its term ended with [`TermEnd::LeadershipLost`].
+///
+/// Read it from [`Term::loss_cause`] or from [`Leadership::loss_cause`] (through
+/// [`Elector::subscribe`](crate::Elector::subscribe)). The log line `leadership lost` says the
+/// same with more detail (the server's message, the bound that ran out).
+/// [`as_str`](Self::as_str) is the `cause` label under which the changes counter
+/// ([`CHANGES_NAME`](crate::CHANGES_NAME)) counts it.
+///
+/// ```
+/// use pg_elector::{Elector, LossCause, TermEnd};
+///
+/// let (elector, control) = Elector::manual();
+/// let term = control.promote();
+/// control.demote();
+/// assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+/// assert_eq!(term.loss_cause(), Some(LossCause::Demoted));
+/// assert_eq!(elector.subscribe().borrow().loss_cause, Some(LossCause::Demoted));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossCause {
+    /// The lock connection closed: the server ended the session (`pg_terminate_backend`, a
+    /// restart or crash of the server) or the network reset it.
+    ConnectionClosed,
+    /// A leader check found that the session no longer holds the lock.
+    LockGone,
+    /// A leader check ran on a server session shared by a transaction-mode pooler, which
+    /// cannot carry a session lock.
+    Pooler,
+    /// A leader check got no answer within the check interval: a partition, or a server too
+    /// slow to answer.
+    CheckTimeout,
+    /// A leader check failed with an error (logged with the server's message).
+    CheckFailed,
+    /// The local lease ran out: the process was paused or starved (SIGSTOP, a suspended
+    /// machine) for longer than the lease, after which the server may have freed the lock.
+    LeaseExpired,
+    /// [`run`](crate::Elector::run) was dropped or panicked while leading; the lock
+    /// connection was closed without an unlock.
+    Abandoned,
+    /// A manual elector was demoted by [`ManualControl::demote`](crate::ManualControl::demote).
+    Demoted,
+}
+
+impl LossCause {
+    /// The cause as the changes counter's `cause` label writes it (`"connection_closed"`,
+    /// `"check_timeout"`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::ConnectionClosed => "connection_closed",
+            Self::LockGone => "lock_gone",
+            Self::Pooler => "pooler",
+            Self::CheckTimeout => "check_timeout",
+            Self::CheckFailed => "check_failed",
+            Self::LeaseExpired => "lease_expired",
+            Self::Abandoned => "abandoned",
+            Self::Demoted => "demoted",
+        }
+    }
+}
+
+impl std::fmt::Display for LossCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::ConnectionClosed => "the lock connection closed",
+            Self::LockGone => "the session no longer holds the lock",
+            Self::Pooler => "the lock session is shared by a transaction-mode pooler",
+            Self::CheckTimeout => "the leader check got no answer in time",
+            Self::CheckFailed => "the leader check failed",
+            Self::LeaseExpired => "the local lease expired",
+            Self::Abandoned => "run was dropped or panicked while leading",
+            Self::Demoted => "demoted by hand",
+        })
+    }
 }
 
 /// This replica's leadership, as [`Elector::subscribe`](crate::Elector::subscribe) reports it.
@@ -38,6 +115,9 @@ pub struct Leadership {
     pub changes: u64,
     /// Why the last term ended; `None` while leading, and before the first term ended.
     pub last_end: Option<TermEnd>,
+    /// Why the last term was lost, when it ended with [`TermEnd::LeadershipLost`]; `None`
+    /// otherwise.
+    pub loss_cause: Option<LossCause>,
     /// The epoch of the current term, while leading with fencing (and in the local electors).
     pub epoch: Option<u64>,
 }
@@ -81,6 +161,8 @@ pub struct Term {
 struct TermInner {
     token: CancellationToken,
     end: OnceLock<TermEnd>,
+    /// Why the term was lost; set before `end`, and only with [`TermEnd::LeadershipLost`].
+    loss: OnceLock<LossCause>,
     /// What the term was born with; shared by its handles and linked terms.
     born: Arc<Born>,
     /// Terms made by `term_with` from this one; they end when this one does.
@@ -133,6 +215,7 @@ impl Term {
             inner: Arc::new(TermInner {
                 token,
                 end: OnceLock::new(),
+                loss: OnceLock::new(),
                 born,
                 linked: Mutex::new(Vec::new()),
                 of: None,
@@ -151,6 +234,7 @@ impl Term {
             inner: Arc::new(TermInner {
                 token: term.token.child_token(),
                 end: OnceLock::new(),
+                loss: OnceLock::new(),
                 born: term.born.clone(),
                 linked: Mutex::new(Vec::new()),
                 of: Some(term.clone()),
@@ -164,7 +248,7 @@ impl Term {
         let mut linked = lock(&self.inner.linked);
         match self.inner.end.get() {
             // Ended while we were linking: the child is born ended with the same cause.
-            Some(end) => child.finish(*end),
+            Some(end) => finish(&child.inner, *end, self.inner.loss.get().copied()),
             None => {
                 linked.retain(|weak| weak.strong_count() > 0);
                 linked.push(Arc::downgrade(&child.inner));
@@ -175,7 +259,13 @@ impl Term {
 
     /// Ends the term and every term linked to it, with `end` unless it already ended.
     pub(crate) fn finish(&self, end: TermEnd) {
-        finish(&self.inner, end);
+        finish(&self.inner, end, None);
+    }
+
+    /// Ends the term and every term linked to it with [`TermEnd::LeadershipLost`] and `cause`,
+    /// unless it already ended.
+    pub(crate) fn finish_lost(&self, cause: Option<LossCause>) {
+        finish(&self.inner, TermEnd::LeadershipLost, cause);
     }
 
     /// Whether this replica still leads in this term: the term is live, and the replica's
@@ -271,6 +361,19 @@ impl Term {
         self.inner.token.cancelled().await
     }
 
+    /// Why the leadership of this term was lost: `Some` when [`end`](Self::end) is
+    /// [`TermEnd::LeadershipLost`], `None` otherwise (live, shut down, resigned, ...).
+    pub fn loss_cause(&self) -> Option<LossCause> {
+        if self.end() != Some(TermEnd::LeadershipLost) {
+            return None;
+        }
+        self.inner
+            .loss
+            .get()
+            .or_else(|| self.inner.of.as_ref().and_then(|term| term.loss.get()))
+            .copied()
+    }
+
     /// Why the term ended, or `None` while it is live.
     pub fn end(&self) -> Option<TermEnd> {
         if let Some(end) = self.inner.end.get() {
@@ -288,9 +391,15 @@ impl Term {
     }
 }
 
-fn finish(inner: &TermInner, end: TermEnd) {
-    // `end` is set before the token is cancelled, so whoever wakes on the token reads the
-    // cause. A token cancelled already was cancelled by a parent.
+fn finish(inner: &TermInner, end: TermEnd, cause: Option<LossCause>) {
+    // The loss cause is set before `end`, and `end` before the token is cancelled, so whoever
+    // reads the end, or wakes on the token, reads the cause too. A token cancelled already
+    // was cancelled by a parent.
+    if let Some(cause) = cause.filter(|_| {
+        end == TermEnd::LeadershipLost && inner.end.get().is_none() && !inner.token.is_cancelled()
+    }) {
+        let _ = inner.loss.set(cause);
+    }
     inner.end.get_or_init(|| {
         if inner.token.is_cancelled() {
             TermEnd::ParentCancelled
@@ -301,7 +410,7 @@ fn finish(inner: &TermInner, end: TermEnd) {
     // Linked terms end first, so whoever wakes on this token finds them ended too.
     let linked = std::mem::take(&mut *lock(&inner.linked));
     for child in linked.iter().filter_map(Weak::upgrade) {
-        finish(&child, end);
+        finish(&child, end, cause);
     }
     inner.token.cancel();
 }
@@ -388,6 +497,32 @@ mod tests {
         assert!(second.is_leader(), "cancelling one handle leaves the other");
         term.finish(TermEnd::Shutdown);
         assert_eq!(second.end(), Some(TermEnd::Shutdown));
+    }
+
+    #[test]
+    fn a_lost_term_keeps_its_cause_in_every_handle_and_linked_term() {
+        let term = Term::leading(Born::default());
+        let handle = term.handle();
+        let linked = term.linked_to(&CancellationToken::new());
+        let cancelled_parent = CancellationToken::new();
+        let cut_off = term.linked_to(&cancelled_parent);
+        cancelled_parent.cancel();
+        assert_eq!(term.loss_cause(), None, "live");
+        term.finish_lost(Some(LossCause::CheckTimeout));
+        let late = term.linked_to(&CancellationToken::new());
+        for t in [&term, &handle, &linked, &late] {
+            assert_eq!(t.end(), Some(TermEnd::LeadershipLost));
+            assert_eq!(t.loss_cause(), Some(LossCause::CheckTimeout));
+        }
+        assert_eq!(cut_off.end(), Some(TermEnd::ParentCancelled));
+        assert_eq!(cut_off.loss_cause(), None, "its parent ended it first");
+
+        let shut = Term::leading(Born::default());
+        shut.finish(TermEnd::Shutdown);
+        shut.finish_lost(Some(LossCause::LockGone));
+        assert_eq!(shut.end(), Some(TermEnd::Shutdown));
+        assert_eq!(shut.loss_cause(), None, "the first end stays");
+        assert_eq!(Term::not_leader().loss_cause(), None);
     }
 
     #[test]
