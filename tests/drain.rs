@@ -5,11 +5,12 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
 use common::*;
-use pg_elector::background::LeaderTicker;
+use pg_elector::background::{LeaderTicker, WhileLeader};
 use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
 
@@ -101,6 +102,99 @@ async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_ne
     b.stop().await.unwrap();
 }
 
+/// Every write, oldest first, by the server's clock.
+async fn writes(db: &TestDb) -> Vec<(String, SystemTime)> {
+    db.connect()
+        .await
+        .unwrap()
+        .query("SELECT replica, at FROM writes ORDER BY at", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_a_while_leader_loop_finishing_in_its_stop_grace_holds_the_unlock_and_writes_before_the_next_leader()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let key = LockKey::new(0xd7, 3);
+    let pool = db.pool(4);
+    let build = || {
+        Elector::builder(db.pool(2), key)
+            .check_interval(I)
+            .drain_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let a = Replica::run(build());
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = Replica::run(build());
+
+    // A loop that, when its term ends, finishes up: one last write 2·I later, within its
+    // grace. Without the drain, b would lead within I of the shutdown and write first.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let launcher = CancellationToken::new();
+    let looping = tokio::spawn({
+        let flusher = WhileLeader::new("flusher", &a.elector).stop_grace(Duration::from_secs(1));
+        let (launcher, pool, started) = (launcher.clone(), pool.clone(), started.clone());
+        async move {
+            flusher
+                .run(launcher, move |term| {
+                    let (pool, started) = (pool.clone(), started.clone());
+                    async move {
+                        started.notify_one();
+                        term.cancelled().await;
+                        tokio::time::sleep(2 * I).await;
+                        write(&pool, "a").await;
+                        Ok::<_, String>(())
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let began = Instant::now();
+    a.shutdown.cancel();
+    let b_writes = async {
+        let term = b.elector.wait_for_leadership().await;
+        assert!(term.is_leader());
+        write(&pool, "b").await;
+        began.elapsed()
+    };
+    let (run, b_wrote) = tokio::join!(a.task, b_writes);
+    run.unwrap().unwrap();
+    let rows = writes(&db).await;
+    let order: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        order,
+        ["a", "b"],
+        "the loop's last write, then the new leader's first"
+    );
+    assert!(
+        rows[0].1 < rows[1].1,
+        "by the server's clock: {:?} then {:?}",
+        rows[0].1,
+        rows[1].1
+    );
+    assert!(
+        b_wrote >= 2 * I,
+        "b wrote {b_wrote:?} after the shutdown began, before the loop could have finished"
+    );
+    eprintln!(
+        "b wrote {b_wrote:?} after the shutdown began, {:?} after the loop's last write",
+        rows[1].1.duration_since(rows[0].1).unwrap()
+    );
+    launcher.cancel();
+    looping.await.unwrap();
+    b.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_work_still_running_at_the_limit_is_named_and_the_lock_is_given_up() {
     let _serial = serial();
@@ -149,4 +243,52 @@ async fn drain_work_still_running_at_the_limit_is_named_and_the_lock_is_given_up
     let admin = db.connect().await.unwrap();
     assert!(holders(&admin, key).await.is_empty(), "unlocked");
     ticking.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_defaults_to_one_check_interval() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xd7, 4);
+    let capture = Capture::default();
+    let elector = Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .build()
+        .unwrap();
+    let replica = Replica::run_captured(elector.clone(), &capture);
+    wait_for(3 * I, || elector.is_leader())
+        .await
+        .expect("leads");
+    // A tick that outlives any drain of a few intervals.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let tick = tokio::spawn({
+        let (elector, started) = (elector.clone(), started.clone());
+        async move {
+            elector
+                .do_work(|_term| async move {
+                    started.notify_one();
+                    tokio::time::sleep(10 * I).await;
+                    Ok::<_, String>(())
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let began = Instant::now();
+    replica.shutdown.cancel();
+    replica.task.await.unwrap().unwrap();
+    let took = began.elapsed();
+    let warned = capture.events("work still running at the drain timeout");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert_eq!(warned[0].field("drain_timeout"), format!("{I:?}"));
+    assert!(warned[0].field("running").contains("do_work"), "{warned:?}");
+    // The drain (I), then one unlock round trip: a whole interval is ample for that query.
+    assert!(
+        took >= I && took < 2 * I,
+        "run returned {took:?} after the shutdown began"
+    );
+    let admin = db.connect().await.unwrap();
+    assert!(holders(&admin, key).await.is_empty(), "unlocked");
+    assert_eq!(tick.await.unwrap(), Ok(None), "the tick's term ended");
+    eprintln!("default drain: run returned {took:?} after the shutdown began");
 }
