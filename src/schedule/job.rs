@@ -256,7 +256,8 @@ impl Job {
 
     /// Whether a run claimed by a leader that lost leadership before it finished is run again
     /// by the next leader (at-least-once), or only reported as abandoned (at-most-once, the
-    /// default).
+    /// default). The rerun starts once the cut-off run is called abandoned (see the [module
+    /// docs](super)), for the same due, with `attempt` 2.
     pub fn rerun_abandoned(mut self, again: bool) -> Job {
         self.rerun_abandoned = again;
         self

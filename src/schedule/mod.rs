@@ -7,8 +7,16 @@
 //! on the job's row (and, when the elector fences, inside a fenced transaction), so no due run
 //! starts twice, even while two replicas both think they lead, or when a deposed leader wakes
 //! up. A new leader reads where the schedule stands and applies the job's [`CatchUp`] to the
-//! dues missed while nobody led; a run its predecessor claimed but never finished is recorded
-//! as `abandoned`, and run again only if the job asks for it ([`Job::rerun_abandoned`]).
+//! dues missed while nobody led.
+//!
+//! **Runs cut off by a failover.** A running job says it is alive every poll interval. A run
+//! that an earlier term left `running` is recorded as `abandoned` once its runner is known to
+//! be gone: silent for three poll intervals (at least 3 s), or at once when that term was this
+//! process's own (its runs were stopped before the next term began). Until then the new leader
+//! claims nothing of that job, so it never starts the job beside a deposed leader's run that is
+//! still going, and never overwrites that run's claim; dues that pass meanwhile are handled by
+//! the job's [`CatchUp`]. An abandoned run is run again only if the job asks for it
+//! ([`Job::rerun_abandoned`]); a triggered run is reported, not rerun.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -155,6 +163,10 @@ pub enum LostState {
     Halt,
 }
 
+/// How many of its ended terms a schedule remembers (their runs are abandoned at the start of
+/// the next term, so a few are plenty).
+const ENDED_TERMS: usize = 8;
+
 type RunFn =
     Arc<dyn Fn(JobRun) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
@@ -235,8 +247,10 @@ impl Schedule {
     }
 
     /// Where the tables are: `schema` (default: the `search_path`'s first) and a prefix
-    /// (default `pg_elector_`, giving `pg_elector_jobs` and `pg_elector_job_runs`). Names are
-    /// quoted as identifiers.
+    /// (default `pg_elector_`, giving `pg_elector_jobs`, `pg_elector_job_runs` and the index
+    /// `pg_elector_job_runs_running`). Names are quoted as identifiers, so case and any
+    /// character but NUL are kept; the prefix may be at most 47 bytes, the schema 63
+    /// ([`run`](Self::run) and [`ddl`](Self::ddl) refuse others).
     pub fn tables(mut self, schema: Option<&str>, prefix: &str) -> Self {
         self.schema = schema.map(str::to_owned);
         self.prefix = prefix.to_owned();
@@ -332,6 +346,7 @@ impl Schedule {
             poll: self.poll,
             lost_state: self.lost_state,
             seen: Mutex::new(HashSet::new()),
+            ended: Mutex::new(Vec::new()),
             #[cfg(feature = "prometheus")]
             metrics: match &self.registry {
                 Some(registry) => Some(
@@ -362,19 +377,29 @@ impl Schedule {
                     return;
                 }
                 let stop = shutdown.child_token();
+                let cut = CancellationToken::new();
                 let mut tasks = JoinSet::new();
                 for registered in &self.jobs {
                     let job_span = tracing::info_span!("job", job = %registered.job.name);
-                    // The task polls with the subscriber (and span) of this one.
+                    let task = job_task(
+                        ctx.clone(),
+                        registered.clone(),
+                        term.clone(),
+                        term_id.clone(),
+                        stop.clone(),
+                    )
+                    .instrument(job_span);
+                    // The task polls with the subscriber (and span) of this one, and is cut off
+                    // (dropped) inside a poll rather than aborted: a scoped subscriber's span
+                    // closed under another subscriber panics in tracing-subscriber.
+                    let cut = cut.clone();
                     tasks.spawn(
-                        job_task(
-                            ctx.clone(),
-                            registered.clone(),
-                            term.clone(),
-                            term_id.clone(),
-                            stop.clone(),
-                        )
-                        .instrument(job_span)
+                        async move {
+                            tokio::select! {
+                                () = task => {}
+                                () = cut.cancelled() => {}
+                            }
+                        }
                         .with_current_subscriber(),
                     );
                 }
@@ -384,8 +409,8 @@ impl Schedule {
                 }
                 stop.cancel();
                 // Runs in progress were waited for by the elector's drain; what is left after
-                // a grace is aborted (a run cut off stays `running` until the next term calls
-                // it abandoned).
+                // a grace is cut off at its current `.await` (a run cut off stays `running`
+                // until the next term calls it abandoned).
                 let grace = (2 * ctx.poll).max(Duration::from_secs(2));
                 let drained = tokio::time::timeout(grace, async {
                     while tasks.join_next().await.is_some() {}
@@ -396,12 +421,19 @@ impl Schedule {
                         ?grace,
                         "job runs still going after the term ended; aborting them"
                     );
-                    tasks.abort_all();
+                    cut.cancel();
                     while tasks.join_next().await.is_some() {}
                 }
             }
             .instrument(span)
             .await;
+            {
+                let mut ended = lock(&ctx.ended);
+                if ended.len() == ENDED_TERMS {
+                    ended.remove(0);
+                }
+                ended.push(term_id);
+            }
             for registered in &self.jobs {
                 registered.probe.record(TickOutcome::Standby);
             }
@@ -509,6 +541,10 @@ struct Context {
     lost_state: LostState,
     /// Jobs whose row this process has seen: a missing row then means lost state.
     seen: Mutex<HashSet<String>>,
+    /// The latest terms of this schedule that have ended: their runs are over (a term's job
+    /// tasks are joined or aborted before the next term begins), so a run they left `running`
+    /// is abandoned at once, without waiting for it to go quiet.
+    ended: Mutex<Vec<String>>,
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::metrics::JobMetrics>,
 }
@@ -649,9 +685,11 @@ async fn job_task(
     // them, and run however late it woke.
     let mut watching_since = Timestamp::now();
     while !stop.is_cancelled() {
-        // A run another term claimed and stopped heart-beating: abandoned (and rerun if the
-        // job asks). Looked at every iteration: a deposed leader's run may still be going when
-        // this term begins, and is only abandoned once it has gone quiet.
+        // Runs another term left going: called abandoned (and rerun if the job asks) once
+        // their runner is known to be gone. Looked at every iteration: a deposed leader's run
+        // may still be going when this term begins, and is only abandoned once it has gone
+        // quiet; meanwhile no claim of this term starts the job beside it.
+        let ended = lock(&ctx.ended).clone();
         let abandoned = ctx.bounded(async {
             ctx.store
                 .abandon(
@@ -659,19 +697,30 @@ async fn job_task(
                     &ctx.namespace,
                     name,
                     &term_id,
+                    &ended,
                     ctx.stale(),
                 )
                 .await
         });
         match abandoned.await {
-            Ok(Some(due)) => {
-                tracing::warn!(job = name, due = %due, rerun = job.rerun_abandoned, "a run claimed by an earlier term never finished: abandoned");
-                record(&ctx, &registered, "abandoned", None, None);
-                if job.rerun_abandoned {
-                    run_due(&ctx, &registered, due, RunKind::Rerun, &term_id).await;
+            Ok(runs) => {
+                for run in runs {
+                    let rerun = job.rerun_abandoned && run.kind != RunKind::Triggered.label();
+                    tracing::warn!(
+                        job = name,
+                        due = %run.due,
+                        attempt = run.attempt,
+                        kind = %run.kind,
+                        claimed_by = %run.claimed_by,
+                        rerun,
+                        "a run claimed by an earlier term never finished: abandoned"
+                    );
+                    record(&ctx, &registered, "abandoned", None, None);
+                    if rerun {
+                        run_due(&ctx, &registered, run.due, RunKind::Rerun, &term_id).await;
+                    }
                 }
             }
-            Ok(None) => {}
             Err(e) => tracing::warn!(job = name, error = %e, "cannot look for abandoned runs"),
         }
         let row = ctx.bounded(async {
@@ -832,7 +881,7 @@ async fn run_due(
                     tokio::time::sleep(ctx.poll).await;
                     let beat = ctx.bounded(async {
                         ctx.store
-                            .heartbeat(&*ctx.client().await?, &ctx.namespace, &name, term_id)
+                            .heartbeat(&*ctx.client().await?, &ctx.namespace, &name, due, attempt)
                             .await
                     });
                     if let Err(e) = beat.await {

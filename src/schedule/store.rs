@@ -21,6 +21,16 @@ pub(crate) struct JobRow {
     pub(crate) trigger_requested: Option<Timestamp>,
 }
 
+/// A run another term left `running`, now recorded as abandoned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Abandoned {
+    pub(crate) due: Timestamp,
+    pub(crate) attempt: u32,
+    /// `scheduled`, `rerun` or `triggered`.
+    pub(crate) kind: String,
+    pub(crate) claimed_by: String,
+}
+
 /// Who claims a run.
 #[derive(Clone, Debug)]
 pub(crate) struct Claimant<'a> {
@@ -41,8 +51,7 @@ pub(crate) struct Store {
     claim_rerun: String,
     claim_trigger: String,
     insert_run: String,
-    finish_job: String,
-    finish_run: String,
+    finish: String,
     skip_to: String,
     trigger: String,
     reschedule: String,
@@ -70,20 +79,37 @@ impl Store {
             })
         };
         let (jobs, runs) = (name("jobs")?, name("job_runs")?);
+        // An index takes its table's schema: its name is never qualified.
+        let running_index = {
+            let index = format!("{prefix}job_runs_running");
+            if index.len() > MAX_IDENTIFIER || index.contains('\0') {
+                return Err(ScheduleError::InvalidTable { name: index });
+            }
+            quote(&index)
+        };
         let key = "namespace = $1 AND job = $2";
+        // No run of this job that another term started is still going: a new leader does not
+        // start the job beside its predecessor's run, nor overwrite that run's claim before it
+        // is settled (finished, or called abandoned). $5 is the claiming term.
+        let no_other_run = format!(
+            "NOT EXISTS (SELECT 1 FROM {runs} WHERE namespace = $1 AND job = $2 \
+             AND outcome = 'running' AND claimed_term <> $5)"
+        );
         Ok(Self {
             ddl: format!(
                 "CREATE TABLE IF NOT EXISTS {jobs} (namespace text NOT NULL, job text NOT NULL, \
                  schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
                  claimed_by text, claimed_term text, claimed_epoch bigint, \
                  started_at timestamptz, finished_at timestamptz, outcome text, error text, \
-                 trigger_requested timestamptz, heartbeat_at timestamptz, \
-                 PRIMARY KEY (namespace, job)); \
+                 trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
                  CREATE TABLE IF NOT EXISTS {runs} (namespace text NOT NULL, job text NOT NULL, \
                  due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
                  claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
-                 started_at timestamptz NOT NULL, finished_at timestamptz, outcome text NOT NULL, \
-                 error text, PRIMARY KEY (namespace, job, due, attempt))"
+                 started_at timestamptz NOT NULL, heartbeat_at timestamptz, \
+                 finished_at timestamptz, outcome text NOT NULL, error text, \
+                 PRIMARY KEY (namespace, job, due, attempt)); \
+                 CREATE INDEX IF NOT EXISTS {running_index} ON {runs} (namespace, job) \
+                 WHERE outcome = 'running'"
             ),
             // A deploy whose code registers another schedule overrides the stored one; a
             // schedule changed at run time stays until then. `xmax = 0`: the row is new.
@@ -101,55 +127,60 @@ impl Store {
                 "SELECT schedule, last_due, outcome, claimed_term, trigger_requested \
                  FROM {jobs} WHERE {key}"
             ),
-            // A run whose term is not this one, and whose runner has not said it is alive for
-            // $4 seconds: its leader died, or was deposed and stopped.
+            // Runs of other terms still `running` whose runner is known to be gone: a term of
+            // this process that has ended ($4), or silent for $5 seconds (its leader died, or
+            // was deposed and stopped it). The job's row follows when it holds that claim.
             abandon: format!(
-                "WITH j AS (UPDATE {jobs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
+                "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
                    WHERE {key} AND outcome = 'running' AND claimed_term <> $3 \
-                   AND (heartbeat_at IS NULL \
-                        OR heartbeat_at < clock_timestamp() - make_interval(secs => $4)) \
-                   RETURNING last_due, claimed_term), \
-                 r AS (UPDATE {runs} AS r SET outcome = 'abandoned', finished_at = clock_timestamp() \
-                   FROM j WHERE r.namespace = $1 AND r.job = $2 AND r.outcome = 'running' \
-                   AND r.claimed_term = j.claimed_term) \
-                 SELECT last_due FROM j"
+                   AND (claimed_term = ANY($4) \
+                        OR coalesce(heartbeat_at, started_at) \
+                           < clock_timestamp() - make_interval(secs => $5)) \
+                   RETURNING due, attempt, kind, claimed_by, claimed_term), \
+                 j AS (UPDATE {jobs} AS j SET outcome = 'abandoned', finished_at = clock_timestamp() \
+                   FROM r WHERE j.namespace = $1 AND j.job = $2 AND j.outcome = 'running' \
+                   AND j.claimed_term = r.claimed_term AND j.last_due = r.due) \
+                 SELECT due, attempt, kind, claimed_by FROM r ORDER BY due, attempt"
             ),
             heartbeat: format!(
-                "UPDATE {jobs} SET heartbeat_at = clock_timestamp() \
-                 WHERE {key} AND claimed_term = $3 AND outcome = 'running'"
+                "UPDATE {runs} SET heartbeat_at = clock_timestamp() \
+                 WHERE {key} AND due = $3 AND attempt = $4 AND outcome = 'running'"
             ),
             claim_due: format!(
                 "UPDATE {jobs} SET last_due = $3, claimed_by = $4, claimed_term = $5, \
                  claimed_epoch = $6, started_at = clock_timestamp(), finished_at = NULL, \
-                 outcome = 'running', error = NULL, heartbeat_at = clock_timestamp() \
-                 WHERE {key} AND (last_due IS NULL OR last_due < $3) RETURNING 1"
+                 outcome = 'running', error = NULL \
+                 WHERE {key} AND (last_due IS NULL OR last_due < $3) AND {no_other_run} \
+                 RETURNING 1"
             ),
             claim_rerun: format!(
                 "UPDATE {jobs} SET claimed_by = $4, claimed_term = $5, claimed_epoch = $6, \
                  started_at = clock_timestamp(), finished_at = NULL, outcome = 'running', \
-                 error = NULL, heartbeat_at = clock_timestamp() \
-                 WHERE {key} AND last_due = $3 AND outcome = 'abandoned' RETURNING 1"
+                 error = NULL \
+                 WHERE {key} AND last_due = $3 AND outcome = 'abandoned' AND {no_other_run} \
+                 RETURNING 1"
             ),
+            // $3, $4 and $6 are unused: every claim binds the same parameters.
             claim_trigger: format!(
                 "UPDATE {jobs} SET trigger_requested = NULL \
-                 WHERE {key} AND trigger_requested IS NOT NULL RETURNING 1"
+                 WHERE {key} AND trigger_requested IS NOT NULL AND {no_other_run} RETURNING 1"
             ),
             // The attempt is one more than the due's earlier ones (a rerun of a rerun).
             insert_run: format!(
                 "INSERT INTO {runs} (namespace, job, due, attempt, kind, claimed_by, claimed_term, \
-                 epoch, started_at, outcome) \
+                 epoch, started_at, heartbeat_at, outcome) \
                  SELECT $1, $2, $3, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
                                      WHERE namespace = $1 AND job = $2 AND due = $3), \
-                        $4, $5, $6, $7, clock_timestamp(), 'running' \
+                        $4, $5, $6, $7, clock_timestamp(), clock_timestamp(), 'running' \
                  RETURNING attempt"
             ),
-            finish_job: format!(
-                "UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
-                 WHERE {key} AND last_due = $3 AND claimed_term = $4"
-            ),
-            finish_run: format!(
-                "UPDATE {runs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
-                 WHERE {key} AND due = $3 AND attempt = $4"
+            // One statement for both rows: the job's row never says `running` for a run whose
+            // own row has ended.
+            finish: format!(
+                "WITH r AS (UPDATE {runs} SET finished_at = clock_timestamp(), outcome = $5, \
+                   error = $6 WHERE {key} AND due = $3 AND attempt = $4) \
+                 UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
+                 WHERE {key} AND last_due = $3 AND claimed_term = $7"
             ),
             skip_to: format!(
                 "UPDATE {jobs} SET last_due = $3 WHERE {key} AND (last_due IS NULL OR last_due < $3)"
@@ -233,16 +264,18 @@ impl Store {
         }))
     }
 
-    /// Marks a run left `running` by another term, whose runner has not said it is alive for
-    /// `stale`, as abandoned; returns its due instant.
+    /// Marks the runs of this job that other terms left `running` as abandoned when their
+    /// runner is known to be gone: its term is one of `ended` (terms of this process that are
+    /// over), or it has not said it is alive for `stale`. Returns them, oldest first.
     pub(crate) async fn abandon(
         &self,
         client: &tokio_postgres::Client,
         namespace: &str,
         job: &str,
         term_id: &str,
+        ended: &[String],
         stale: std::time::Duration,
-    ) -> Result<Option<Timestamp>, ScheduleError> {
+    ) -> Result<Vec<Abandoned>, ScheduleError> {
         let rows = client
             .query_typed(
                 &self.abandon,
@@ -250,23 +283,32 @@ impl Store {
                     (&namespace, Type::TEXT),
                     (&job, Type::TEXT),
                     (&term_id, Type::TEXT),
+                    (&ended, Type::TEXT_ARRAY),
                     (&stale.as_secs_f64(), Type::FLOAT8),
                 ],
             )
             .await?;
-        match rows.first() {
-            Some(row) => Ok(row.try_get(0)?),
-            None => Ok(None),
-        }
+        rows.iter()
+            .map(|row| {
+                let attempt: i32 = row.try_get(1)?;
+                Ok(Abandoned {
+                    due: row.try_get(0)?,
+                    attempt: u32::try_from(attempt).unwrap_or(0),
+                    kind: row.try_get(2)?,
+                    claimed_by: row.try_get(3)?,
+                })
+            })
+            .collect()
     }
 
-    /// Says that the run this term claimed is still going.
+    /// Says that a run is still going.
     pub(crate) async fn heartbeat(
         &self,
         client: &tokio_postgres::Client,
         namespace: &str,
         job: &str,
-        term_id: &str,
+        due: Timestamp,
+        attempt: u32,
     ) -> Result<(), ScheduleError> {
         client
             .execute_typed(
@@ -274,7 +316,8 @@ impl Store {
                 &[
                     (&namespace, Type::TEXT),
                     (&job, Type::TEXT),
-                    (&term_id, Type::TEXT),
+                    (&due, Type::TIMESTAMPTZ),
+                    (&(attempt as i32), Type::INT4),
                 ],
             )
             .await?;
@@ -294,33 +337,24 @@ impl Store {
         who: &Claimant<'_>,
     ) -> Result<Option<u32>, ScheduleError> {
         let epoch = who.epoch.map(|e| e as i64);
-        let claimed = match kind {
-            super::RunKind::Triggered => {
-                tx.query_typed(
-                    &self.claim_trigger,
-                    &[(&namespace, Type::TEXT), (&job, Type::TEXT)],
-                )
-                .await?
-            }
-            super::RunKind::Scheduled | super::RunKind::Rerun => {
-                let statement = match kind {
-                    super::RunKind::Rerun => &self.claim_rerun,
-                    _ => &self.claim_due,
-                };
-                tx.query_typed(
-                    statement,
-                    &[
-                        (&namespace, Type::TEXT),
-                        (&job, Type::TEXT),
-                        (&due, Type::TIMESTAMPTZ),
-                        (&who.identity, Type::TEXT),
-                        (&who.term_id, Type::TEXT),
-                        (&epoch, Type::INT8),
-                    ],
-                )
-                .await?
-            }
+        let statement = match kind {
+            super::RunKind::Triggered => &self.claim_trigger,
+            super::RunKind::Rerun => &self.claim_rerun,
+            super::RunKind::Scheduled => &self.claim_due,
         };
+        let claimed = tx
+            .query_typed(
+                statement,
+                &[
+                    (&namespace, Type::TEXT),
+                    (&job, Type::TEXT),
+                    (&due, Type::TIMESTAMPTZ),
+                    (&who.identity, Type::TEXT),
+                    (&who.term_id, Type::TEXT),
+                    (&epoch, Type::INT8),
+                ],
+            )
+            .await?;
         if claimed.is_empty() {
             return Ok(None);
         }
@@ -359,8 +393,8 @@ impl Store {
         error: Option<&str>,
     ) -> Result<(), ScheduleError> {
         client
-            .query_typed(
-                &self.finish_run,
+            .execute_typed(
+                &self.finish,
                 &[
                     (&namespace, Type::TEXT),
                     (&job, Type::TEXT),
@@ -368,19 +402,7 @@ impl Store {
                     (&(attempt as i32), Type::INT4),
                     (&outcome, Type::TEXT),
                     (&error, Type::TEXT),
-                ],
-            )
-            .await?;
-        client
-            .query_typed(
-                &self.finish_job,
-                &[
-                    (&namespace, Type::TEXT),
-                    (&job, Type::TEXT),
-                    (&due, Type::TIMESTAMPTZ),
                     (&term_id, Type::TEXT),
-                    (&outcome, Type::TEXT),
-                    (&error, Type::TEXT),
                 ],
             )
             .await?;

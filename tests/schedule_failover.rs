@@ -1,0 +1,345 @@
+//! F5: runs cut off by a failover, and claims made by a leader that was deposed without
+//! noticing. A run whose leader crashed is reported abandoned exactly once (and rerun once when
+//! the job asks), even when the job is due more often than a run takes to be called dead; a run
+//! this process cut off itself at the end of its previous term is called abandoned at once by
+//! its next term; a deposed leader's claims are refused by the epoch row, and each due runs
+//! once, by the real leader.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::capture::Capture;
+use common::*;
+use pg_elector::schedule::{Job, JobRun, Schedule, ScheduleError};
+use pg_elector::{Elector, LockKey};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
+
+type Body = Arc<
+    dyn Fn(JobRun) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Which replica started a run of which due, and when.
+type Starts = Arc<Mutex<Vec<(&'static str, SystemTime, Instant)>>>;
+
+/// The table the test jobs write to when a run ends: one row per finished run.
+async fn log_table(db: &TestDb) {
+    db.connect()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE TABLE job_log (job text NOT NULL, due timestamptz NOT NULL, \
+             replica text NOT NULL, kind text NOT NULL, attempt int4 NOT NULL)",
+        )
+        .await
+        .unwrap();
+}
+
+/// A job body that says when it starts, works for `lasts`, then logs its run.
+fn slow(
+    pool: deadpool_postgres::Pool,
+    replica: &'static str,
+    lasts: Duration,
+    starts: Starts,
+) -> Body {
+    Arc::new(move |run: JobRun| {
+        let (pool, starts) = (pool.clone(), starts.clone());
+        Box::pin(async move {
+            starts
+                .lock()
+                .unwrap()
+                .push((replica, run.due, Instant::now()));
+            tokio::time::sleep(lasts).await;
+            let client = pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .execute(
+                    "INSERT INTO job_log (job, due, replica, kind, attempt) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                    &[
+                        &run.job,
+                        &run.due,
+                        &replica,
+                        &format!("{:?}", run.kind),
+                        &(run.attempt as i32),
+                    ],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        })
+    })
+}
+
+/// One replica: a fenced elector and a schedule of one job, each its own task, logging into
+/// `capture` if given. (A replica that is to crash logs to the global subscriber: spans of a
+/// captured task that is aborted would be closed, at the drop, by a subscriber that never saw
+/// them, which panics in tracing-subscriber.)
+struct Node {
+    name: &'static str,
+    elector: Elector,
+    shutdown: CancellationToken,
+    election: JoinHandle<Result<(), pg_elector::Error>>,
+    schedule: JoinHandle<Result<(), ScheduleError>>,
+}
+
+fn node(
+    db: &TestDb,
+    key: LockKey,
+    name: &'static str,
+    job: Job,
+    body: Body,
+    capture: Option<&Capture>,
+) -> Node {
+    let dispatch = capture.map_or_else(
+        || tracing::dispatcher::get_default(Clone::clone),
+        Capture::dispatch,
+    );
+    let elector = Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .identity(name)
+        .fencing(true)
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let election = tokio::spawn(
+        {
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        }
+        .with_subscriber(dispatch.clone()),
+    );
+    let schedule = tokio::spawn(
+        Schedule::new(&elector, db.pool(2))
+            .poll_interval(I)
+            .job(job, move |run| body(run))
+            .run(shutdown.clone())
+            .with_subscriber(dispatch),
+    );
+    Node {
+        name,
+        elector,
+        shutdown,
+        election,
+        schedule,
+    }
+}
+
+impl Node {
+    /// A crash, in process: the schedule and the election are dropped where they stand. The
+    /// run in progress stops at its `.await`, records nothing and beats no more; the lock
+    /// connection is dropped without an unlock, and the server frees the lock.
+    fn crash(self) {
+        self.schedule.abort();
+        self.election.abort();
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.election.await.unwrap().unwrap();
+        self.schedule.await.unwrap().unwrap();
+    }
+}
+
+/// `(due, outcome, kind, attempt, claimed_by)` of every stored run of `job`, oldest first.
+async fn stored_runs(db: &TestDb, job: &str) -> Vec<(SystemTime, String, String, i32, String)> {
+    db.connect()
+        .await
+        .unwrap()
+        .query(
+            "SELECT due, outcome, kind, attempt, claimed_by FROM pg_elector_job_runs \
+             WHERE job = $1 ORDER BY due, attempt",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
+/// Two replicas, a job due every 200 ms whose runs take 1 s. The leader crashes 300 ms into a
+/// run; the other one takes over within about I, long before that run could be called dead
+/// (it heart-beats until the crash, and is dead only after 3 s of silence). Returns the crashed
+/// run's due and the stored runs once the survivor has stopped.
+async fn crash_mid_run(
+    rerun: bool,
+) -> (
+    SystemTime,
+    &'static str,
+    Vec<(SystemTime, String, String, i32, String)>,
+    Capture,
+) {
+    let db = fresh_db().await;
+    log_table(&db).await;
+    let key = LockKey::new(0xf5, if rerun { 0xab2 } else { 0xab1 });
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let job = || Job::every("slow", Duration::from_millis(200)).rerun_abandoned(rerun);
+    let body = |name| slow(db.pool(2), name, Duration::from_secs(1), starts.clone());
+    let a = node(&db, key, "a", job(), body("a"), None);
+    wait_for(5 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads first");
+    let survivor = node(&db, key, "b", job(), body("b"), Some(&capture));
+
+    // a's second run: the schedule is well under way.
+    let (leader, due) = wait_for(Duration::from_secs(10), || {
+        starts.lock().unwrap().len() >= 2
+    })
+    .await
+    .map(|_| {
+        let starts = starts.lock().unwrap();
+        (starts[1].0, starts[1].1)
+    })
+    .expect("two runs within 10 s");
+    assert_eq!(leader, a.name);
+    assert!(a.elector.is_leader());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.crash();
+    let crashed_at = Instant::now();
+    wait_for(5 * I, || survivor.elector.is_leader())
+        .await
+        .expect("the survivor leads within 5·I of the crash");
+    // Long enough for the crashed run to be called dead (3 s of silence), rerun if asked, and
+    // for the survivor to run its own dues.
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(crashed_at.elapsed())).await;
+    survivor.stop().await;
+    let runs = stored_runs(&db, "slow").await;
+    (due, leader, runs, capture)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_a_run_cut_off_by_a_crash_is_reported_abandoned_once_though_the_job_is_due_every_200_ms()
+{
+    let _serial = serial();
+    let (due, crashed, runs, capture) = crash_mid_run(false).await;
+    let abandoned: Vec<_> = runs.iter().filter(|r| r.1 == "abandoned").collect();
+    let running: Vec<_> = runs.iter().filter(|r| r.1 == "running").collect();
+    eprintln!("{} runs stored: {runs:?}", runs.len());
+    assert!(running.is_empty(), "no run left running: {running:?}");
+    assert_eq!(
+        abandoned.len(),
+        1,
+        "exactly the crashed run is abandoned: {abandoned:?}"
+    );
+    assert_eq!(
+        (abandoned[0].0, abandoned[0].4.as_str()),
+        (due, crashed),
+        "the crashed leader's run"
+    );
+    let reported = capture.events("a run claimed by an earlier term never finished");
+    assert_eq!(reported.len(), 1, "reported once: {reported:?}");
+    assert_eq!(reported[0].level, tracing::Level::WARN);
+    assert!(
+        runs.iter().all(|r| r.2 != "rerun"),
+        "not rerun by default: {runs:?}"
+    );
+    assert!(
+        runs.iter().any(|r| r.0 > due && r.1 == "succeeded"),
+        "the survivor ran later dues: {runs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_a_run_cut_off_by_a_crash_is_rerun_once_when_the_job_asks() {
+    let _serial = serial();
+    let (due, crashed, runs, _capture) = crash_mid_run(true).await;
+    eprintln!("{} runs stored: {runs:?}", runs.len());
+    let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
+    assert_eq!(of_due.len(), 2, "the crashed run and one rerun: {of_due:?}");
+    assert_eq!(
+        (of_due[0].1.as_str(), of_due[0].3, of_due[0].4.as_str()),
+        ("abandoned", 1, crashed)
+    );
+    assert_eq!(
+        (of_due[1].1.as_str(), of_due[1].2.as_str(), of_due[1].3),
+        ("succeeded", "rerun", 2),
+        "rerun once, by the survivor"
+    );
+    assert_ne!(of_due[1].4, crashed);
+    let reruns = runs.iter().filter(|r| r.2 == "rerun").count();
+    assert_eq!(reruns, 1, "one rerun in all: {runs:?}");
+    assert!(
+        runs.iter().all(|r| r.1 != "running"),
+        "no run left running: {runs:?}"
+    );
+}
+
+/// The same process's previous term: a run still going when the term ended is given a grace,
+/// then aborted. The process knows that run is over, so its next term calls it abandoned at
+/// once, rather than after the silence a run of another process is given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_a_run_cut_off_at_the_end_of_this_process_s_term_is_abandoned_at_once_by_its_next_term()
+{
+    let _serial = serial();
+    let db = fresh_db().await;
+    log_table(&db).await;
+    let capture = Capture::default();
+    let (elector, control) = Elector::manual();
+    let starts: Starts = Arc::default();
+    // The first run outlasts the grace; the later ones are short.
+    let first = slow(db.pool(2), "m", Duration::from_secs(30), starts.clone());
+    let later = slow(db.pool(2), "m", Duration::from_millis(10), starts.clone());
+    let body = {
+        let starts = starts.clone();
+        move |run: JobRun| match starts.lock().unwrap().is_empty() {
+            true => first(run),
+            false => later(run),
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .job(Job::every("long", Duration::from_millis(200)), body)
+            .run(shutdown.clone())
+            .with_subscriber(capture.dispatch()),
+    );
+    control.promote();
+    wait_for(Duration::from_secs(2), || {
+        !starts.lock().unwrap().is_empty()
+    })
+    .await
+    .expect("a first run");
+    let due = starts.lock().unwrap()[0].1;
+    control.demote();
+    wait_for(Duration::from_secs(5), || {
+        !capture
+            .events("job runs still going after the term ended")
+            .is_empty()
+    })
+    .await
+    .expect("the run is aborted after its grace");
+    control.promote();
+    let abandoned = || async {
+        stored_runs(&db, "long")
+            .await
+            .iter()
+            .any(|r| r.0 == due && r.1 == "abandoned")
+    };
+    let took = wait_for_async(Duration::from_secs(5), abandoned)
+        .await
+        .expect("the cut-off run is called abandoned");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    let runs = stored_runs(&db, "long").await;
+    eprintln!("abandoned {took:?} after the next term began; runs: {runs:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "at once ({took:?}), not after the 3 s of silence a run of another process is given"
+    );
+    let abandoned: Vec<_> = runs.iter().filter(|r| r.1 == "abandoned").collect();
+    assert_eq!(abandoned.len(), 1, "{runs:?}");
+    assert!(runs.iter().all(|r| r.1 != "running"), "{runs:?}");
+    assert!(
+        runs.iter().any(|r| r.0 > due && r.1 == "succeeded"),
+        "the next term runs the job on: {runs:?}"
+    );
+    let reported = capture.events("a run claimed by an earlier term never finished");
+    assert_eq!(reported.len(), 1, "{reported:?}");
+}
