@@ -8,6 +8,12 @@
 //! | [`Gate`] | open on the leader, always open without an elector |
 //! | [`Supervisor`] | named workers restarted with backoff within a budget |
 //!
+//! **Panics.** Ticks, while-leader loops and workers catch their panics, log them with a
+//! backtrace and go on. For the backtrace the first of them to run installs a process-wide
+//! panic hook, chained to the one before it ([`install_panic_hook`] installs it earlier, and
+//! says more). Catching needs unwinding: with `panic = "abort"` in the build profile a panic
+//! anywhere aborts the process, and nothing here is caught or restarted.
+//!
 //! A service typically builds one [`Elector`](crate::Elector), wraps each periodic job in a
 //! [`LeaderTicker`] and each self-paced one in a [`WhileLeader`], gives every loop a probe
 //! from one [`Readiness`] set, and runs the elector's `run` and every loop as workers of one

@@ -135,6 +135,12 @@ impl Restarts {
 /// documented way to start the election, and a panic in it is then logged and restarted
 /// (`run` may be called again after a panic).
 ///
+/// A panic is caught only where the build unwinds: with `panic = "abort"` it aborts the
+/// process, and nothing restarts. The first worker to run installs a process-wide panic hook,
+/// chained to the previous one, to capture the backtrace (see [`install_panic_hook`]).
+///
+/// [`install_panic_hook`]: super::install_panic_hook
+///
 /// Logs: ERROR `worker panicked` (`worker`, `panic`, `location`, `backtrace`), WARN
 /// `worker failed` (`worker`, `error`, `restart_in`), ERROR `worker stopped: restart
 /// budget spent` (`worker`, `error`).

@@ -25,7 +25,10 @@ use crate::Term;
 /// it is started again only in a later term. An `Err` while leading logs WARN `loop failed`
 /// (`loop_name`, `error`), a panic logs ERROR `loop panicked` (`loop_name`, `panic`,
 /// `location`, `backtrace`); an outcome that arrives after the term ended is dropped, as
-/// [`do_work`](crate::Elector::do_work) drops it.
+/// [`do_work`](crate::Elector::do_work) drops it. A panic is caught only where the build
+/// unwinds: with `panic = "abort"` it aborts the process. The first loop to run installs a
+/// process-wide panic hook, chained to the previous one, to capture the backtrace (see
+/// [`install_panic_hook`](super::install_panic_hook)).
 ///
 /// **Waiting for a term.** The launcher waits on
 /// [`Elector::wait_for_leadership`](crate::Elector::wait_for_leadership), so a new term starts
