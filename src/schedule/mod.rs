@@ -122,7 +122,8 @@ pub enum ScheduleError {
     },
     /// The tables are missing and this role may not create them.
     #[error(
-        "the job tables are missing and this role may not create them; run this once as a role that may: {ddl}"
+        "the job tables are missing and this role may not create them ({}); run this once as a role that may: {ddl}",
+        crate::error::chain(source)
     )]
     CannotCreate {
         /// The statements to run.
@@ -135,16 +136,16 @@ pub enum ScheduleError {
     #[error("no pool connection within {0:?}")]
     PoolTimeout(Duration),
     /// The pool could not hand out a connection.
-    #[error("the pool could not hand out a connection")]
+    #[error("the pool could not hand out a connection: {}", crate::error::chain(.0))]
     Pool(#[source] Box<deadpool_postgres::PoolError>),
-    /// A query failed.
-    #[error("a query of the job tables failed")]
+    /// A query failed; the message carries the server's (severity, SQLSTATE, text).
+    #[error("a query of the job tables failed: {}", crate::error::chain(.0))]
     Database(#[from] tokio_postgres::Error),
     /// A query of the job tables got no answer in time.
     #[error("no answer from the job tables within {0:?}")]
     Timeout(Duration),
     /// The fence of a claim failed.
-    #[error("the claim's fence failed")]
+    #[error("the claim's fence failed: {0}")]
     Fence(#[source] crate::Fenced),
 }
 
@@ -594,14 +595,19 @@ fn term_id(elector: &Elector) -> String {
 async fn ensure_tables(ctx: &Context, term: &Term, shutdown: &CancellationToken) -> bool {
     let mut told = false;
     loop {
-        let made = async { ctx.store.ensure(&*ctx.client().await?).await };
+        let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
         match made.await {
-            Ok(()) => return true,
+            Ok(created) => {
+                if created {
+                    tracing::info!("created the job tables");
+                }
+                return true;
+            }
             Err(e) => {
                 if told {
-                    tracing::debug!(error = %e, "cannot create the job tables");
+                    tracing::debug!(error = %e, "the job tables are not ready");
                 } else {
-                    tracing::error!(error = %e, "cannot create the job tables; jobs wait");
+                    tracing::error!(error = %e, "the job tables are not ready; jobs wait");
                     told = true;
                 }
             }

@@ -43,6 +43,7 @@ pub(crate) struct Claimant<'a> {
 #[derive(Debug)]
 pub(crate) struct Store {
     ddl: String,
+    exists: String,
     register: String,
     load: String,
     abandon: String,
@@ -111,6 +112,7 @@ impl Store {
                  CREATE INDEX IF NOT EXISTS {running_index} ON {runs} (namespace, job) \
                  WHERE outcome = 'running'"
             ),
+            exists: format!("SELECT FROM {jobs} WHERE false; SELECT FROM {runs} WHERE false"),
             // A deploy whose code registers another schedule overrides the stored one; a
             // schedule changed at run time stays until then. `xmax = 0`: the row is new.
             register: format!(
@@ -199,15 +201,23 @@ impl Store {
         &self.ddl
     }
 
-    /// Creates the tables when they are missing.
+    /// Creates the tables when they are missing; `true` when it did. A look comes first: the
+    /// server checks the right to create in the schema before it looks whether the table exists,
+    /// so `CREATE TABLE IF NOT EXISTS` fails for a role that may only use tables an
+    /// administrator made.
     pub(crate) async fn ensure(
         &self,
         client: &tokio_postgres::Client,
-    ) -> Result<(), ScheduleError> {
+    ) -> Result<bool, ScheduleError> {
+        match client.batch_execute(&self.exists).await {
+            Ok(()) => return Ok(false),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
+            Err(e) => return Err(ScheduleError::Database(e)),
+        }
         match client.batch_execute(&self.ddl).await {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(true),
             // Two replicas creating them at once: the other one won.
-            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(false),
             Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
                 Err(ScheduleError::CannotCreate {
                     ddl: self.ddl.clone(),

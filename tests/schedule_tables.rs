@@ -1,0 +1,231 @@
+//! F5: the job tables. A role that may only read and write them (an administrator made them
+//! from `ddl()`) runs jobs; a role that may not create them is told the statements to run; a
+//! failed query is logged with the server's own message; tables under a schema and prefix that
+//! need quoting work; a table dropped or emptied during a term is reported and handled by the
+//! lost-state policy.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::capture::Capture;
+use common::*;
+use pg_elector::Elector;
+use pg_elector::schedule::{Job, Schedule, ScheduleError};
+use pg_elector_harness::pool_from_config;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
+
+const POLL: Duration = Duration::from_millis(50);
+
+/// A role that may connect to `db` and nothing else (no CREATE on `public`); dropped by
+/// [`drop_role`].
+async fn limited_role(db: &TestDb, admin: &tokio_postgres::Client) -> String {
+    let role = format!("sched_{}", db.name());
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             GRANT CONNECT ON DATABASE \"{db}\" TO \"{role}\"",
+            db = db.name()
+        ))
+        .await
+        .unwrap();
+    role
+}
+
+async fn drop_role(admin: &tokio_postgres::Client, role: &str) {
+    admin
+        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
+fn pool_as(db: &TestDb, role: &str) -> deadpool_postgres::Pool {
+    let mut config = db.config();
+    config.user(role);
+    pool_from_config(config, 2)
+}
+
+/// A schedule of one job every 100 ms on a manual elector that leads, counting its runs, its
+/// events in `capture`.
+struct Running {
+    runs: Arc<AtomicUsize>,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ScheduleError>>,
+    _control: pg_elector::ManualControl,
+}
+
+fn start(schedule: impl FnOnce(&Elector) -> Schedule, capture: &Capture) -> Running {
+    let (elector, control) = Elector::manual();
+    control.promote();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let schedule = schedule(&elector).poll_interval(POLL).job(
+        Job::every("count", Duration::from_millis(100)),
+        {
+            let runs = runs.clone();
+            move |_run| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, String>(()) }
+            }
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        schedule
+            .run(shutdown.clone())
+            .with_subscriber(capture.dispatch()),
+    );
+    Running {
+        runs,
+        shutdown,
+        task,
+        _control: control,
+    }
+}
+
+impl Running {
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_a_role_without_create_is_told_the_ddl_and_runs_jobs_once_an_administrator_ran_it() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    let role = limited_role(&db, &admin).await;
+    let capture = Capture::default();
+    let pool = pool_as(&db, &role);
+    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
+        .ddl()
+        .unwrap();
+    let running = start(|elector| Schedule::new(elector, pool.clone()), &capture);
+
+    // No tables, and no right to create them: said once, with the statements to run.
+    tokio::time::sleep(10 * POLL).await;
+    assert_eq!(running.runs(), 0, "no job runs without its tables");
+    let said = capture.events("the job tables are not ready");
+    assert!(!said.is_empty(), "the refusal is logged");
+    assert_eq!(said[0].level, tracing::Level::ERROR);
+    assert_eq!(
+        said.iter()
+            .filter(|e| e.level == tracing::Level::ERROR)
+            .count(),
+        1,
+        "at ERROR once, not every poll: {said:?}"
+    );
+    let error = said[0].field("error");
+    assert!(
+        error.contains(&ddl) && error.contains("permission denied for schema public"),
+        "the statements to run, and the server's refusal: {error}"
+    );
+
+    // An administrator runs them and grants the role what the README says suffices.
+    admin
+        .batch_execute(&format!(
+            "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
+             TO \"{role}\""
+        ))
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(3), || running.runs() >= 3)
+        .await
+        .expect("the jobs run once the tables exist, at the next try");
+    running.stop().await;
+
+    // A later term (a restart of the process, say) finds the tables and runs at once.
+    let capture = Capture::default();
+    let running = start(|elector| Schedule::new(elector, pool.clone()), &capture);
+    wait_for(Duration::from_secs(2), || running.runs() >= 3)
+        .await
+        .expect("a new term runs jobs with SELECT, INSERT and UPDATE alone");
+    running.stop().await;
+    let complaints: Vec<_> = capture
+        .events("")
+        .into_iter()
+        .filter(|e| e.level <= tracing::Level::WARN)
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "nothing to complain about: {complaints:?}"
+    );
+    drop(pool);
+    drop_role(&admin, &role).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_a_failed_query_of_the_job_tables_is_logged_with_the_server_s_message() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    let role = limited_role(&db, &admin).await;
+    let pool = pool_as(&db, &role);
+    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
+        .ddl()
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
+             TO \"{role}\""
+        ))
+        .await
+        .unwrap();
+    let capture = Capture::default();
+    let running = start(|elector| Schedule::new(elector, pool.clone()), &capture);
+    wait_for(Duration::from_secs(2), || running.runs() >= 2)
+        .await
+        .expect("runs");
+
+    // An operator takes a right away: every query that writes the job's row now fails.
+    admin
+        .batch_execute(&format!("REVOKE UPDATE ON pg_elector_jobs FROM \"{role}\""))
+        .await
+        .unwrap();
+    let failed = || {
+        capture
+            .events("")
+            .into_iter()
+            .filter(|e| e.level == tracing::Level::WARN && !e.field("error").is_empty())
+            .collect::<Vec<_>>()
+    };
+    wait_for(Duration::from_secs(2), || failed().len() >= 3)
+        .await
+        .expect("the failures are logged at WARN");
+    let runs = running.runs();
+    tokio::time::sleep(5 * POLL).await;
+    assert!(running.runs() <= runs + 1, "no claim passes meanwhile");
+    admin
+        .batch_execute(&format!("GRANT UPDATE ON pg_elector_jobs TO \"{role}\""))
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(2), || running.runs() >= runs + 3)
+        .await
+        .expect("the job runs on once the right is back");
+    running.stop().await;
+
+    let failed = failed();
+    eprintln!("{} failures logged, e.g. {:?}", failed.len(), failed[0]);
+    for event in &failed {
+        let error = event.field("error");
+        assert!(
+            error.contains("ERROR 42501: permission denied for table pg_elector_jobs"),
+            "the server's severity, code and message, not just \"db error\": {event:?}"
+        );
+    }
+    let messages: std::collections::BTreeSet<&str> = failed.iter().map(|e| e.message()).collect();
+    assert!(
+        messages.contains("cannot claim or record the run"),
+        "the claim's failure among them: {messages:?}"
+    );
+    drop(pool);
+    drop_role(&admin, &role).await;
+}
