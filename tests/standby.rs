@@ -387,7 +387,9 @@ async fn e3_an_answer_the_try_does_not_know_closes_the_connection_and_frees_the_
     })
     .await
     .expect("the lock granted on the closed session is free within I/4");
-    assert_eq!(proxy.open(), 0, "no connection left open");
+    wait_for(interval / 4, || proxy.open() == 0)
+        .await
+        .expect("no connection left open within I/4");
 
     // Answers the replica knows again: its next try opens a new connection and leads.
     proxy.stop_rewriting();
