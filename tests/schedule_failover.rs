@@ -343,3 +343,142 @@ async fn f5_a_run_cut_off_at_the_end_of_this_process_s_term_is_abandoned_at_once
     let reported = capture.events("a run claimed by an earlier term never finished");
     assert_eq!(reported.len(), 1, "{reported:?}");
 }
+
+/// The case only the claim's fence catches: a leader deposed without noticing. a's lock
+/// connection goes through a proxy that is then blackholed, and the server ends a's lock
+/// session; b takes over and bumps the epoch. a checks every 10·I, so it goes on believing it
+/// leads for a while, and its schedule (on a healthy pool) goes on claiming dues: each claim is
+/// refused by the epoch row, and every due from the bump on runs once, by b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_a_deposed_leaders_claims_are_refused_by_the_epoch_and_each_due_runs_once_by_the_new_leader()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    log_table(&db).await;
+    let key = LockKey::new(0xf5, 0xfe);
+    let period = Duration::from_millis(100);
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let starts: Starts = Arc::default();
+    let (capture_a, capture_b) = (Capture::default(), Capture::default());
+    let replica = |name: &'static str, pool, interval, capture: &Capture| {
+        let elector = Elector::builder(pool, key)
+            .check_interval(interval)
+            .identity(name)
+            .fencing(true)
+            .build()
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let election = elector.spawn(shutdown.clone());
+        let body = slow(db.pool(2), name, Duration::from_millis(5), starts.clone());
+        let schedule = tokio::spawn(
+            Schedule::new(&elector, db.pool(2))
+                .poll_interval(Duration::from_millis(50))
+                .job(Job::every("fenced", period), move |run| body(run))
+                .run(shutdown.clone())
+                .with_subscriber(capture.dispatch()),
+        );
+        Node {
+            name,
+            elector,
+            shutdown,
+            election,
+            schedule,
+        }
+    };
+    let a = replica("a", db.pool_via(proxy.addr(), 2), 10 * I, &capture_a);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads at its first try");
+    let b = replica("b", db.pool(2), I, &capture_b);
+    wait_for(Duration::from_secs(2), || starts.lock().unwrap().len() >= 3)
+        .await
+        .expect("a runs the job");
+
+    proxy.blackhole();
+    terminate_holder(&db, key).await;
+    wait_for(5 * I, || b.elector.is_leader())
+        .await
+        .expect("b takes over within a few I");
+    let admin = db.connect().await.unwrap();
+    let bumped: SystemTime = admin
+        .query_one(
+            "SELECT since FROM pg_elector_epochs WHERE class = $1 AND object = $2",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Ten dues with two replicas that both believe they lead.
+    tokio::time::sleep(10 * period).await;
+    let overlap = a.elector.is_leader() && b.elector.is_leader();
+    let to = SystemTime::now() - period;
+    proxy.pass();
+    b.stop().await;
+    a.stop().await;
+
+    assert!(
+        overlap,
+        "a still believed it led at the end of the window (its check every 10·I has not \
+         timed out yet), so its claims passed its own look at its term"
+    );
+    let ran: Vec<(SystemTime, String)> = admin
+        .query("SELECT due, replica FROM job_log ORDER BY due", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let by_a_after: Vec<_> = ran
+        .iter()
+        .filter(|(due, who)| who == "a" && *due > bumped)
+        .collect();
+    assert!(
+        by_a_after.is_empty(),
+        "no due after b's epoch began ran on a: {by_a_after:?}"
+    );
+    let mut per_due = std::collections::BTreeMap::<SystemTime, Vec<&str>>::new();
+    for (due, who) in &ran {
+        per_due.entry(*due).or_default().push(who);
+    }
+    let twice: Vec<_> = per_due.iter().filter(|(_, w)| w.len() > 1).collect();
+    assert!(twice.is_empty(), "dues run twice: {twice:?}");
+    let window: Vec<SystemTime> = per_due
+        .keys()
+        .copied()
+        .filter(|d| *d > bumped + period && *d <= to)
+        .collect();
+    let p = period.as_millis();
+    let first = bumped
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .div_ceil(p)
+        * p
+        + p;
+    let last = to
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let expected: Vec<SystemTime> = (first..=last)
+        .step_by(p as usize)
+        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64))
+        .collect();
+    let fenced = capture_a.events("the due's claim was fenced");
+    assert!(
+        !fenced.is_empty(),
+        "a tried to claim dues while deposed, and the epoch row refused them"
+    );
+    assert!(
+        fenced[0].field("error").contains("is not the current one"),
+        "refused as superseded: {:?}",
+        fenced[0]
+    );
+    eprintln!(
+        "{} claims of a refused; {} dues after the bump, all run once by b",
+        fenced.len(),
+        expected.len()
+    );
+    assert_eq!(window, expected, "every due after the bump ran, once, on b");
+}
