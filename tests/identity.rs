@@ -6,10 +6,18 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::*;
 use pg_elector::{Elector, LeaderInfo, LockKey, current_leader};
+use tracing::Instrument;
+use tracing::instrument::WithSubscriber;
+use tracing::span;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 
 /// PostgreSQL keeps the first `NAMEDATALEN - 1` = 63 bytes of an `application_name` in
 /// `pg_stat_activity`.
@@ -265,4 +273,158 @@ async fn an_identity_longer_than_63_bytes_still_leads_and_shows_its_63_byte_pref
     assert_eq!(info.identity, &long[..PG_NAME_BYTES]);
     assert_eq!(info.pid, pid);
     replica.stop().await.unwrap();
+}
+
+/// Every event, with the fields of the spans it was emitted in (outermost first) and then its
+/// own, as a log line would show them.
+#[derive(Clone, Default)]
+struct WithSpans(Arc<Mutex<Vec<Logged>>>);
+
+#[derive(Clone, Debug)]
+struct Logged {
+    target: String,
+    fields: BTreeMap<String, String>,
+}
+
+impl Logged {
+    fn message(&self) -> &str {
+        self.fields.get("message").map_or("", String::as_str)
+    }
+}
+
+/// A span's fields, kept in its extensions.
+struct SpanFields(BTreeMap<String, String>);
+
+struct Visitor<'a>(&'a mut BTreeMap<String, String>);
+
+impl tracing::field::Visit for Visitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S> Layer<S> for WithSpans
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        attrs.record(&mut Visitor(&mut fields));
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(SpanFields(fields));
+        }
+    }
+
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(fields) = span.extensions_mut().get_mut::<SpanFields>() {
+                values.record(&mut Visitor(&mut fields.0));
+            }
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = BTreeMap::new();
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope.from_root() {
+                if let Some(own) = span.extensions().get::<SpanFields>() {
+                    fields.extend(own.0.clone());
+                }
+            }
+        }
+        event.record(&mut Visitor(&mut fields));
+        self.0.lock().unwrap().push(Logged {
+            target: event.metadata().target().to_owned(),
+            fields,
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_elections_log_lines_carry_key_and_identity_and_a_terms_lines_its_epoch() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 6);
+    let logged = WithSpans::default();
+    let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(logged.clone()));
+    let elector = Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .identity("traced-a")
+        .fencing(true)
+        .build()
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(
+        {
+            let (elector, shutdown) = (elector.clone(), shutdown.clone());
+            async move { elector.run(shutdown).await }
+        }
+        .with_subscriber(dispatch.clone()),
+    );
+    let term = tokio::time::timeout(3 * I, elector.wait_for_leadership())
+        .await
+        .expect("leads within 3·I");
+    let epoch = term.epoch().expect("a fenced term").to_string();
+
+    // A tick's own lines run in the caller's task, outside the election: the span the README
+    // shows carries the term's epoch (and here the key and identity) onto them.
+    elector
+        .do_work(|term| {
+            let span = tracing::info_span!(
+                "sweep",
+                key = %key,
+                identity = elector.identity(),
+                epoch = term.epoch(),
+            );
+            async {
+                tracing::info!(target: "sweeper", "swept");
+                Ok::<_, String>(())
+            }
+            .instrument(span)
+        })
+        .with_subscriber(dispatch)
+        .await
+        .unwrap();
+    // One leader check in the term.
+    tokio::time::sleep(I + I / 2).await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+
+    let lines = logged.0.lock().unwrap().clone();
+    let ours: Vec<&Logged> = lines
+        .iter()
+        .filter(|l| l.target == "pg_elector" || l.target.starts_with("pg_elector::"))
+        .collect();
+    for line in &ours {
+        assert_eq!(line.fields.get("key"), Some(&key.to_string()), "{line:?}");
+        assert_eq!(
+            line.fields.get("identity").map(String::as_str),
+            Some("traced-a"),
+            "{line:?}"
+        );
+    }
+    for message in ["leadership acquired", "leadership released"] {
+        let line = ours
+            .iter()
+            .find(|l| l.message() == message)
+            .unwrap_or_else(|| panic!("no {message:?} line in {ours:#?}"));
+        assert_eq!(line.fields.get("epoch"), Some(&epoch), "{line:?}");
+    }
+    let swept = lines
+        .iter()
+        .find(|l| l.message() == "swept")
+        .expect("the tick's line");
+    assert_eq!(swept.fields.get("key"), Some(&key.to_string()));
+    assert_eq!(
+        swept.fields.get("identity").map(String::as_str),
+        Some("traced-a")
+    );
+    assert_eq!(swept.fields.get("epoch"), Some(&epoch));
+    eprintln!(
+        "{} lines of the crate, each with key and identity; epoch {epoch} on the term's",
+        ours.len()
+    );
 }
