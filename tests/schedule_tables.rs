@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::capture::Capture;
 use common::*;
 use pg_elector::Elector;
-use pg_elector::schedule::{Job, Schedule, ScheduleError};
+use pg_elector::schedule::{Job, LostState, Schedule, ScheduleError};
 use pg_elector_harness::pool_from_config;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +55,8 @@ struct Running {
     runs: Arc<AtomicUsize>,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ScheduleError>>,
-    _control: pg_elector::ManualControl,
+    probe: pg_elector::background::Probe,
+    control: pg_elector::ManualControl,
 }
 
 fn start(schedule: impl FnOnce(&Elector) -> Schedule, capture: &Capture) -> Running {
@@ -72,6 +73,7 @@ fn start(schedule: impl FnOnce(&Elector) -> Schedule, capture: &Capture) -> Runn
             }
         },
     );
+    let probe = schedule.probes().remove(0);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(
         schedule
@@ -82,7 +84,8 @@ fn start(schedule: impl FnOnce(&Elector) -> Schedule, capture: &Capture) -> Runn
         runs,
         shutdown,
         task,
-        _control: control,
+        probe,
+        control,
     }
 }
 
@@ -228,4 +231,104 @@ async fn f5_a_failed_query_of_the_job_tables_is_logged_with_the_server_s_message
     );
     drop(pool);
     drop_role(&admin, &role).await;
+}
+
+async fn drop_tables(db: &TestDb) {
+    db.connect()
+        .await
+        .unwrap()
+        .batch_execute("DROP TABLE pg_elector_jobs, pg_elector_job_runs")
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_job_tables_dropped_during_a_term_are_reported_made_again_and_the_job_starts_over() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let capture = Capture::default();
+    let running = start(|elector| Schedule::new(elector, db.pool(2)), &capture);
+    wait_for(Duration::from_secs(2), || running.runs() >= 3)
+        .await
+        .expect("runs");
+    drop_tables(&db).await;
+    let runs = running.runs();
+    wait_for(Duration::from_secs(2), || running.runs() >= runs + 5)
+        .await
+        .expect("the job runs on, on tables made again");
+    running.stop().await;
+
+    let lost: Vec<_> = capture
+        .events("")
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::ERROR)
+        .collect();
+    assert_eq!(lost.len(), 1, "reported once, at ERROR: {lost:?}");
+    assert!(
+        lost[0].field("error").contains("does not exist")
+            && lost[0].field("policy") == "StartFromNow",
+        "with the server's message and the policy applied: {:?}",
+        lost[0]
+    );
+    let warnings = capture
+        .events("")
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .count();
+    assert!(warnings <= 3, "not a WARN every poll: {warnings}");
+    let stored: i64 = db
+        .connect()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT count(*) FROM pg_elector_job_runs WHERE outcome = 'succeeded'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(stored >= 4, "the new tables hold the runs since: {stored}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_with_halt_lost_job_state_fails_the_probe_and_the_job_runs_no_more_in_this_process() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let capture = Capture::default();
+    let running = start(
+        |elector| Schedule::new(elector, db.pool(2)).on_lost_state(LostState::Halt),
+        &capture,
+    );
+    wait_for(Duration::from_secs(2), || running.runs() >= 3)
+        .await
+        .expect("runs");
+    assert!(running.probe.status().is_pass());
+    drop_tables(&db).await;
+    wait_for(Duration::from_secs(2), || !running.probe.status().is_pass())
+        .await
+        .expect("the probe fails");
+    let runs = running.runs();
+    tokio::time::sleep(10 * POLL).await;
+    assert_eq!(running.runs(), runs, "the job runs no more");
+    let status = format!("{:?}", running.probe.status());
+    assert!(
+        status.contains("lost"),
+        "the probe names the cause: {status}"
+    );
+
+    // Not even in a later term of this process.
+    running.control.demote();
+    tokio::time::sleep(2 * POLL).await;
+    running.control.promote();
+    tokio::time::sleep(10 * POLL).await;
+    assert_eq!(running.runs(), runs, "halted until the process restarts");
+    assert!(!running.probe.status().is_pass(), "still failing");
+    running.stop().await;
+    let lost: Vec<_> = capture
+        .events("")
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::ERROR)
+        .collect();
+    assert_eq!(lost.len(), 1, "reported once, at ERROR: {lost:?}");
+    assert_eq!(lost[0].field("policy"), "Halt");
 }

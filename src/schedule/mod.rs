@@ -69,6 +69,14 @@ use crate::{Elector, Term};
 use job::Spec;
 use store::{Claimant, Store};
 
+impl ScheduleError {
+    /// A job table is missing (SQLSTATE 42P01).
+    fn is_missing_table(&self) -> bool {
+        matches!(self, ScheduleError::Database(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
+    }
+}
+
 /// What can go wrong with a schedule. Failures of the database while the schedule runs are not
 /// errors of [`Schedule::run`]: they are logged and the schedule goes on.
 #[derive(Debug, thiserror::Error)]
@@ -151,7 +159,13 @@ pub enum ScheduleError {
 
 /// What the leader does when a job's row, which this process had seen, is gone: the table was
 /// emptied or dropped, restored from a backup, or the database failed over to a replica that
-/// lagged behind. Either way it is logged at ERROR.
+/// lagged behind. Either way it is logged at ERROR, and dropped tables are made again (when the
+/// role may create them; otherwise jobs wait for an administrator, as at the first start).
+///
+/// Which rows it has seen is kept in the process's memory, not in the database (the database
+/// is what lost them): only a process that has led and registered the job since it started
+/// can tell. A replica that first leads after the loss takes the missing row for a new job and
+/// starts it from now, whatever the policy, without an ERROR.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostState {
@@ -159,8 +173,10 @@ pub enum LostState {
     /// nothing of its past is re-run; only dues from now on run.
     #[default]
     StartFromNow,
-    /// Stops running the job in this process: its probe fails, naming the cause, until the
-    /// process restarts (after an operator looked at the table).
+    /// Stops running the job in this process, in this term and the next ones: its probe
+    /// fails while it leads, naming the cause, until the process restarts (after an operator
+    /// looked at the table). Another replica that leads later runs the job if it had not seen
+    /// its row (see above).
     Halt,
 }
 
@@ -348,6 +364,7 @@ impl Schedule {
             lost_state: self.lost_state,
             seen: Mutex::new(HashSet::new()),
             ended: Mutex::new(Vec::new()),
+            halted: Mutex::new(HashSet::new()),
             #[cfg(feature = "prometheus")]
             metrics: match &self.registry {
                 Some(registry) => Some(
@@ -374,10 +391,19 @@ impl Schedule {
                 tracing::info_span!("schedule", namespace = %ctx.namespace, epoch = ?term.epoch());
             async {
                 tracing::debug!("schedule starts for a new term");
-                if !ensure_tables(&ctx, &term, &shutdown).await {
+                let stop = shutdown.child_token();
+                let ending = {
+                    let (term, stop) = (term.clone(), stop.clone());
+                    async move {
+                        tokio::select! {
+                            () = term.cancelled() => {}
+                            () = stop.cancelled() => {}
+                        }
+                    }
+                };
+                if !ensure_tables(&ctx, ending).await {
                     return;
                 }
-                let stop = shutdown.child_token();
                 let cut = CancellationToken::new();
                 let mut tasks = JoinSet::new();
                 for registered in &self.jobs {
@@ -388,6 +414,7 @@ impl Schedule {
                         term.clone(),
                         term_id.clone(),
                         stop.clone(),
+                        false,
                     )
                     .instrument(job_span);
                     // The task polls with the subscriber (and span) of this one, and is cut off
@@ -546,6 +573,8 @@ struct Context {
     /// tasks are joined or aborted before the next term begins), so a run they left `running`
     /// is abandoned at once, without waiting for it to go quiet.
     ended: Mutex<Vec<String>>,
+    /// Jobs halted by [`LostState::Halt`]: they run no more in this process.
+    halted: Mutex<HashSet<String>>,
     #[cfg(feature = "prometheus")]
     metrics: Option<crate::metrics::JobMetrics>,
 }
@@ -591,8 +620,10 @@ fn term_id(elector: &Elector) -> String {
     )
 }
 
-/// Creates the tables if needed, retrying every poll interval until it works or the term ends.
-async fn ensure_tables(ctx: &Context, term: &Term, shutdown: &CancellationToken) -> bool {
+/// Creates the tables if needed, retrying every poll interval until it works or `until`
+/// completes (the term ends); `false` then.
+async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>) -> bool {
+    let mut until = std::pin::pin!(until);
     let mut told = false;
     loop {
         let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
@@ -613,8 +644,7 @@ async fn ensure_tables(ctx: &Context, term: &Term, shutdown: &CancellationToken)
             }
         }
         tokio::select! {
-            () = term.cancelled() => return false,
-            () = shutdown.cancelled() => return false,
+            () = &mut until => return false,
             () = tokio::time::sleep(ctx.poll) => {}
         }
     }
@@ -627,18 +657,30 @@ fn latest_due(spec: &Spec, now: Timestamp) -> Option<Timestamp> {
 }
 
 /// One job in one term: register it, report an abandoned run, catch up, then run each due.
+///
+/// `loss_reported`: the job's state was found lost (its tables gone) and said so at ERROR.
 async fn job_task(
     ctx: Arc<Context>,
     registered: Registered,
     term: Term,
     term_id: String,
     stop: CancellationToken,
+    loss_reported: bool,
 ) {
     let job = &registered.job;
     let name = job.name.as_str();
+    let halt = |registered: &Registered| {
+        registered.probe.record(TickOutcome::Failed(format!(
+            "job {name:?}: its stored state was lost; halted until the process restarts"
+        )));
+    };
+    if lock(&ctx.halted).contains(name) {
+        halt(&registered);
+        stop.cancelled().await;
+        return;
+    }
     let registered_now;
-    // Registration and the abandoned run: retried until they work or the term ends.
-    let mut halted = None;
+    // Registration: retried until it works or the term ends.
     loop {
         let step = ctx.bounded(async {
             let client = ctx.client().await?;
@@ -655,21 +697,31 @@ async fn job_task(
         match step.await {
             Ok(created) => {
                 let seen_before = lock(&ctx.seen).contains(name);
+                lock(&ctx.seen).insert(name.to_owned());
                 if created && seen_before {
-                    tracing::error!(
-                        job = name,
-                        policy = ?ctx.lost_state,
-                        "the job's row was gone (the table emptied, restored, or a failover to a lagging replica); it was made again"
-                    );
-                    if ctx.lost_state == LostState::Halt {
-                        halted = Some(
-                            "the job's stored state was lost; halted until the process restarts",
+                    if !loss_reported {
+                        tracing::error!(
+                            job = name,
+                            policy = ?ctx.lost_state,
+                            "the job's row was gone (the table emptied, restored, or a failover to a lagging replica); it was made again"
                         );
                     }
+                    if ctx.lost_state == LostState::Halt {
+                        lock(&ctx.halted).insert(name.to_owned());
+                        halt(&registered);
+                        stop.cancelled().await;
+                        return;
+                    }
                 }
-                lock(&ctx.seen).insert(name.to_owned());
                 registered_now = created;
                 break;
+            }
+            Err(e) if e.is_missing_table() => {
+                // Dropped since the term began: made again, then registered.
+                if !ensure_tables(&ctx, stop.cancelled()).await {
+                    return;
+                }
+                continue;
             }
             Err(e) => tracing::warn!(job = name, error = %e, "cannot register the job; retrying"),
         }
@@ -677,13 +729,6 @@ async fn job_task(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(ctx.poll) => {}
         }
-    }
-    if let Some(why) = halted {
-        registered
-            .probe
-            .record(TickOutcome::Failed(format!("job {name:?}: {why}")));
-        stop.cancelled().await;
-        return;
     }
     tracing::debug!(job = name, new = registered_now, "job registered");
     // Dues from before this instant were missed (a leaderless gap, or a run that overran
@@ -727,6 +772,9 @@ async fn job_task(
                     }
                 }
             }
+            Err(e) if e.is_missing_table() => {
+                return tables_lost(ctx, registered, term, term_id, stop, e).await;
+            }
             Err(e) => tracing::warn!(job = name, error = %e, "cannot look for abandoned runs"),
         }
         let row = ctx.bounded(async {
@@ -744,9 +792,13 @@ async fn job_task(
                     Term::clone(&term),
                     term_id.clone(),
                     stop.clone(),
+                    false,
                 ))
                 .await;
                 return;
+            }
+            Err(e) if e.is_missing_table() => {
+                return tables_lost(ctx, registered, term, term_id, stop, e).await;
             }
             Err(e) => {
                 tracing::warn!(job = name, error = %e, "cannot read the job's row; retrying");
@@ -824,6 +876,29 @@ async fn job_task(
             () = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// The job tables are gone while the term runs (dropped, or the database restored or failed
+/// over to one without them): said at ERROR, the tables made again (when this role may), and
+/// the job registered again under the lost-state policy.
+async fn tables_lost(
+    ctx: Arc<Context>,
+    registered: Registered,
+    term: Term,
+    term_id: String,
+    stop: CancellationToken,
+    error: ScheduleError,
+) {
+    tracing::error!(
+        job = %registered.job.name,
+        policy = ?ctx.lost_state,
+        error = %error,
+        "the job tables are gone (dropped, restored, or a failover to a server without them); the job's stored state is lost"
+    );
+    if !ensure_tables(&ctx, stop.cancelled()).await {
+        return;
+    }
+    Box::pin(job_task(ctx, registered, term, term_id, stop, true)).await;
 }
 
 /// Claims `due` and, when the claim is ours, runs the job (heart-beating while it runs) and
