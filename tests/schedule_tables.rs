@@ -332,3 +332,87 @@ async fn f5_with_halt_lost_job_state_fails_the_probe_and_the_job_runs_no_more_in
     assert_eq!(lost.len(), 1, "reported once, at ERROR: {lost:?}");
     assert_eq!(lost[0].field("policy"), "Halt");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f5_tables_under_a_schema_and_prefix_that_need_quoting_are_made_and_used() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    admin.batch_execute("CREATE SCHEMA \"Ops\"").await.unwrap();
+    let (schema, prefix) = (Some("Ops"), "My \"jobs\"; --");
+    let capture = Capture::default();
+    let handle = std::sync::Mutex::new(None);
+    let running = start(
+        |elector| {
+            let schedule = Schedule::new(elector, db.pool(2)).tables(schema, prefix);
+            *handle.lock().unwrap() = Some(schedule.handle());
+            schedule
+        },
+        &capture,
+    );
+    wait_for(Duration::from_secs(2), || running.runs() >= 3)
+        .await
+        .expect("runs on the quoted tables");
+    let handle = handle.lock().unwrap().take().unwrap();
+    handle
+        .trigger("count")
+        .await
+        .expect("a trigger finds the job");
+    wait_for_async(Duration::from_secs(2), || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM \"Ops\".\"My \"\"jobs\"\"; --job_runs\" \
+                 WHERE kind = 'triggered'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await
+    .expect("the triggered run is recorded in the quoted table");
+    running.stop().await;
+
+    let tables: Vec<String> = admin
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'Ops' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        tables,
+        [
+            "My \"jobs\"; --job_runs",
+            "My \"jobs\"; --job_runs_pkey",
+            "My \"jobs\"; --job_runs_running",
+            "My \"jobs\"; --jobs",
+            "My \"jobs\"; --jobs_pkey",
+        ],
+        "the names as given, in the schema as given"
+    );
+    let succeeded: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM \"Ops\".\"My \"\"jobs\"\"; --job_runs\" \
+             WHERE job = 'count' AND outcome = 'succeeded'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(succeeded >= 3, "{succeeded}");
+    let public: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE '%job%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(public, 0, "nothing made under the default names");
+}

@@ -477,3 +477,91 @@ impl Store {
         Ok(n == 1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_quoted_as_identifiers_never_pasted() {
+        let store = Store::new(Some("Ops\"; DROP SCHEMA x; --"), "My \"jobs\"; --").unwrap();
+        let jobs = "\"Ops\"\"; DROP SCHEMA x; --\".\"My \"\"jobs\"\"; --jobs\"";
+        let runs = "\"Ops\"\"; DROP SCHEMA x; --\".\"My \"\"jobs\"\"; --job_runs\"";
+        assert!(
+            store
+                .ddl()
+                .starts_with(&format!("CREATE TABLE IF NOT EXISTS {jobs} (")),
+            "{}",
+            store.ddl()
+        );
+        assert!(
+            store
+                .ddl()
+                .contains(&format!("CREATE TABLE IF NOT EXISTS {runs} (")),
+            "{}",
+            store.ddl()
+        );
+        // An index lives in its table's schema: its own name is never qualified.
+        assert!(
+            store.ddl().contains(&format!(
+                "CREATE INDEX IF NOT EXISTS \"My \"\"jobs\"\"; --job_runs_running\" ON {runs} "
+            )),
+            "{}",
+            store.ddl()
+        );
+        for statement in [
+            &store.register,
+            &store.load,
+            &store.abandon,
+            &store.claim_due,
+            &store.finish,
+            &store.trigger,
+            &store.reschedule,
+        ] {
+            assert!(
+                statement.contains(jobs) || statement.contains(runs),
+                "{statement}"
+            );
+            // Every name of the statement is one of the two quoted ones: removing them leaves
+            // no trace of the hostile text.
+            let rest = statement.replace(jobs, "").replace(runs, "");
+            assert!(
+                !rest.contains("DROP") && !rest.contains("--"),
+                "{statement}"
+            );
+        }
+        let plain = Store::new(None, "pg_elector_").unwrap();
+        assert!(
+            plain
+                .ddl()
+                .starts_with("CREATE TABLE IF NOT EXISTS \"pg_elector_jobs\" (")
+        );
+        assert!(
+            plain
+                .exists
+                .contains("FROM \"pg_elector_job_runs\" WHERE false")
+        );
+    }
+
+    #[test]
+    fn an_empty_overlong_or_nul_name_is_an_error() {
+        for (schema, prefix) in [
+            (Some(""), "p_"),
+            (Some("a\0b"), "p_"),
+            (Some(&*"s".repeat(64)), "p_"),
+            (None, "p\0_"),
+            // `<prefix>job_runs_running` must fit 63 bytes too.
+            (None, &*"p".repeat(48)),
+        ] {
+            assert!(
+                matches!(
+                    Store::new(schema, prefix),
+                    Err(ScheduleError::InvalidTable { .. })
+                ),
+                "{schema:?} {prefix:?}"
+            );
+        }
+        assert!(Store::new(Some(&"s".repeat(63)), &"p".repeat(47)).is_ok());
+        assert!(Store::new(None, "").is_ok(), "no prefix: jobs, job_runs");
+    }
+}
