@@ -505,6 +505,56 @@ async fn f3_the_table_is_created_when_missing_and_a_role_that_may_not_is_told_th
         .unwrap();
 }
 
+/// What the role of the application's pool (the one that runs fenced writes) needs on the
+/// epoch table: `SELECT` and `UPDATE`, because the fence reads the row `FOR SHARE`, which
+/// PostgreSQL allows only to a role that may update it; nothing more (no `INSERT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_a_writer_role_fences_with_select_and_update_on_the_epoch_table() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let key = LockKey::new(0xf3, 9);
+    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let term = a.elector.term();
+    let admin = db.connect().await.unwrap();
+    let role = format!("writer_{}", db.name());
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; GRANT INSERT ON writes TO \"{role}\"; \
+             GRANT SELECT ON pg_elector_epochs TO \"{role}\""
+        ))
+        .await
+        .unwrap();
+    let mut config = db.config();
+    config.user(&role);
+    let app = pg_elector_harness::pool_from_config(config, 1);
+
+    let refused = fenced_write(&app, &term, "a")
+        .await
+        .expect_err("SELECT alone does not allow FOR SHARE");
+    assert!(
+        refused.is_query_error() && refused.to_string().contains("permission denied"),
+        "{refused}"
+    );
+    admin
+        .batch_execute(&format!("GRANT UPDATE ON pg_elector_epochs TO \"{role}\""))
+        .await
+        .unwrap();
+    fenced_write(&app, &term, "a")
+        .await
+        .expect("SELECT and UPDATE are enough");
+    assert_eq!(writes(&db).await.len(), 1);
+    drop(app);
+    a.stop().await.unwrap();
+    admin
+        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f3_local_electors_hand_out_increasing_epochs_and_fence_on_the_term_alone() {
     let db = fresh_db().await;
@@ -526,7 +576,21 @@ async fn f3_local_electors_hand_out_increasing_epochs_and_fence_on_the_term_alon
     assert!(!refused.is_superseded());
     drop(tx);
 
-    let always = Elector::always_leader();
-    assert!(always.term().epoch().is_some());
     assert_eq!(elector.term().epoch(), None, "a standby's term has none");
+
+    // An always-leader elector: each `run` after a shutdown leads in a new term.
+    let always = Elector::always_leader();
+    let mut epochs = Vec::new();
+    for _ in 0..3 {
+        let shutdown = CancellationToken::new();
+        let run = always.spawn(shutdown.clone());
+        let term = tokio::time::timeout(Duration::from_secs(1), always.wait_for_leadership())
+            .await
+            .expect("an always-leader leads while its run runs");
+        epochs.push(term.epoch().expect("an always-leader term has an epoch"));
+        shutdown.cancel();
+        run.await.unwrap().unwrap();
+        assert_eq!(term.end(), Some(TermEnd::Shutdown));
+    }
+    assert!(epochs.windows(2).all(|w| w[1] > w[0]), "{epochs:?}");
 }

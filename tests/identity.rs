@@ -428,3 +428,84 @@ async fn the_elections_log_lines_carry_key_and_identity_and_a_terms_lines_its_ep
         ours.len()
     );
 }
+
+/// What a role of its own (a monitoring role, say) needs to call `current_leader`: nothing
+/// beyond connecting for the holder's pid and identity (`pg_locks` and the `application_name`
+/// of `pg_stat_activity` are readable by all), `SELECT` on the epoch table once it exists
+/// (the call reads it, and fails without the right), and `pg_read_all_stats` for the
+/// leader's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg_read_all_stats_for_the_address()
+ {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 7);
+    let admin = db.connect().await.unwrap();
+    let role = format!("watcher_{}", db.name());
+    admin
+        .batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN"))
+        .await
+        .unwrap();
+    let mut config = db.config();
+    config.user(&role);
+    let pool = pg_elector_harness::pool_from_config(config, 1);
+    let watcher = pool.get().await.unwrap();
+
+    // Without fencing: pid and identity, no address.
+    let plain = replica_named(&db, key, Some("watched"));
+    leads(&plain).await;
+    let info = current_leader(&watcher, key)
+        .await
+        .unwrap()
+        .expect("someone leads");
+    assert_eq!(info.identity, "watched");
+    assert_eq!(info.pid, the_holder(&admin, key).await);
+    assert_eq!(
+        info.client_addr, None,
+        "the address needs pg_read_all_stats"
+    );
+    plain.stop().await.unwrap();
+
+    // With fencing the epoch table exists, and the call reads it.
+    let fenced = Replica::run(
+        Elector::builder(db.pool(2), key)
+            .check_interval(I)
+            .identity("watched")
+            .fencing(true)
+            .build()
+            .unwrap(),
+    );
+    leads(&fenced).await;
+    let denied = current_leader(&watcher, key)
+        .await
+        .expect_err("the epoch row needs SELECT");
+    assert!(denied.to_string().contains("permission denied"), "{denied}");
+    admin
+        .batch_execute(&format!("GRANT SELECT ON pg_elector_epochs TO \"{role}\""))
+        .await
+        .unwrap();
+    let info = current_leader(&watcher, key)
+        .await
+        .unwrap()
+        .expect("someone leads");
+    assert_eq!(info.identity, "watched");
+    assert_eq!(info.epoch, fenced.elector.term().epoch());
+    assert_eq!(info.client_addr, None);
+
+    admin
+        .batch_execute(&format!("GRANT pg_read_all_stats TO \"{role}\""))
+        .await
+        .unwrap();
+    let info = current_leader(&watcher, key)
+        .await
+        .unwrap()
+        .expect("someone leads");
+    assert_client_addr(&info);
+    drop(watcher);
+    drop(pool);
+    fenced.stop().await.unwrap();
+    admin
+        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
