@@ -275,8 +275,10 @@ impl Schedule {
     }
 
     /// How often the leader reads each job's row for a trigger or a schedule change asked
-    /// from any replica (default: the elector's check interval, at most 5 s). Dues themselves
-    /// run on time, whatever this is.
+    /// from any replica (default: the elector's check interval, at most 5 s; at least 10 ms).
+    /// Dues themselves run on time, whatever this is. It is also how often a running job says
+    /// it is alive: a run silent for three polls (and at least 3 s) is taken for dead by the
+    /// next leader.
     pub fn poll_interval(mut self, every: Duration) -> Self {
         self.poll = every.max(Duration::from_millis(10));
         self
