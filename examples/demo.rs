@@ -1,5 +1,7 @@
-//! Three replicas elect a leader; the leader's session is killed; later the new leader hands
-//! over by graceful shutdown. Every step is printed with measured milliseconds.
+//! Three replicas elect a leader; the leader's session is killed; the new leader hands over
+//! by graceful shutdown while a tick is still running (the tick finishes first); the next one
+//! resigns, as before a rolling deploy. Every step is printed with measured milliseconds, and
+//! who leads as the server sees it (`current_leader`: the replica's identity and backend).
 //!
 //!     cargo run --example demo
 //!
@@ -7,11 +9,15 @@
 
 use std::time::{Duration, Instant};
 
-use pg_elector::{Elector, LockKey, TermEnd};
+use pg_elector::{Elector, LockKey, TermEnd, current_leader};
 use pg_elector_harness::PgServer;
 use tokio_util::sync::CancellationToken;
 
 const INTERVAL: Duration = Duration::from_millis(500);
+/// How long a graceful handover waits for work still running (the default is one interval).
+const DRAIN: Duration = Duration::from_secs(2);
+/// How long a tick runs.
+const TICK: Duration = Duration::from_millis(300);
 const KEY: LockKey = LockKey::new(0x6465_6d6f, 1); // "demo"
 const NAMES: [&str; 3] = ["replica-a", "replica-b", "replica-c"];
 
@@ -63,6 +69,8 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         .map(|&name| {
             let elector = Elector::builder(db.pool(2), KEY)
                 .check_interval(INTERVAL)
+                .identity(name)
+                .drain_timeout(DRAIN)
                 .build()
                 .expect("a valid configuration");
             let shutdown = CancellationToken::new();
@@ -82,11 +90,13 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let first = wait_for_leader(&replicas, 4 * INTERVAL)
         .await
         .ok_or("no leader")?;
-    let pid = leader_pid(&admin).await?;
     say(format!(
-        "{} leads (backend pid {pid} holds the lock in pg_locks); the others stand by",
+        "{} leads; the others stand by",
         replicas[first].name
     ));
+    let pid = say_who_leads(&admin, &say)
+        .await?
+        .ok_or("nobody holds the lock")?;
     tokio::time::sleep(2 * INTERVAL).await;
     say(format!("leaders now: {}", leading(&replicas)));
 
@@ -117,27 +127,69 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         INTERVAL.as_millis()
     ));
 
-    // 2. Graceful handover.
+    // 2. Graceful handover, with a tick still running.
     let leaving = replicas.remove(second);
+    let started = tokio::sync::Notify::new();
+    let tick = leaving.elector.do_work(|_term| async {
+        started.notify_one();
+        tokio::time::sleep(TICK).await;
+        Ok::<_, std::io::Error>(())
+    });
+    let stop = async {
+        started.notified().await;
+        say(format!(
+            "{} shuts down gracefully while a {} ms tick runs: its term ends, the tick \
+             finishes, then it unlocks",
+            leaving.name,
+            TICK.as_millis()
+        ));
+        let handover = Instant::now();
+        leaving.shutdown.cancel();
+        (handover, leaving.task.await)
+    };
+    let (ticked, (handover, ran)) = tokio::join!(tick, stop);
+    ran??;
     say(format!(
-        "{} shuts down gracefully: ends its term, unlocks, closes its session",
-        leaving.name
-    ));
-    let handover = Instant::now();
-    leaving.shutdown.cancel();
-    leaving.task.await??;
-    say(format!(
-        "{} released the lock in {} ms",
+        "{} released the lock in {} ms (the tick's outcome: {}, since its term ended while it ran)",
         leaving.name,
-        handover.elapsed().as_millis()
+        handover.elapsed().as_millis(),
+        match ticked? {
+            Some(()) => "kept",
+            None => "dropped",
+        }
     ));
     let third = wait_for_leader(&replicas, 4 * INTERVAL)
         .await
         .ok_or("no handover")?;
     say(format!(
-        "{} took over {} ms after the release",
+        "{} took over {} ms after the shutdown began",
         replicas[third].name,
         handover.elapsed().as_millis()
+    ));
+    say_who_leads(&admin, &say).await?;
+
+    // 3. Resign, as before a rolling deploy: hand over, and stay out for a while.
+    let cooldown = 4 * INTERVAL;
+    let resigner = &replicas[third];
+    say(format!(
+        "{} resigns with a {} ms cooldown",
+        resigner.name,
+        cooldown.as_millis()
+    ));
+    let resigned = Instant::now();
+    resigner.elector.resign(cooldown).await;
+    say(format!(
+        "{} gave the lock up in {} ms",
+        resigner.name,
+        resigned.elapsed().as_millis()
+    ));
+    let fourth = wait_for_leader(&replicas, 4 * INTERVAL)
+        .await
+        .ok_or("no takeover after the resign")?;
+    say(format!(
+        "{} took over {} ms after the resign",
+        replicas[fourth].name,
+        resigned.elapsed().as_millis()
     ));
     say(format!("leaders now: {}", leading(&replicas)));
 
@@ -145,11 +197,31 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         replica.shutdown.cancel();
         replica.task.await??;
     }
-    say("all replicas shut down; no lock is held".to_owned());
-    if leader_pid(&admin).await.is_ok() {
+    say("all replicas shut down".to_owned());
+    if say_who_leads(&admin, &say).await?.is_some() {
         return Err("the lock is still held after shutdown".into());
     }
     Ok(())
+}
+
+/// Prints who leads as the server sees it; returns the leader's backend pid.
+async fn say_who_leads(
+    admin: &tokio_postgres::Client,
+    say: &impl Fn(String),
+) -> Result<Option<i32>, pg_elector::Error> {
+    let leader = current_leader(admin, KEY).await?;
+    match &leader {
+        Some(leader) => say(format!(
+            "  the server says: {} leads (backend pid {}, from {})",
+            leader.identity,
+            leader.pid,
+            leader
+                .client_addr
+                .map_or("a Unix socket".to_owned(), |addr| addr.to_string())
+        )),
+        None => say("  the server says: nobody leads".to_owned()),
+    }
+    Ok(leader.map(|leader| leader.pid))
 }
 
 async fn wait_for_leader(replicas: &[Replica], limit: Duration) -> Option<usize> {
@@ -179,17 +251,4 @@ fn leading(replicas: &[Replica]) -> String {
         })
         .collect();
     names.join(", ")
-}
-
-async fn leader_pid(admin: &tokio_postgres::Client) -> Result<i32, Box<dyn std::error::Error>> {
-    let row = admin
-        .query_opt(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = 2 \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&(KEY.class() as u32), &(KEY.object() as u32)],
-        )
-        .await?
-        .ok_or("no backend holds the lock")?;
-    Ok(row.get(0))
 }
