@@ -69,14 +69,6 @@ use crate::{Elector, Term};
 use job::Spec;
 use store::{Claimant, Store};
 
-impl ScheduleError {
-    /// A job table is missing (SQLSTATE 42P01).
-    fn is_missing_table(&self) -> bool {
-        matches!(self, ScheduleError::Database(e)
-            if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
-    }
-}
-
 /// What can go wrong with a schedule. Failures of the database while the schedule runs are not
 /// errors of [`Schedule::run`]: they are logged and the schedule goes on.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +147,14 @@ pub enum ScheduleError {
     /// The fence of a claim failed.
     #[error("the claim's fence failed: {0}")]
     Fence(#[source] crate::Fenced),
+}
+
+impl ScheduleError {
+    /// A job table is missing (SQLSTATE 42P01).
+    fn is_missing_table(&self) -> bool {
+        matches!(self, ScheduleError::Database(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
+    }
 }
 
 /// What the leader does when a job's row, which this process had seen, is gone: the table was
