@@ -15,6 +15,8 @@
 //! | `DATABASE_URL` | a private server | the database the instances share |
 //! | `LISTEN` | `127.0.0.1:8080` | the HTTP address (`127.0.0.1:0`: any free port) |
 //! | `CHECK_INTERVAL_MS` | `1000` | the elector's check interval |
+//! | `IDENTITY` | `<hostname>-<pid>` | this instance's name, as the server shows its lock session |
+//! | `DRAIN_TIMEOUT_MS` | the check interval | how long a handover waits for ticks still running |
 //! | `TICK_MS` | `500` | the tickers' period |
 //! | `READYZ_LOOPS` | `1` | `0`: the loops' health is on `/loops` only, not in `/readyz` |
 //!
@@ -24,6 +26,13 @@
 //!   leader, `service_ticks_total{loop,outcome}` counts ticks);
 //! - `GET /readyz`: 200 `ok`, or 503 naming what fails;
 //! - `GET /loops`: the loops' own health, 200 or 503 naming the failing loops;
+//! - `GET /leader`: who leads, as the server sees it: `<identity> pid=<backend pid>
+//!   addr=<client address>`, or `nobody`;
+//! - `POST /resign?cooldown_ms=N`: hands leadership over gracefully (the ticks running now
+//!   finish first) and keeps this instance from leading for N ms (default 30 000). For rolling
+//!   deploys: call it on an instance before it is stopped (a Kubernetes `preStop` hook), so
+//!   the work moves once, to an instance that stays, rather than to each instance restarted
+//!   in turn; answers `resigned` or `not leading`;
 //! - `POST /fail-ticks?count=N`: the next N leader ticks of `sweep` fail (default 1), which
 //!   turns this instance's `/loops` (and, by default, `/readyz`) to 503 while it leads, until a
 //!   later tick succeeds.
@@ -58,6 +67,7 @@ const KEY: LockKey = LockKey::new(0x7376_6365, 1); // "svce"
 
 #[derive(Clone)]
 struct App {
+    elector: Elector,
     registry: Registry,
     readiness: Readiness,
     loops: Readiness,
@@ -92,6 +102,7 @@ fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let interval = env_ms("CHECK_INTERVAL_MS", 1000)?;
     let period = env_ms("TICK_MS", 500)?;
+    let drain = env_ms("DRAIN_TIMEOUT_MS", interval.as_millis().try_into()?)?;
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:8080".into());
 
     // The database: DATABASE_URL, or a fresh one on a private server (kept until exit).
@@ -106,10 +117,14 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let pool = pool_from_config(url.parse()?, 4);
 
     let registry = Registry::new();
-    let elector = Elector::builder(pool, KEY)
+    let mut builder = Elector::builder(pool, KEY)
         .check_interval(interval)
-        .registry(&registry)
-        .build()?;
+        .drain_timeout(drain)
+        .registry(&registry);
+    if let Ok(identity) = std::env::var("IDENTITY") {
+        builder = builder.identity(identity);
+    }
+    let elector = builder.build()?;
     let ticks = IntCounterVec::new(
         Opts::new("service_ticks_total", "Leader ticks by loop and outcome."),
         &["loop", "outcome"],
@@ -183,6 +198,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     loops.add(&supervisor.probe());
 
     let app = App {
+        elector: elector.clone(),
         registry,
         readiness,
         loops,
@@ -193,6 +209,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .route("/readyz", get(readyz))
         .route("/loops", get(loop_health))
         .route("/fail-ticks", post(fail))
+        .route("/leader", get(leader))
+        .route("/resign", post(resign))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
@@ -265,4 +283,38 @@ async fn fail(
         StatusCode::OK,
         format!("the next {count} sweep ticks on the leader fail\n"),
     )
+}
+
+async fn leader(State(app): State<App>) -> (StatusCode, String) {
+    match app.elector.current_leader().await {
+        Ok(Some(leader)) => (
+            StatusCode::OK,
+            format!(
+                "{} pid={} addr={}\n",
+                leader.identity,
+                leader.pid,
+                leader
+                    .client_addr
+                    .map_or("unix-socket".to_owned(), |addr| addr.to_string())
+            ),
+        ),
+        Ok(None) => (StatusCode::OK, "nobody\n".to_owned()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+}
+
+async fn resign(
+    State(app): State<App>,
+    Query(params): Query<HashMap<String, String>>,
+) -> (StatusCode, String) {
+    let cooldown = match params.get("cooldown_ms").map(|c| c.parse::<u64>()) {
+        None => Duration::from_secs(30),
+        Some(Ok(ms)) => Duration::from_millis(ms),
+        Some(Err(e)) => return (StatusCode::BAD_REQUEST, format!("cooldown_ms: {e}\n")),
+    };
+    tracing::info!(?cooldown, "resigning");
+    match app.elector.resign(cooldown).await {
+        true => (StatusCode::OK, "resigned\n".to_owned()),
+        false => (StatusCode::OK, "not leading\n".to_owned()),
+    }
 }
