@@ -87,6 +87,9 @@ async fn writes(db: &TestDb) -> Vec<(String, i64, SystemTime)> {
         .collect()
 }
 
+/// The deposed leader here notices its lost session within milliseconds, so its fence may
+/// refuse on the term's end alone; the next test shows the epoch row refusing a leader that
+/// has not noticed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f3_a_deposed_leaders_fenced_write_fails_and_the_new_leaders_succeeds() {
     let _serial = serial();
