@@ -37,12 +37,14 @@ const HOLDER: &str = "SELECT l.pid, coalesce(a.application_name, ''), pg_catalog
 /// default fencing table (`pg_elector_epochs`) when it exists; for another table use
 /// [`Elector::current_leader`](crate::Elector::current_leader).
 ///
-/// Seeing other sessions' `application_name` and `client_addr` needs the `pg_read_all_stats`
-/// role (or the same user as the leader's); without it they read empty and `None`.
+/// Any role sees the leader's pid and `application_name` (its identity). Its `client_addr`
+/// needs the `pg_read_all_stats` role (or the leader's own user); without it the address reads
+/// `None`. Once the epoch table exists, the role needs `SELECT` on it.
 ///
 /// # Errors
 ///
-/// [`Error::Database`] when a query fails.
+/// [`Error::Database`] when a query fails, for example a role without `SELECT` on an existing
+/// epoch table.
 ///
 /// # Cancel safety
 ///
