@@ -142,24 +142,48 @@ async fn replica() {
     });
 
     // The watcher: every change of `is_leader()`, read every millisecond, each read stamped
-    // on both sides.
+    // on both sides. A term can end and the next begin between two reads (a leader whose
+    // lock session is terminated, with nobody waiting, takes the lock again within a
+    // millisecond): the epoch tells them apart, and the watcher reports the end of the one
+    // and the start of the other.
     std::thread::spawn({
         let elector = elector.clone();
         move || {
             let leadership = elector.subscribe();
             let mut leading = false;
+            let mut led_epoch = None;
             let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
             loop {
                 let before = unix_us();
                 let now = elector.is_leader();
                 let after = unix_us();
-                let epoch = if now { leadership.borrow().epoch } else { None };
+                // The term the watch shows; it may already be past the read (a demotion or
+                // a promotion since), which the next read settles.
+                let (watched, epoch) = {
+                    let l = leadership.borrow();
+                    (l.is_leader, l.epoch)
+                };
+                let epoch = if now { epoch } else { None };
+                let read = unix_us();
                 if before.saturating_sub(prev_after) > WOKE_GAP_US {
                     say(&format!(
                         "woke {before} {prev_after} {} {}",
                         u8::from(now),
                         epoch_text(epoch)
                     ));
+                }
+                if now && leading && watched && led_epoch.is_none() {
+                    // Promoted before the watch showed it: its epoch is known now.
+                    led_epoch = epoch;
+                } else if now && leading && watched && epoch.is_some() && epoch != led_epoch {
+                    // The previous term led at the previous read and may have until this
+                    // one; the new one may have from the previous read on.
+                    say(&format!("standby {prev_before} {read}"));
+                    say(&format!(
+                        "leader {read} {prev_before} {}",
+                        epoch_text(epoch)
+                    ));
+                    led_epoch = epoch;
                 }
                 if now != leading {
                     if now {
@@ -171,6 +195,7 @@ async fn replica() {
                         say(&format!("standby {prev_before} {after}"));
                     }
                     leading = now;
+                    led_epoch = epoch;
                 }
                 (prev_before, prev_after) = (before, after);
                 std::thread::sleep(Duration::from_millis(1));
