@@ -346,7 +346,8 @@ impl Elector {
             return outcome.map(Some);
         }
         tracing::info!(
-            key = ?self.key(),
+            key = self.key().map(tracing::field::display),
+            identity = self.identity(),
             end = ?term.end(),
             failed = outcome.is_err(),
             "leadership ended while work ran; its outcome is dropped"

@@ -9,6 +9,7 @@ use common::*;
 use pg_elector::{Elector, LockKey, TermEnd};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e9_terms_on_a_standby_are_born_ended_and_on_the_leader_live_until_leadership_ends() {
@@ -205,6 +206,7 @@ async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
         let key = LockKey::new(10, 3);
         let a = leading_replica(&db, key).await;
 
+        let capture = capture::Capture::default();
         let got: Result<Option<&str>, &str> = a
             .elector
             .do_work(|term| {
@@ -216,8 +218,19 @@ async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
                     if f_fails { Err("failed") } else { Ok("done") }
                 }
             })
+            .with_subscriber(capture.dispatch())
             .await;
         assert_eq!(got, Ok(None), "f_fails = {f_fails}");
+        // The dropped outcome is logged, saying which key and which replica.
+        let logged = capture.events("leadership ended while work ran");
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert_eq!(logged[0].field("key"), key.to_string(), "{logged:?}");
+        assert_eq!(
+            logged[0].field("identity"),
+            a.elector.identity().unwrap(),
+            "{logged:?}"
+        );
+        assert_eq!(logged[0].field("failed"), f_fails.to_string(), "{logged:?}");
         a.stop().await.unwrap();
     }
 }

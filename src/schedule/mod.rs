@@ -129,7 +129,6 @@ pub enum ScheduleError {
         /// The statements to run.
         ddl: String,
         /// The server's refusal.
-        #[source]
         source: tokio_postgres::Error,
     },
     /// No pool connection within the schedule's poll interval.
@@ -137,16 +136,25 @@ pub enum ScheduleError {
     PoolTimeout(Duration),
     /// The pool could not hand out a connection.
     #[error("the pool could not hand out a connection: {}", crate::error::chain(.0))]
-    Pool(#[source] Box<deadpool_postgres::PoolError>),
+    Pool(Box<deadpool_postgres::PoolError>),
     /// A query failed; the message carries the server's (severity, SQLSTATE, text).
     #[error("a query of the job tables failed: {}", crate::error::chain(.0))]
-    Database(#[from] tokio_postgres::Error),
+    Database(tokio_postgres::Error),
     /// A query of the job tables got no answer in time.
     #[error("no answer from the job tables within {0:?}")]
     Timeout(Duration),
     /// The fence of a claim failed.
     #[error("the claim's fence failed: {0}")]
-    Fence(#[source] crate::Fenced),
+    Fence(crate::Fenced),
+}
+// Each text above already carries the whole chain of its cause, so no variant exposes the
+// cause as its `source()` as well: a report that prints the sources would say it twice. The
+// cause is the field, to match on.
+
+impl From<tokio_postgres::Error> for ScheduleError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        ScheduleError::Database(error)
+    }
 }
 
 impl ScheduleError {
@@ -1047,4 +1055,26 @@ fn record(
     }
     #[cfg(not(feature = "prometheus"))]
     let _ = (ctx, took);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::ScheduleError;
+    use crate::Fenced;
+
+    #[test]
+    fn an_error_says_its_cause_once() {
+        let pool = ScheduleError::Pool(Box::new(deadpool_postgres::PoolError::Closed));
+        let fence = ScheduleError::Fence(Fenced::term_ended(Some(7)));
+        for error in [pool, fence] {
+            assert!(error.source().is_none(), "{error:?}");
+        }
+        let fence = ScheduleError::Fence(Fenced::term_ended(Some(7)));
+        assert_eq!(
+            fence.to_string(),
+            "the claim's fence failed: fenced: the term of epoch 7 has ended"
+        );
+    }
 }
