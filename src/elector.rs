@@ -211,6 +211,13 @@ impl Elector {
 
     /// Whether this replica leads now: one atomic load, plus a clock read on the leader for
     /// its local lease. Callable from any thread, inside or outside a runtime.
+    ///
+    /// Two reads that both find `true` may belong to two terms: a leader that loses its lock
+    /// session while nobody else waits for the lock can take it again within milliseconds,
+    /// under a new term (and a new epoch, with fencing). Code that must not carry anything
+    /// from one term into the next holds a [`Term`] (from [`term`](Self::term) or
+    /// [`do_work`](Self::do_work)), whose token is cancelled when its term ends, or compares
+    /// [`Leadership::changes`] from [`subscribe`](Self::subscribe).
     #[inline]
     pub fn is_leader(&self) -> bool {
         self.shared.lease.is_live()
