@@ -6,33 +6,14 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use common::capture::Capture;
+use common::handover::{a_leads_b_stands_by, write, writes, writes_table};
 use common::*;
 use pg_elector::background::{LeaderTicker, WhileLeader};
 use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
-
-async fn writes_table(db: &TestDb) {
-    db.connect()
-        .await
-        .unwrap()
-        .batch_execute(
-            "CREATE TABLE writes (replica text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .await
-        .unwrap();
-}
-
-async fn write(pool: &deadpool_postgres::Pool, replica: &str) {
-    pool.get()
-        .await
-        .unwrap()
-        .execute("INSERT INTO writes (replica) VALUES ($1)", &[&replica])
-        .await
-        .unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_next_leaders_first_write()
@@ -42,18 +23,7 @@ async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_ne
     writes_table(&db).await;
     let key = LockKey::new(0xd7, 1);
     let pool = db.pool(4);
-    let build = || {
-        Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .drain_timeout(Duration::from_secs(2))
-            .build()
-            .unwrap()
-    };
-    let a = Replica::run(build());
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
-    let b = Replica::run(build());
+    let (a, b) = a_leads_b_stands_by(&db, key).await;
 
     // a's tick is running when the shutdown begins, and writes 300 ms later (more than one
     // interval, in which b would otherwise have taken over).
@@ -79,16 +49,7 @@ async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_ne
     assert_eq!(outcome, Ok(None), "the tick's term ended while it ran");
     a.task.await.unwrap().unwrap();
 
-    let rows: Vec<(String, SystemTime)> = db
-        .connect()
-        .await
-        .unwrap()
-        .query("SELECT replica, at FROM writes ORDER BY at", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let rows = writes(&db).await;
     let order: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).collect();
     assert_eq!(
         order,
@@ -102,19 +63,6 @@ async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_ne
     b.stop().await.unwrap();
 }
 
-/// Every write, oldest first, by the server's clock.
-async fn writes(db: &TestDb) -> Vec<(String, SystemTime)> {
-    db.connect()
-        .await
-        .unwrap()
-        .query("SELECT replica, at FROM writes ORDER BY at", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_a_while_leader_loop_finishing_in_its_stop_grace_holds_the_unlock_and_writes_before_the_next_leader()
  {
@@ -123,18 +71,7 @@ async fn drain_a_while_leader_loop_finishing_in_its_stop_grace_holds_the_unlock_
     writes_table(&db).await;
     let key = LockKey::new(0xd7, 3);
     let pool = db.pool(4);
-    let build = || {
-        Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .drain_timeout(Duration::from_secs(2))
-            .build()
-            .unwrap()
-    };
-    let a = Replica::run(build());
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
-    let b = Replica::run(build());
+    let (a, b) = a_leads_b_stands_by(&db, key).await;
 
     // A loop that, when its term ends, finishes up: one last write 2·I later, within its
     // grace. Without the drain, b would lead within I of the shutdown and write first.

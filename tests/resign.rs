@@ -11,8 +11,9 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
+use common::handover::{a_leads_b_stands_by, write, writes, writes_table};
 use common::*;
 use pg_elector::{Elector, LockKey, TermEnd};
 use tokio_util::sync::CancellationToken;
@@ -132,37 +133,10 @@ async fn a_resigning_leader_hands_over_within_one_interval_and_competes_again_on
 async fn a_resign_waits_for_a_do_work_call_in_flight_before_it_unlocks() {
     let _serial = serial();
     let db = fresh_db().await;
-    db.connect()
-        .await
-        .unwrap()
-        .batch_execute(
-            "CREATE TABLE writes (replica text NOT NULL, \
-             at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .await
-        .unwrap();
-    let write = async |pool: &deadpool_postgres::Pool, replica: &str| {
-        pool.get()
-            .await
-            .unwrap()
-            .execute("INSERT INTO writes (replica) VALUES ($1)", &[&replica])
-            .await
-            .unwrap();
-    };
+    writes_table(&db).await;
     let key = LockKey::new(0x2e, 7);
     let pool = db.pool(4);
-    let build = || {
-        Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .drain_timeout(Duration::from_secs(2))
-            .build()
-            .unwrap()
-    };
-    let a = Replica::run(build());
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
-    let b = Replica::run(build());
+    let (a, b) = a_leads_b_stands_by(&db, key).await;
     let term = a.elector.term();
 
     // The tick writes 2·I after it started; without the drain, b would lead within I of the
@@ -191,16 +165,7 @@ async fn a_resign_waits_for_a_do_work_call_in_flight_before_it_unlocks() {
     assert_eq!(outcome, Ok(None), "the tick's term ended while it ran");
     assert_eq!(term.end(), Some(TermEnd::Resigned));
 
-    let rows: Vec<(String, SystemTime)> = db
-        .connect()
-        .await
-        .unwrap()
-        .query("SELECT replica, at FROM writes ORDER BY at", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let rows = writes(&db).await;
     let order: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).collect();
     assert_eq!(order, ["a", "b"], "the drained tick's write, then b's");
     assert!(rows[0].1 < rows[1].1);

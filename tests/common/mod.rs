@@ -3,6 +3,7 @@
 
 pub mod background;
 pub mod capture;
+pub mod handover;
 
 use std::future::Future;
 use std::sync::{Arc, Once};
