@@ -132,21 +132,29 @@ async fn drain_a_while_leader_loop_finishing_in_its_stop_grace_holds_the_unlock_
     b.stop().await.unwrap();
 }
 
+/// A replica at `I` whose events go to the returned capture, with `drain` as its drain timeout
+/// (the default when `None`), once it leads (within 3·I).
+async fn captured_leader(db: &TestDb, key: LockKey, drain: Option<Duration>) -> (Replica, Capture) {
+    let capture = Capture::default();
+    let mut builder = Elector::builder(db.pool(2), key).check_interval(I);
+    if let Some(drain) = drain {
+        builder = builder.drain_timeout(drain);
+    }
+    let elector = builder.build().unwrap();
+    let replica = Replica::run_captured(elector.clone(), &capture);
+    wait_for(3 * I, || elector.is_leader())
+        .await
+        .expect("leads");
+    (replica, capture)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_work_still_running_at_the_limit_is_named_and_the_lock_is_given_up() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xd7, 2);
-    let capture = Capture::default();
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .drain_timeout(I)
-        .build()
-        .unwrap();
-    let replica = Replica::run_captured(elector.clone(), &capture);
-    wait_for(3 * I, || elector.is_leader())
-        .await
-        .expect("leads");
+    let (replica, capture) = captured_leader(&db, key, Some(I)).await;
+    let elector = replica.elector.clone();
     // A ticker whose tick outlives any drain.
     let ticker = LeaderTicker::new("slow-archive", &elector, Duration::from_secs(60));
     let ticking = tokio::spawn({
@@ -187,15 +195,8 @@ async fn drain_timeout_defaults_to_one_check_interval() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xd7, 4);
-    let capture = Capture::default();
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .build()
-        .unwrap();
-    let replica = Replica::run_captured(elector.clone(), &capture);
-    wait_for(3 * I, || elector.is_leader())
-        .await
-        .expect("leads");
+    let (replica, capture) = captured_leader(&db, key, None).await;
+    let elector = replica.elector.clone();
     // A tick that outlives any drain of a few intervals.
     let started = Arc::new(tokio::sync::Notify::new());
     let tick = tokio::spawn({
