@@ -37,6 +37,20 @@ async fn demotion(term: &Term) -> Instant {
     Instant::now()
 }
 
+/// Terminates the lock session of `key`'s holder over `admin`, as an operator would; returns
+/// the terminated backend's pid and when the terminate was sent.
+async fn terminate_lock_session(admin: &tokio_postgres::Client, key: LockKey) -> (i32, Instant) {
+    let pid = holders(admin, key).await[0];
+    let terminated = Instant::now();
+    let ok: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok);
+    (pid, terminated)
+}
+
 fn assert_fast(what: &str, took: Duration, replica: &Replica, term: &Term, granted: Instant) {
     eprintln!("F2 {what}: the leader demoted {took:?} after the connection closed");
     assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
@@ -58,15 +72,7 @@ async fn f2_a_terminated_lock_session_demotes_the_leader_within_100_ms() {
     let key = LockKey::new(0xf2, 1);
     let (a, term, granted) = leading(db.pool(2), key).await;
     let admin = db.connect().await.unwrap();
-    let pid = holders(&admin, key).await[0];
-
-    let terminated = Instant::now();
-    let ok: bool = admin
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(ok);
+    let (_, terminated) = terminate_lock_session(&admin, key).await;
     let took = demotion(&term).await - terminated;
     assert_fast("pg_terminate_backend", took, &a, &term, granted);
     a.stop().await.unwrap();
@@ -141,15 +147,7 @@ async fn f2_a_lone_leader_whose_lock_session_is_terminated_leads_again_only_in_a
     let granted = Instant::now();
     let old_epoch = old.epoch().expect("fencing gives each term an epoch");
     let admin = db.connect().await.unwrap();
-    let pid = holders(&admin, key).await[0];
-
-    let terminated = Instant::now();
-    let ok: bool = admin
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(ok);
+    let (pid, terminated) = terminate_lock_session(&admin, key).await;
     let ended = demotion(&old).await;
     assert_eq!(old.end(), Some(TermEnd::LeadershipLost));
     assert_eq!(old.loss_cause(), Some(LossCause::ConnectionClosed));
