@@ -10,9 +10,10 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::capture::Capture;
+use common::roles::{drop_role, limited_role, pool_as};
 use common::*;
 use pg_elector::{Elector, LockKey, TermEnd};
-use pg_elector_harness::{ShutdownMode, pool_from_config};
+use pg_elector_harness::ShutdownMode;
 use tokio_util::sync::CancellationToken;
 
 /// An elector with fencing at `I` on `pool`.
@@ -458,20 +459,10 @@ async fn f3_the_table_is_created_when_missing_and_a_role_that_may_not_is_told_th
     replica.stop().await.unwrap();
 
     // A role that may connect but not create tables.
-    let role = format!("limited_{}", db.name());
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE \"{role}\" LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
-             GRANT CONNECT ON DATABASE \"{db}\" TO \"{role}\"",
-            db = db.name()
-        ))
-        .await
-        .unwrap();
-    let mut config = db.config();
-    config.user(&role);
+    let role = limited_role(&db, &admin, "limited").await;
     let capture = Capture::default();
     let key = LockKey::new(0xf3, 7);
-    let elector = Elector::builder(pool_from_config(config, 2), key)
+    let elector = Elector::builder(pool_as(&db, &role, 2), key)
         .check_interval(I)
         .fencing(true)
         .build()
@@ -502,10 +493,7 @@ async fn f3_the_table_is_created_when_missing_and_a_role_that_may_not_is_told_th
         .await
         .expect("leads once the table exists");
     replica.stop().await.unwrap();
-    admin
-        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
-        .await
-        .unwrap();
+    drop_role(&admin, &role).await;
 }
 
 /// What the role of the application's pool (the one that runs fenced writes) needs on the
@@ -531,9 +519,7 @@ async fn f3_a_writer_role_fences_with_select_and_update_on_the_epoch_table() {
         ))
         .await
         .unwrap();
-    let mut config = db.config();
-    config.user(&role);
-    let app = pg_elector_harness::pool_from_config(config, 1);
+    let app = pool_as(&db, &role, 1);
 
     let refused = fenced_write(&app, &term, "a")
         .await
@@ -552,10 +538,7 @@ async fn f3_a_writer_role_fences_with_select_and_update_on_the_epoch_table() {
     assert_eq!(writes(&db).await.len(), 1);
     drop(app);
     a.stop().await.unwrap();
-    admin
-        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
-        .await
-        .unwrap();
+    drop_role(&admin, &role).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

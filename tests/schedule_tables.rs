@@ -10,43 +10,70 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::capture::Capture;
+use common::capture::{Capture, Event};
+use common::roles::{drop_role, limited_role, pool_as};
 use common::*;
 use pg_elector::Elector;
 use pg_elector::schedule::{Job, LostState, Schedule, ScheduleError};
-use pg_elector_harness::pool_from_config;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
 
 const POLL: Duration = Duration::from_millis(50);
 
-/// A role that may connect to `db` and nothing else (no CREATE on `public`); dropped by
-/// [`drop_role`].
-async fn limited_role(db: &TestDb, admin: &tokio_postgres::Client) -> String {
-    let role = format!("sched_{}", db.name());
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE \"{role}\" LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
-             GRANT CONNECT ON DATABASE \"{db}\" TO \"{role}\"",
-            db = db.name()
-        ))
-        .await
-        .unwrap();
-    role
+/// A role that may connect and nothing else, a pool of two that logs in as it, and the job
+/// tables' statements, which that role may not run; `admin` is the database owner's.
+struct Limited {
+    admin: tokio_postgres::Client,
+    role: String,
+    pool: deadpool_postgres::Pool,
+    ddl: String,
 }
 
-async fn drop_role(admin: &tokio_postgres::Client, role: &str) {
-    admin
-        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
-        .await
+async fn limited(db: &TestDb) -> Limited {
+    let admin = db.connect().await.unwrap();
+    let role = limited_role(db, &admin, "sched").await;
+    let pool = pool_as(db, &role, 2);
+    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
+        .ddl()
         .unwrap();
+    Limited {
+        admin,
+        role,
+        pool,
+        ddl,
+    }
 }
 
-fn pool_as(db: &TestDb, role: &str) -> deadpool_postgres::Pool {
-    let mut config = db.config();
-    config.user(role);
-    pool_from_config(config, 2)
+impl Limited {
+    /// The administrator runs the statements and grants the role what the README says
+    /// suffices.
+    async fn make_tables(&self) {
+        self.admin
+            .batch_execute(&format!(
+                "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
+                 TO \"{role}\"",
+                ddl = self.ddl,
+                role = self.role
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// Closes the pool, then drops the role.
+    async fn drop(self) {
+        drop(self.pool);
+        drop_role(&self.admin, &self.role).await;
+    }
+}
+
+/// The events captured in `capture` at `level`.
+fn logged_at(capture: &Capture, level: tracing::Level) -> Vec<Event> {
+    capture
+        .events("")
+        .into_iter()
+        .filter(|e| e.level == level)
+        .collect()
 }
 
 /// A schedule of one job every 100 ms on a manual elector that leads, counting its runs, its
@@ -104,14 +131,12 @@ impl Running {
 async fn f5_a_role_without_create_is_told_the_ddl_and_runs_jobs_once_an_administrator_ran_it() {
     let _serial = serial();
     let db = fresh_db().await;
-    let admin = db.connect().await.unwrap();
-    let role = limited_role(&db, &admin).await;
+    let limited = limited(&db).await;
     let capture = Capture::default();
-    let pool = pool_as(&db, &role);
-    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
-        .ddl()
-        .unwrap();
-    let running = start(|elector| Schedule::new(elector, pool.clone()), &capture);
+    let running = start(
+        |elector| Schedule::new(elector, limited.pool.clone()),
+        &capture,
+    );
 
     // No tables, and no right to create them: said once, with the statements to run.
     tokio::time::sleep(10 * POLL).await;
@@ -128,18 +153,12 @@ async fn f5_a_role_without_create_is_told_the_ddl_and_runs_jobs_once_an_administ
     );
     let error = said[0].field("error");
     assert!(
-        error.contains(&ddl) && error.contains("permission denied for schema public"),
+        error.contains(&limited.ddl) && error.contains("permission denied for schema public"),
         "the statements to run, and the server's refusal: {error}"
     );
 
     // An administrator runs them and grants the role what the README says suffices.
-    admin
-        .batch_execute(&format!(
-            "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
-             TO \"{role}\""
-        ))
-        .await
-        .unwrap();
+    limited.make_tables().await;
     wait_for(Duration::from_secs(3), || running.runs() >= 3)
         .await
         .expect("the jobs run once the tables exist, at the next try");
@@ -147,7 +166,10 @@ async fn f5_a_role_without_create_is_told_the_ddl_and_runs_jobs_once_an_administ
 
     // A later term (a restart of the process, say) finds the tables and runs at once.
     let capture = Capture::default();
-    let running = start(|elector| Schedule::new(elector, pool.clone()), &capture);
+    let running = start(
+        |elector| Schedule::new(elector, limited.pool.clone()),
+        &capture,
+    );
     wait_for(Duration::from_secs(2), || running.runs() >= 3)
         .await
         .expect("a new term runs jobs with SELECT, INSERT and UPDATE alone");
@@ -161,29 +183,21 @@ async fn f5_a_role_without_create_is_told_the_ddl_and_runs_jobs_once_an_administ
         complaints.is_empty(),
         "nothing to complain about: {complaints:?}"
     );
-    drop(pool);
-    drop_role(&admin, &role).await;
+    limited.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f5_a_failed_query_of_the_job_tables_is_logged_with_the_server_s_message() {
     let _serial = serial();
     let db = fresh_db().await;
-    let admin = db.connect().await.unwrap();
-    let role = limited_role(&db, &admin).await;
-    let pool = pool_as(&db, &role);
-    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
-        .ddl()
-        .unwrap();
-    admin
-        .batch_execute(&format!(
-            "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
-             TO \"{role}\""
-        ))
-        .await
-        .unwrap();
+    let limited = limited(&db).await;
+    limited.make_tables().await;
+    let (admin, role) = (&limited.admin, &limited.role);
     let capture = Capture::default();
-    let running = start(|elector| Schedule::new(elector, pool.clone()), &capture);
+    let running = start(
+        |elector| Schedule::new(elector, limited.pool.clone()),
+        &capture,
+    );
     wait_for(Duration::from_secs(2), || running.runs() >= 2)
         .await
         .expect("runs");
@@ -229,8 +243,7 @@ async fn f5_a_failed_query_of_the_job_tables_is_logged_with_the_server_s_message
         messages.contains("cannot claim or record the run"),
         "the claim's failure among them: {messages:?}"
     );
-    drop(pool);
-    drop_role(&admin, &role).await;
+    limited.drop().await;
 }
 
 async fn drop_tables(db: &TestDb) {
@@ -258,11 +271,7 @@ async fn f5_job_tables_dropped_during_a_term_are_reported_made_again_and_the_job
         .expect("the job runs on, on tables made again");
     running.stop().await;
 
-    let lost: Vec<_> = capture
-        .events("")
-        .into_iter()
-        .filter(|e| e.level == tracing::Level::ERROR)
-        .collect();
+    let lost = logged_at(&capture, tracing::Level::ERROR);
     assert_eq!(lost.len(), 1, "reported once, at ERROR: {lost:?}");
     assert!(
         lost[0].field("error").contains("does not exist")
@@ -270,11 +279,7 @@ async fn f5_job_tables_dropped_during_a_term_are_reported_made_again_and_the_job
         "with the server's message and the policy applied: {:?}",
         lost[0]
     );
-    let warnings = capture
-        .events("")
-        .into_iter()
-        .filter(|e| e.level == tracing::Level::WARN)
-        .count();
+    let warnings = logged_at(&capture, tracing::Level::WARN).len();
     assert!(warnings <= 3, "not a WARN every poll: {warnings}");
     let stored: i64 = db
         .connect()
@@ -324,11 +329,7 @@ async fn f5_with_halt_lost_job_state_fails_the_probe_and_the_job_runs_no_more_in
     assert_eq!(running.runs(), runs, "halted until the process restarts");
     assert!(!running.probe.status().is_pass(), "still failing");
     running.stop().await;
-    let lost: Vec<_> = capture
-        .events("")
-        .into_iter()
-        .filter(|e| e.level == tracing::Level::ERROR)
-        .collect();
+    let lost = logged_at(&capture, tracing::Level::ERROR);
     assert_eq!(lost.len(), 1, "reported once, at ERROR: {lost:?}");
     assert_eq!(lost[0].field("policy"), "Halt");
 }

@@ -4,6 +4,7 @@
 pub mod background;
 pub mod capture;
 pub mod handover;
+pub mod roles;
 
 use std::future::Future;
 use std::sync::{Arc, Once};
