@@ -16,16 +16,6 @@ use pg_elector::{Elector, LockKey, TermEnd};
 use pg_elector_harness::ShutdownMode;
 use tokio_util::sync::CancellationToken;
 
-/// An elector with fencing at `I` on `pool`.
-fn fenced(pool: deadpool_postgres::Pool, key: LockKey, identity: &str) -> Elector {
-    Elector::builder(pool, key)
-        .check_interval(I)
-        .identity(identity)
-        .fencing(true)
-        .build()
-        .expect("valid elector")
-}
-
 /// The table fenced writes go to: who wrote, in which epoch, at which server time.
 async fn writes_table(db: &TestDb) {
     db.connect()
@@ -98,11 +88,11 @@ async fn f3_a_deposed_leaders_fenced_write_fails_and_the_new_leaders_succeeds() 
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 1);
     let pool = db.pool(4);
-    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");
-    let b = Replica::run(fenced(db.pool(2), key, "b"));
+    let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
 
     // a's tick takes its term, then sleeps before writing; meanwhile its lock session is
     // terminated and b takes over.
@@ -154,19 +144,12 @@ async fn f3_a_deposed_leader_that_still_believes_it_leads_is_refused_by_the_epoc
         .await
         .unwrap();
     let slow = 10 * I;
-    let a = Replica::run(
-        Elector::builder(db.pool_via(proxy.addr(), 2), key)
-            .check_interval(slow)
-            .identity("a")
-            .fencing(true)
-            .build()
-            .unwrap(),
-    );
+    let a = Replica::run(fenced_elector(db.pool_via(proxy.addr(), 2), key, "a", slow));
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads at its first try");
     let led_at = std::time::Instant::now();
-    let b = Replica::run(fenced(db.pool(2), key, "b"));
+    let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
     let old_term = a.elector.term();
     let old_epoch = old_term.epoch().expect("a fenced term has an epoch");
     fenced_write(&app, &old_term, "a")
@@ -228,7 +211,7 @@ async fn f3_a_fence_that_finds_a_later_epoch_in_the_row_fails_as_superseded() {
     let db = fresh_db().await;
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 2);
-    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");
@@ -262,11 +245,11 @@ async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 3);
     let pool = db.pool(4);
-    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");
-    let b = Replica::run(fenced(db.pool(2), key, "b"));
+    let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
     let old_term = a.elector.term();
 
     // a's fenced transaction: fence, first write, then it stays open across the takeover.
@@ -305,17 +288,7 @@ async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_
     // (it waits at most I) is followed by a try within I and a bump that does not wait.
     let new_term = next_term(&[&a.elector, &b.elector], old_term.epoch().unwrap()).await;
     fenced_write(&pool, &new_term, "next").await.unwrap();
-    let since: SystemTime = db
-        .connect()
-        .await
-        .unwrap()
-        .query_one(
-            "SELECT since FROM pg_elector_epochs WHERE class = $1 AND object = $2",
-            &[&key.class(), &key.object()],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let since = epoch_since(&db.connect().await.unwrap(), key).await;
     assert!(
         since >= committed,
         "b's term began ({since:?}) after a's transaction ended ({committed:?})"
@@ -336,7 +309,7 @@ async fn f3_a_bump_that_cannot_finish_within_its_bound_gives_the_lock_back() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xf3, 4);
-    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");
@@ -352,7 +325,7 @@ async fn f3_a_bump_that_cannot_finish_within_its_bound_gives_the_lock_back() {
     .await
     .unwrap();
     let capture = Capture::default();
-    let elector = fenced(db.pool(2), key, "b");
+    let elector = fenced_elector(db.pool(2), key, "b", I);
     let replica = Replica::run_captured(elector.clone(), &capture);
     // For 5·I: every try gets the lock, waits I for the row, and gives the lock back.
     // Each try that gives the lock back also closes its session, so the next try holds the
@@ -392,14 +365,7 @@ async fn f3_epochs_strictly_increase_over_100_handovers_and_across_server_restar
     let fast = Duration::from_millis(20);
     let electors: Vec<Elector> = ["a", "b"]
         .iter()
-        .map(|name| {
-            Elector::builder(db.pool(2), key)
-                .check_interval(fast)
-                .identity(*name)
-                .fencing(true)
-                .build()
-                .unwrap()
-        })
+        .map(|name| fenced_elector(db.pool(2), key, name, fast))
         .collect();
     let mut epochs = Vec::new();
     let mut lead_once = async |elector: &Elector| {
@@ -505,7 +471,7 @@ async fn f3_a_writer_role_fences_with_select_and_update_on_the_epoch_table() {
     let db = fresh_db().await;
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 9);
-    let a = Replica::run(fenced(db.pool(2), key, "a"));
+    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
     wait_for(3 * I, || a.elector.is_leader())
         .await
         .expect("a leads");

@@ -117,12 +117,7 @@ struct Node {
 }
 
 fn node(db: &TestDb, key: LockKey, name: &'static str, job: Job) -> Node {
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .identity(name)
-        .fencing(true)
-        .build()
-        .unwrap();
+    let elector = fenced_elector(db.pool(2), key, name, I);
     let shutdown = CancellationToken::new();
     let election = elector.spawn(shutdown.clone());
     let schedule = tokio::spawn(

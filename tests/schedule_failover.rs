@@ -99,12 +99,7 @@ fn node(
         || tracing::dispatcher::get_default(Clone::clone),
         Capture::dispatch,
     );
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .identity(name)
-        .fencing(true)
-        .build()
-        .unwrap();
+    let elector = fenced_elector(db.pool(2), key, name, I);
     let shutdown = CancellationToken::new();
     let election = tokio::spawn(
         {
@@ -364,12 +359,7 @@ async fn f5_a_deposed_leaders_claims_are_refused_by_the_epoch_and_each_due_runs_
     let starts: Starts = Arc::default();
     let (capture_a, capture_b) = (Capture::default(), Capture::default());
     let replica = |name: &'static str, pool, interval, capture: &Capture| {
-        let elector = Elector::builder(pool, key)
-            .check_interval(interval)
-            .identity(name)
-            .fencing(true)
-            .build()
-            .unwrap();
+        let elector = fenced_elector(pool, key, name, interval);
         let shutdown = CancellationToken::new();
         let election = elector.spawn(shutdown.clone());
         let body = slow(db.pool(2), name, Duration::from_millis(5), starts.clone());
@@ -407,14 +397,7 @@ async fn f5_a_deposed_leaders_claims_are_refused_by_the_epoch_and_each_due_runs_
         .await
         .expect("b takes over within a few I");
     let admin = db.connect().await.unwrap();
-    let bumped: SystemTime = admin
-        .query_one(
-            "SELECT since FROM pg_elector_epochs WHERE class = $1 AND object = $2",
-            &[&key.class(), &key.object()],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let bumped = epoch_since(&admin, key).await;
     // Ten dues with two replicas that both believe they lead.
     tokio::time::sleep(10 * period).await;
     let overlap = a.elector.is_leader() && b.elector.is_leader();

@@ -109,6 +109,16 @@ impl Replica {
     }
 }
 
+/// An elector with fencing on `pool`, checking every `interval`, named `identity`.
+pub fn fenced_elector(pool: Pool, key: LockKey, identity: &str, interval: Duration) -> Elector {
+    Elector::builder(pool, key)
+        .check_interval(interval)
+        .identity(identity)
+        .fencing(true)
+        .build()
+        .expect("valid elector")
+}
+
 /// A replica at interval `I` on a pool of two, once it leads (within 3·I).
 pub async fn leading_replica(db: &TestDb, key: LockKey) -> Replica {
     let replica = Replica::start(db.pool(2), key, I);
@@ -212,6 +222,18 @@ pub async fn terminate_holder(db: &TestDb, key: LockKey) {
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
+}
+
+/// When the current term of `key` began, by the server's clock: the `since` of its epoch row.
+pub async fn epoch_since(client: &tokio_postgres::Client, key: LockKey) -> std::time::SystemTime {
+    client
+        .query_one(
+            "SELECT since FROM pg_elector_epochs WHERE class = $1 AND object = $2",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// A replica at interval `I` whose gauge goes to a registry of its own.
