@@ -16,6 +16,15 @@ use pg_elector::{Elector, LockKey, TermEnd};
 use pg_elector_harness::ShutdownMode;
 use tokio_util::sync::CancellationToken;
 
+/// Replica `a`, fenced, at `I` on a pool of two, once it leads (within 3·I).
+async fn a_leads(db: &TestDb, key: LockKey) -> Replica {
+    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    a
+}
+
 /// The table fenced writes go to: who wrote, in which epoch, at which server time.
 async fn writes_table(db: &TestDb) {
     db.connect()
@@ -49,6 +58,16 @@ async fn fenced_write(
     Ok(())
 }
 
+/// `a`'s term and its epoch, once a fenced write of `a` in that term has passed on `pool`.
+async fn leaders_own_write(pool: &deadpool_postgres::Pool, a: &Replica) -> (pg_elector::Term, u64) {
+    let term = a.elector.term();
+    let epoch = term.epoch().expect("a fenced term has an epoch");
+    fenced_write(pool, &term, "a")
+        .await
+        .expect("the leader's own write passes");
+    (term, epoch)
+}
+
 /// The next term after `after` (an epoch), on whichever of `electors` gets it, within 3·I.
 async fn next_term(electors: &[&Elector], after: u64) -> pg_elector::Term {
     let found = wait_for(3 * I, || {
@@ -63,6 +82,20 @@ async fn next_term(electors: &[&Elector], after: u64) -> pg_elector::Term {
         .map(|e| e.term())
         .find(|t| t.epoch().is_some_and(|epoch| epoch > after))
         .expect("the new term")
+}
+
+/// One term of `elector`: its `run` from the start until it leads (within `limit`, or a panic
+/// that says `leads`), then a shutdown. Returns the term, which the shutdown ended.
+async fn one_term(elector: &Elector, limit: Duration, leads: &str) -> pg_elector::Term {
+    let shutdown = CancellationToken::new();
+    let run = elector.spawn(shutdown.clone());
+    let term = tokio::time::timeout(limit, elector.wait_for_leadership())
+        .await
+        .expect(leads);
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(term.end(), Some(TermEnd::Shutdown));
+    term
 }
 
 /// Every write, oldest first: (replica, epoch, server time).
@@ -88,19 +121,12 @@ async fn f3_a_deposed_leaders_fenced_write_fails_and_the_new_leaders_succeeds() 
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 1);
     let pool = db.pool(4);
-    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = a_leads(&db, key).await;
     let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
 
     // a's tick takes its term, then sleeps before writing; meanwhile its lock session is
     // terminated and b takes over.
-    let old_term = a.elector.term();
-    let old_epoch = old_term.epoch().expect("a fenced term has an epoch");
-    fenced_write(&pool, &old_term, "a")
-        .await
-        .expect("the leader's own write passes");
+    let (old_term, old_epoch) = leaders_own_write(&pool, &a).await;
     terminate_holder(&db, key).await;
     // The next term goes to whichever replica tries first: b, or a itself again.
     let new_term = next_term(&[&a.elector, &b.elector], old_epoch).await;
@@ -150,11 +176,7 @@ async fn f3_a_deposed_leader_that_still_believes_it_leads_is_refused_by_the_epoc
         .expect("a leads at its first try");
     let led_at = std::time::Instant::now();
     let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
-    let old_term = a.elector.term();
-    let old_epoch = old_term.epoch().expect("a fenced term has an epoch");
-    fenced_write(&app, &old_term, "a")
-        .await
-        .expect("the leader's own write passes");
+    let (old_term, old_epoch) = leaders_own_write(&app, &a).await;
 
     proxy.blackhole();
     terminate_holder(&db, key).await;
@@ -211,10 +233,7 @@ async fn f3_a_fence_that_finds_a_later_epoch_in_the_row_fails_as_superseded() {
     let db = fresh_db().await;
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 2);
-    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = a_leads(&db, key).await;
     let term = a.elector.term();
     let ours = term.epoch().unwrap();
     // Another term begun behind this replica's back (as the next leader's bump would).
@@ -245,10 +264,7 @@ async fn f3_an_old_leaders_open_fenced_transaction_holds_the_next_term_until_it_
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 3);
     let pool = db.pool(4);
-    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = a_leads(&db, key).await;
     let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
     let old_term = a.elector.term();
 
@@ -309,10 +325,7 @@ async fn f3_a_bump_that_cannot_finish_within_its_bound_gives_the_lock_back() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xf3, 4);
-    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = a_leads(&db, key).await;
     a.stop().await.unwrap();
 
     // An abandoned transaction holds the epoch row (as a deposed leader's could).
@@ -369,15 +382,8 @@ async fn f3_epochs_strictly_increase_over_100_handovers_and_across_server_restar
         .collect();
     let mut epochs = Vec::new();
     let mut lead_once = async |elector: &Elector| {
-        let shutdown = CancellationToken::new();
-        let run = elector.spawn(shutdown.clone());
-        let term = tokio::time::timeout(Duration::from_secs(5), elector.wait_for_leadership())
-            .await
-            .expect("leads within 5 s");
+        let term = one_term(elector, Duration::from_secs(5), "leads within 5 s").await;
         epochs.push(term.epoch().expect("an epoch"));
-        shutdown.cancel();
-        run.await.unwrap().unwrap();
-        assert_eq!(term.end(), Some(TermEnd::Shutdown));
     };
     for round in 0..100 {
         lead_once(&electors[round % 2]).await;
@@ -471,10 +477,7 @@ async fn f3_a_writer_role_fences_with_select_and_update_on_the_epoch_table() {
     let db = fresh_db().await;
     writes_table(&db).await;
     let key = LockKey::new(0xf3, 9);
-    let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    let a = a_leads(&db, key).await;
     let term = a.elector.term();
     let admin = db.connect().await.unwrap();
     let role = format!("writer_{}", db.name());
@@ -534,15 +537,13 @@ async fn f3_local_electors_hand_out_increasing_epochs_and_fence_on_the_term_alon
     let always = Elector::always_leader();
     let mut epochs = Vec::new();
     for _ in 0..3 {
-        let shutdown = CancellationToken::new();
-        let run = always.spawn(shutdown.clone());
-        let term = tokio::time::timeout(Duration::from_secs(1), always.wait_for_leadership())
-            .await
-            .expect("an always-leader leads while its run runs");
+        let term = one_term(
+            &always,
+            Duration::from_secs(1),
+            "an always-leader leads while its run runs",
+        )
+        .await;
         epochs.push(term.epoch().expect("an always-leader term has an epoch"));
-        shutdown.cancel();
-        run.await.unwrap().unwrap();
-        assert_eq!(term.end(), Some(TermEnd::Shutdown));
     }
     assert!(epochs.windows(2).all(|w| w[1] > w[0]), "{epochs:?}");
 }
