@@ -66,10 +66,11 @@
 //! when every connection it had has closed (its RSTs sent), and a blackhole or a heal from
 //! when that process's runtime next ran a task after the change; signals, queries and restarts
 //! act at once. And each bound is extended by the time, within it, that a thread of the soak
-//! that sleeps 1 ms at a time ran more than 20 ms late (the machine stalled); a demotion or
-//! an overlap bound is also extended by the gaps of more than 100 ms between the old leader's
-//! own watcher reads. The seed fixes every draw (gaps,
-//! kinds, aims, lengths, modes) in a fixed order; which process a fault hits, and so the run,
+//! that sleeps 1 ms at a time ran more than 20 ms late (the machine stalled), or a task on its
+//! runtime that does the same (the proxies, which run there, held every replica's traffic); a
+//! demotion or an overlap bound is also extended by the gaps of more than 100 ms between the
+//! old leader's own watcher reads. The seed fixes every draw (gaps, kinds, aims, lengths,
+//! modes) in a fixed order; which process a fault hits, and so the run,
 //! also depends on timing. A replay reruns the same schedule of draws, which is what finds a
 //! scenario again in practice.
 //!
@@ -129,7 +130,8 @@
 //! attributed to it. Then the rows, the samples, the backends, the memory, the overlaps that
 //! were within an allowance, and each violation with its offset from the start of the
 //! injection and the command that replays it. `--out FILE` writes the same text to a file;
-//! the log lines of the replicas around the first violations go to stderr.
+//! the faults, the sampled lock holders, the stalls and the log lines of the replicas around
+//! the first violations go to stderr.
 //!
 //! `--sabotage split-key` checks the checker: every process elects on a key of its own, so
 //! they all lead at once and write rows of unrelated epochs; such a run must fail (it reports
@@ -406,6 +408,24 @@ async fn soak(options: Options) -> i32 {
         }
     });
 
+    // The same on the soak's runtime, which runs every replica's proxy: a task there that ran
+    // late held up the proxied traffic of every replica for that long, as if the whole fleet
+    // were partitioned. Those stalls extend the bounds too, and the report counts them apart.
+    let runtime_stalls: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let runtime_monitor = tokio::spawn({
+        let (stalls, monitoring) = (runtime_stalls.clone(), monitoring.clone());
+        async move {
+            while monitoring.load(std::sync::atomic::Ordering::Relaxed) {
+                let before = unix_us();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let after = unix_us();
+                if after.saturating_sub(before) > 20_000 {
+                    stalls.lock().unwrap().push((before + 1_000, after));
+                }
+            }
+        }
+    });
+
     // The sampler, from before the first replica starts.
     let samples = Arc::new(db::Samples::default());
     let stop_sampling = CancellationToken::new();
@@ -573,7 +593,10 @@ async fn soak(options: Options) -> i32 {
     let runs = samples.runs.lock().unwrap().clone();
     let checkpoints = ctx.checkpoints.lock().unwrap().clone();
     monitoring.store(false, std::sync::atomic::Ordering::Relaxed);
-    let stalls = stalls.lock().unwrap().clone();
+    let _ = runtime_monitor.await;
+    let runtime_stalls = runtime_stalls.lock().unwrap().clone();
+    let mut stalls = stalls.lock().unwrap().clone();
+    stalls.extend(runtime_stalls.iter().copied());
     let mut analysis = check::analyse(&check::Input {
         options: &options,
         start,
@@ -604,6 +627,15 @@ async fn soak(options: Options) -> i32 {
                 .load(std::sync::atomic::Ordering::Relaxed),
         ),
         offset,
+        runtime_stalls: (
+            runtime_stalls.len(),
+            runtime_stalls.iter().map(|&(s, e)| e - s).sum(),
+            runtime_stalls
+                .iter()
+                .map(|&(s, e)| e - s)
+                .max()
+                .unwrap_or(0),
+        ),
     };
     let text = report::render(&options, &facts, &faults, &procs, &analysis);
     println!();
@@ -629,6 +661,48 @@ async fn soak(options: Options) -> i32 {
                 report::offset_text(e.at, injection_start),
                 e.replica,
                 e.what
+            );
+        }
+        let window = (v.at.saturating_sub(3_000_000), v.at + 1_000_000);
+        let inside = |at: u64| window.0 <= at && at <= window.1;
+        for f in faults.iter().filter(|f| {
+            inside(f.inject) || inside(f.heal) || (f.inject < window.0 && window.1 < f.heal)
+        }) {
+            eprintln!(
+                "  fault {} #{} {} replica-{} leader={} until {} {}",
+                report::offset_text(f.inject, injection_start),
+                f.id,
+                f.kind.name(),
+                f.replica.map_or_else(|| "-".to_owned(), |r| r.to_string()),
+                f.on_leader,
+                report::offset_text(f.heal, injection_start),
+                f.note
+            );
+        }
+        // The lock's holder as the sampler saw it (this machine's clock).
+        let local = |server: u64| (server as i64 - offset) as u64;
+        for run in runs
+            .iter()
+            .filter(|r| local(r.last) >= window.0 && local(r.first) <= window.1)
+        {
+            eprintln!(
+                "  pg_locks {} .. {} holder {:?} epoch {:?}",
+                report::offset_text(local(run.first), injection_start),
+                report::offset_text(local(run.last), injection_start),
+                run.holder,
+                run.epoch
+            );
+        }
+        for &(s, e) in stalls.iter().filter(|&&(s, e)| inside(s) || inside(e)) {
+            let whose = if runtime_stalls.contains(&(s, e)) {
+                "runtime"
+            } else {
+                "machine"
+            };
+            eprintln!(
+                "  stall ({whose}) {} for {} ms",
+                report::offset_text(s, injection_start),
+                (e - s) / 1_000
             );
         }
         for &r in &v.replicas {

@@ -24,6 +24,9 @@ pub(crate) struct Facts {
     pub(crate) samples: (u64, u64),
     /// The server's clock minus this machine's (µs).
     pub(crate) offset: i64,
+    /// Stalls of the soak's runtime, which runs the proxies: how many, the total and the
+    /// longest (µs). Counted in the stalls of the analysis too.
+    pub(crate) runtime_stalls: (usize, u64, u64),
 }
 
 fn ms(us: u64) -> String {
@@ -163,13 +166,17 @@ pub(crate) fn render(
     lags.sort_unstable();
     let _ = writeln!(
         out,
-        "- Machine stalls (the soak's own 1 ms sleeper late by more than 20 ms): {}, {} ms in \
-         all, the longest {} ms; each bound is extended by the stall time within it (and by the \
-         replica's own watcher gaps, for its demotion). Proxy faults took effect p50 {} ms, \
-         max {} ms after the call.",
+        "- Machine stalls (the soak's own 1 ms sleepers, a thread and a task on the runtime \
+         that runs the proxies, late by more than 20 ms): {}, {} ms in all, the longest {} ms \
+         (on the runtime: {}, {} ms in all, the longest {} ms); each bound is extended by the \
+         stall time within it (and by the replica's own watcher gaps, for its demotion). Proxy \
+         faults took effect p50 {} ms, max {} ms after the call.",
         a.stalls.0,
         ms(a.stalls.1),
         ms(a.stalls.2),
+        facts.runtime_stalls.0,
+        ms(facts.runtime_stalls.1),
+        ms(facts.runtime_stalls.2),
         ms(if lags.is_empty() {
             0
         } else {
