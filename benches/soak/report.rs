@@ -246,10 +246,12 @@ pub(crate) fn render(
     if !a.excused_overlaps.is_empty() {
         let _ = writeln!(
             out,
-            "- Two replicas led at once within a fault's allowance {} times:",
+            "- Two replicas led at once within a fault's allowance {} times; the longest ten:",
             a.excused_overlaps.len()
         );
-        for ((s, e), who, fault) in a.excused_overlaps.iter().take(10) {
+        let mut longest: Vec<_> = a.excused_overlaps.iter().collect();
+        longest.sort_by_key(|((s, e), _, _)| std::cmp::Reverse(e - s));
+        for ((s, e), who, fault) in longest.into_iter().take(10) {
             let names: Vec<String> = who
                 .iter()
                 .map(|&r| {
@@ -268,9 +270,17 @@ pub(crate) fn render(
                 offset_text(*s, facts.start),
                 format_args!("{:.1}", (e - s) as f64 / 1e3),
                 fault.map_or(String::new(), |id| format!(
-                    "{} ms after fault #{id} ({})",
+                    "{} ms after fault #{id} ({}{})",
                     format_args!("{:.1}", s.saturating_sub(faults[id].inject) as f64 / 1e3),
-                    faults[id].kind.name()
+                    faults[id].kind.name(),
+                    // Which allowance: a session ended under a leader that could not hear it.
+                    a.deaf.iter().find(|&&(g, _)| g == id).map_or(
+                        String::new(),
+                        |&(_, f)| format!(
+                            ", its leader deaf during #{f} {}",
+                            faults[f].kind.name()
+                        )
+                    )
                 )),
             );
         }
