@@ -31,7 +31,7 @@ async fn e5_a_terminated_lock_session_demotes_within_two_intervals_and_another_l
     let demoted = wait_for(2 * I + I / 2, || !a.elector.is_leader())
         .await
         .expect("demoted within 2·I");
-    assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+    assert_eq!(term_end(&term).await, Some(TermEnd::LeadershipLost));
     assert!(term.token().is_cancelled());
     assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(0));
     wait_for(2 * I, || a.elector.is_leader() || b.elector.is_leader())
@@ -65,7 +65,7 @@ async fn e5_a_blackholed_leader_demotes_within_two_intervals_and_another_leads()
     let demoted = wait_for(2 * I + I / 2, || !a.elector.is_leader())
         .await
         .expect("demoted within 2·I: the check is bounded by I");
-    assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+    assert_eq!(term_end(&term).await, Some(TermEnd::LeadershipLost));
     assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(0));
     if !has_idle_session_timeout(&db).await {
         tokio::time::sleep(6 * I).await;

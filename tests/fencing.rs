@@ -222,7 +222,7 @@ async fn f3_a_deposed_leader_that_still_believes_it_leads_is_refused_by_the_epoc
     wait_for(3 * I, || !a.elector.is_leader())
         .await
         .expect("a steps down once its connection closes");
-    assert_eq!(old_term.end(), Some(TermEnd::LeadershipLost));
+    assert_eq!(term_end(&old_term).await, Some(TermEnd::LeadershipLost));
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }

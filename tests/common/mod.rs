@@ -128,6 +128,17 @@ pub async fn leading_replica(db: &TestDb, key: LockKey) -> Replica {
     replica
 }
 
+/// Waits for `term` to end once `is_leader()` has turned false, and returns how it ended. A
+/// demotion clears the lease first, so that whoever the term's token wakes already reads
+/// `is_leader() == false`: a poll of `is_leader()` can see the demotion a moment before the term
+/// records its end. 100 ms covers that moment on a loaded machine.
+pub async fn term_end(term: &pg_elector::Term) -> Option<pg_elector::TermEnd> {
+    tokio::time::timeout(Duration::from_millis(100), term.cancelled())
+        .await
+        .expect("the term ends right after is_leader() turns false");
+    term.end()
+}
+
 /// Polls `cond` every 2 ms until it holds or `limit` passes; returns how long it took.
 pub async fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
     let start = Instant::now();
