@@ -184,16 +184,7 @@ async fn with_fencing_current_leader_reports_the_leaders_epoch_and_since() {
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 4);
     let started = SystemTime::now();
-    let fenced = |identity: &str| {
-        Replica::run(
-            Elector::builder(db.pool(2), key)
-                .check_interval(I)
-                .identity(identity)
-                .fencing(true)
-                .build()
-                .expect("valid elector"),
-        )
-    };
+    let fenced = |identity: &str| Replica::run(fenced_elector(db.pool(2), key, identity, I));
     let first = fenced("fenced-a");
     leads(&first).await;
     let second = fenced("fenced-b");
@@ -350,12 +341,7 @@ async fn the_elections_log_lines_carry_key_and_identity_and_a_terms_lines_its_ep
     let key = LockKey::new(0x1d, 6);
     let logged = WithSpans::default();
     let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(logged.clone()));
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .identity("traced-a")
-        .fencing(true)
-        .build()
-        .unwrap();
+    let elector = fenced_elector(db.pool(2), key, "traced-a", I);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn(
         {
@@ -441,14 +427,8 @@ async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 7);
     let admin = db.connect().await.unwrap();
-    let role = format!("watcher_{}", db.name());
-    admin
-        .batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN"))
-        .await
-        .unwrap();
-    let mut config = db.config();
-    config.user(&role);
-    let pool = pg_elector_harness::pool_from_config(config, 1);
+    let role = roles::limited_role(&db, &admin, "watcher").await;
+    let pool = roles::pool_as(&db, &role, 1);
     let watcher = pool.get().await.unwrap();
 
     // Without fencing: pid and identity, no address.
@@ -467,14 +447,7 @@ async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg
     plain.stop().await.unwrap();
 
     // With fencing the epoch table exists, and the call reads it.
-    let fenced = Replica::run(
-        Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .identity("watched")
-            .fencing(true)
-            .build()
-            .unwrap(),
-    );
+    let fenced = Replica::run(fenced_elector(db.pool(2), key, "watched", I));
     leads(&fenced).await;
     let denied = current_leader(&watcher, key)
         .await
@@ -504,8 +477,5 @@ async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg
     drop(watcher);
     drop(pool);
     fenced.stop().await.unwrap();
-    admin
-        .batch_execute(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""))
-        .await
-        .unwrap();
+    roles::drop_role(&admin, &role).await;
 }
