@@ -1,5 +1,5 @@
-//! Database roles for the least-privilege tests (`fencing`, `schedule_tables`): a role that
-//! may only connect, a pool that logs in as a role, and the role's drop.
+//! Database roles for the least-privilege tests (`fencing`, `identity`, `schedule_tables`): a
+//! role that may only connect, a pool that logs in as a role, and the role's drop.
 
 use deadpool_postgres::Pool;
 use pg_elector_harness::{TestDb, pool_from_config};
