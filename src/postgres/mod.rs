@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use waiter::{WaitSpec, Waiter};
 
 mod fence;
+mod handover;
 mod leader;
 mod session;
 mod waiter;
@@ -102,7 +103,7 @@ pub(crate) async fn run(
             tcp_keepalives_idle = applied.keepalives_idle.as_deref().unwrap_or("(none)"),
             tcp_keepalives_interval = applied.keepalives_interval.as_deref().unwrap_or("(none)"),
             tcp_keepalives_count = applied.keepalives_count.as_deref().unwrap_or("(none)"),
-            waited = grant.settle_until.is_some() || grant.handed_over,
+            waited = grant.from_wait,
             handed_over = grant.handed_over,
             "lock granted; the server's bounds on the lock session"
         );
@@ -354,7 +355,8 @@ async fn standby(
                     unbounded,
                     applied,
                     // A graceful unlock came after the old leader stepped down: no wait.
-                    settle_until: (from_wait && !handed_over).then(|| Instant::now() + SETTLE),
+                    settle_until: (!handed_over).then(|| Instant::now() + SETTLE),
+                    from_wait,
                     handed_over,
                 });
             }
@@ -420,33 +422,23 @@ struct Grant {
     /// The server has no `idle_session_timeout`.
     unbounded: bool,
     applied: AppliedBounds,
-    /// A grant to the waiting session from a session that ended: the term starts no earlier
-    /// than this.
+    /// A grant that was not handed over gracefully: the term starts no earlier than this.
     settle_until: Option<Instant>,
-    /// A grant to the waiting session from a graceful unlock.
+    /// The grant came from a graceful unlock.
     handed_over: bool,
+    /// The grant came to the waiting session.
+    from_wait: bool,
 }
 
-/// How long a term won by a waiting session waits before it starts. The waiting session is
-/// granted the lock the moment the holder's session ends; if that session was ended under a
-/// live leader (`pg_terminate_backend`, a proxy reset), that leader notices its closed
-/// connection within [`FAST_WATCH_POLL`], and this gives it five times that to step down
-/// first, so fast takeover adds no instant with two leaders. A standby that tries finds the
-/// lock free only at its next try, long after. A lock handed over by a graceful unlock (the
-/// old session still holds the key's handover marker) needs no wait: that leader stepped down
-/// before it unlocked.
+/// How long a term whose lock was not handed over gracefully waits before it starts, counted
+/// from the grant. Such a lock was freed by a session that ended: its leader may be alive and
+/// not know yet (`pg_terminate_backend`, a proxy reset), and a leader notices its closed
+/// connection within [`WATCH_POLL`] in either mode; this gives it five times that to step down
+/// first, so that no instant has two leaders, whether the new leader was granted the lock by its
+/// waiting session at once or by a try that happened to land right after the session ended.
+/// A lock handed over by a graceful unlock needs no wait: that leader stepped down before it
+/// unlocked (see [`handover`]).
 const SETTLE: Duration = Duration::from_millis(5);
-
-/// How long a session that unlocked gracefully stays open, holding the key's handover marker.
-/// A terminated session within this time of a graceful handover may look handed over too,
-/// to a standby waiting behind the new leader: then it skips [`SETTLE`], and the overlap is
-/// the old-style one of a terminated session (the new leader notices within
-/// [`FAST_WATCH_POLL`]).
-const HANDOVER_LINGER: Duration = Duration::from_millis(50);
-
-/// How often a leader with fast takeover looks at its connection and lease between checks
-/// (see [`WATCH_POLL`] without it).
-const FAST_WATCH_POLL: Duration = Duration::from_millis(1);
 
 /// How often a standby repeats the same complaint at its full level; in between, at DEBUG.
 const REPEAT_EVERY: Duration = Duration::from_secs(60);
@@ -551,16 +543,11 @@ async fn lead(
     session: &LockSession,
     resigns: &mut watch::Receiver<u64>,
 ) -> Led {
-    let poll = if pg.fast_takeover {
-        FAST_WATCH_POLL
-    } else {
-        WATCH_POLL
-    };
     loop {
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            cause = watch(shared.lease(), session, poll) => return Led::Lost(cause),
+            cause = watch(shared.lease(), session) => return Led::Lost(cause),
             Ok(()) = resigns.changed() => return Led::Resign,
             _ = ticks.tick() => {}
         }
@@ -572,7 +559,7 @@ async fn lead(
         let check = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
-            cause = watch(shared.lease(), session, poll) => return Led::Lost(cause),
+            cause = watch(shared.lease(), session) => return Led::Lost(cause),
             check = session.check(pg.interval) => check,
         };
         if let Some(metrics) = shared.metrics() {
@@ -599,10 +586,10 @@ async fn lead(
 const LEASE_EXPIRED: &str =
     "the local lease expired: the process was paused or starved for longer than the lease";
 
-/// Completes, with the cause, when the lock connection closes or the local lease expires
-///: within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
+/// Completes, with the cause, when the lock connection closes or the local lease expires,
+/// within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
 /// term (and cancels its token) at once rather than at its next tick or when its check ends.
-async fn watch(lease: &Lease, session: &LockSession, poll: Duration) -> LossCause {
+async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     loop {
         if session.is_closed() {
             return LossCause::ConnectionClosed;
@@ -610,7 +597,7 @@ async fn watch(lease: &Lease, session: &LockSession, poll: Duration) -> LossCaus
         if !lease.is_live() {
             return LossCause::LeaseExpired;
         }
-        tokio::time::sleep(poll).await;
+        tokio::time::sleep(WATCH_POLL).await;
     }
 }
 
@@ -679,14 +666,6 @@ async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
                 tracing::info!(key = %pg.key, "leadership released");
             } else {
                 tracing::debug!(key = %pg.key, "the lock was given back before a term began");
-            }
-            // With fast takeover the session, and with it the handover marker the unlock took,
-            // stays a moment: long enough for a waiting standby granted the lock to see that
-            // it was handed over (its term then starts without waiting for an old leader to
-            // step down). In place, not in a task: a process that exits after `run` returns
-            // would otherwise close it at once.
-            if pg.fast_takeover {
-                tokio::time::sleep(HANDOVER_LINGER).await;
             }
         }
         Ok(Ok(false)) => {

@@ -1,6 +1,7 @@
 //! The database side of the election: the try on a borrowed connection, and the session that
 //! holds the lock once it is granted.
 
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,6 +10,7 @@ use tokio::time::timeout;
 use tokio_postgres::types::Type;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::handover;
 use crate::LockKey;
 use crate::lease::now_ms;
 
@@ -25,19 +27,23 @@ use crate::lease::now_ms;
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
 ///
-/// The other columns read back the bounds as the server applied them to the session (a
+/// The next five columns read back the bounds as the server applied them to the session (a
 /// keepalive setting the kernel refused shows the kernel's value); they are logged at the grant.
-/// `OFFSET 0` keeps the answer's subquery from being flattened, so the settings are read
-/// after they were set.
+/// The last one says whether a graceful unlock handed the lock over ([`handover::handed_over`],
+/// with the marker $10 and its halves $11, $12). `OFFSET 0` keeps the answer's subquery from
+/// being flattened, so the settings are read after they were set.
 ///
 /// Setting the bounds in the granting statement matters: if the answer is lost (a partition
 /// right after the grant), the server still ends the silent session after 4·I.
-const TRY_LOCK: &str = "SELECT answer, \
+static TRY_LOCK: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT answer, \
      pg_catalog.current_setting('idle_session_timeout', true), \
      pg_catalog.current_setting('tcp_user_timeout', true), \
      pg_catalog.current_setting('tcp_keepalives_idle', true), \
      pg_catalog.current_setting('tcp_keepalives_interval', true), \
-     pg_catalog.current_setting('tcp_keepalives_count', true) \
+     pg_catalog.current_setting('tcp_keepalives_count', true), \
+     {handed_over} \
    FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
@@ -54,7 +60,10 @@ const TRY_LOCK: &str = "SELECT answer, \
                  THEN 'granted_unbounded' \
                  WHEN pg_catalog.set_config('idle_session_timeout', $4::text, false) IS NOT NULL \
                  THEN 'granted' END END \
-     ELSE 'refused' END AS answer OFFSET 0) AS try";
+     ELSE 'refused' END AS answer OFFSET 0) AS try",
+        handed_over = handover::handed_over(10, 11, 12),
+    )
+});
 
 /// The leader check: the session answers, still holds the lock, and is still ours alone
 ///: it carries our mark and no other elector's visit.
@@ -66,17 +75,12 @@ const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
      coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = ''";
 
-/// The graceful unlock. It first takes the key's handover marker (a bigint advisory lock,
-/// shared, never waited for), which the session holds until it closes, so that a waiting
-/// standby granted the lock by this unlock can tell that no leader is left to step down.
-pub(super) const UNLOCK: &str = "SELECT CASE \
-     WHEN pg_catalog.pg_try_advisory_lock_shared($3::int8) IS NOT NULL \
-     THEN pg_catalog.pg_advisory_unlock($1::int4, $2::int4) END";
-
-/// How often the leader looks at its connection and its lease between checks: a
+/// How often the leader looks at its connection and its lease between checks, in both modes: a
 /// closed socket, or a lease that expired while the process was frozen, is noticed within this
-/// time rather than at the next check.
-pub(crate) const WATCH_POLL: Duration = Duration::from_millis(20);
+/// time rather than at the next check. A grant that was not handed over gracefully waits
+/// [`super::SETTLE`], five times this, before its term starts, so that an old leader whose
+/// session was ended under it has stepped down first, whichever mode either of them runs in.
+pub(crate) const WATCH_POLL: Duration = Duration::from_millis(1);
 
 /// Why a try or a check failed. Displays the server's own message for a server error.
 #[derive(Debug, thiserror::Error)]
@@ -334,12 +338,14 @@ pub(crate) async fn try_acquire(
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
+    let marker = key.handover_marker();
+    let (marker_class, marker_object) = handover::halves(marker);
     let sent_at = now_ms();
     let row = bounded(bound, async {
         let rows = borrowed
             .client()
             .query_typed(
-                TRY_LOCK,
+                &TRY_LOCK,
                 &[
                     (&key.class(), Type::INT4),
                     (&key.object(), Type::INT4),
@@ -350,6 +356,9 @@ pub(crate) async fn try_acquire(
                     (&k_interval, Type::TEXT),
                     (&k_count, Type::TEXT),
                     (&identity, Type::TEXT),
+                    (&marker, Type::INT8),
+                    (&marker_class, Type::OID),
+                    (&marker_object, Type::OID),
                 ],
             )
             .await?;
@@ -427,26 +436,10 @@ impl LockSession {
         })
     }
 
-    /// Gives the lock up: `Ok(true)` when it was held.
+    /// Gives the lock up gracefully, leaving the handover marker for the next leader (see
+    /// [`handover`]): `Ok(true)` when it was held.
     pub(crate) async fn unlock(&self, bound: Duration) -> Result<bool, SessionError> {
-        bounded(bound, async {
-            let rows = self
-                .client
-                .query_typed(
-                    UNLOCK,
-                    &[
-                        (&self.key.class(), Type::INT4),
-                        (&self.key.object(), Type::INT4),
-                        (&self.key.handover_marker(), Type::INT8),
-                    ],
-                )
-                .await?;
-            match rows.first() {
-                Some(row) => Ok(row.try_get::<_, Option<bool>>(0)?.unwrap_or(false)),
-                None => Ok(false),
-            }
-        })
-        .await
+        bounded(bound, handover::unlock(&self.client, self.key)).await
     }
 
     /// The client of the lock session, for the fencing bump.
@@ -454,7 +447,7 @@ impl LockSession {
         &self.client
     }
 
-    /// Whether the connection has closed . tokio-postgres notices a FIN or RST as soon as
+    /// Whether the connection has closed. tokio-postgres notices a FIN or RST as soon as
     /// it arrives, because its connection task always reads; the client only exposes that as a
     /// flag, which the leader polls every [`WATCH_POLL`].
     pub(crate) fn is_closed(&self) -> bool {

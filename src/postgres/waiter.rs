@@ -24,6 +24,7 @@ use tokio::time::timeout;
 use tokio_postgres::types::Type;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::handover;
 use super::session::{
     Answer, Attempt, Borrowed, LockSession, SessionBounds, SessionError, bounded, session_mark,
 };
@@ -82,21 +83,18 @@ static ARM: LazyLock<String> = LazyLock::new(|| {
 
 /// Waits for the lock on the armed session ($3 is the waiter's mark, which becomes the lock
 /// session's), gives its waiting slot ($6) back once granted, then answers as the try does,
-/// with the same columns: `moved` when this
-/// statement runs on another server session than [`ARM`] did (a transaction pooler). A last
-/// column, read after the grant, says whether the session that gave the lock up still holds
-/// the key's handover marker ($4, $5: its two halves as `pg_locks` shows them), that is
-/// whether the lock came from a graceful unlock rather than from a session that ended.
-const WAIT: &str = "SELECT answer, \
+/// with the same columns: `moved` when this statement runs on another server session than
+/// [`ARM`] did (a transaction pooler). The last column says whether a graceful unlock handed the
+/// lock over ([`handover::handed_over`], with the marker $7 and its halves $4, $5).
+static WAIT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT answer, \
      pg_catalog.current_setting('idle_session_timeout', true), \
      pg_catalog.current_setting('tcp_user_timeout', true), \
      pg_catalog.current_setting('tcp_keepalives_idle', true), \
      pg_catalog.current_setting('tcp_keepalives_interval', true), \
      pg_catalog.current_setting('tcp_keepalives_count', true), \
-     EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-             AND classid = $4 AND objid = $5 AND mode = 'ShareLock' AND granted \
-             AND database = (SELECT oid FROM pg_catalog.pg_database \
-                             WHERE datname = pg_catalog.current_database())) \
+     {handed_over} \
    FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.waiter', true), '') <> $3::text \
@@ -109,7 +107,10 @@ const WAIT: &str = "SELECT answer, \
              AND pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
        THEN CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 \
                  THEN 'granted_unbounded' ELSE 'granted' END END \
-     END AS answer OFFSET 0) AS wait";
+     END AS answer OFFSET 0) AS wait",
+        handed_over = handover::handed_over(7, 4, 5),
+    )
+});
 
 /// How a waiting session fared; what [`Waiter::outcome`] returns.
 pub(crate) type Outcome = Result<Attempt, SessionError>;
@@ -159,7 +160,7 @@ impl Waiter {
     }
 }
 
-async fn wait(
+pub(super) async fn wait(
     pool: Pool,
     key: LockKey,
     identity: String,
@@ -216,14 +217,14 @@ async fn wait(
     // Out of the pool for good: the pool's size does not count it, and no outcome gives it
     // back. Dropped, it is closed (and the server frees its slot).
     let client = Object::take(borrowed.keep());
-    let marker = key.handover_marker() as u64;
-    let (marker_class, marker_object) = ((marker >> 32) as u32, marker as u32);
+    let marker = key.handover_marker();
+    let (marker_class, marker_object) = handover::halves(marker);
     let sent_at = now_ms();
     // No bound: the wait lasts as long as the lock is held elsewhere. It ends with a grant,
     // or with an error when the server ends the session (a restart, a terminate).
     let rows = client
         .query_typed(
-            WAIT,
+            &WAIT,
             &[
                 (&key.class(), Type::INT4),
                 (&key.object(), Type::INT4),
@@ -231,6 +232,7 @@ async fn wait(
                 (&marker_class, Type::OID),
                 (&marker_object, Type::OID),
                 (&slot, Type::INT8),
+                (&marker, Type::INT8),
             ],
         )
         .await
@@ -321,13 +323,14 @@ mod tests {
             .unwrap();
         let row = client
             .query_typed(
-                WAIT,
+                &WAIT,
                 &[
                     (&1i32, Type::INT4),
                     (&2i32, Type::INT4),
                     (&"mine", Type::TEXT),
                     (&0u32, Type::OID),
                     (&0u32, Type::OID),
+                    (&0i64, Type::INT8),
                     (&0i64, Type::INT8),
                 ],
             )
@@ -371,51 +374,5 @@ mod tests {
         .await
         .expect("no wait on a read replica");
         assert_eq!(describe(&outcome), "recovery");
-    }
-}
-
-#[cfg(test)]
-mod handover_tests {
-    use super::*;
-    use pg_elector_harness::{PgServer, serial};
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_wait_granted_by_a_graceful_unlock_knows_it() {
-        let _serial = serial();
-        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-        let db = server.create_database().await.unwrap();
-        let key = LockKey::new(0xf1, 0x3c);
-        let holder = db.connect().await.unwrap();
-        holder
-            .execute(
-                "SELECT pg_advisory_lock($1, $2)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
-        let interval = Duration::from_millis(200);
-        let bounds = SessionBounds::for_interval(interval);
-        let waiting = tokio::spawn(wait(
-            db.pool(1),
-            key,
-            "w".into(),
-            bounds,
-            interval,
-            interval,
-        ));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let unlocked: Option<bool> = holder
-            .query_one(
-                super::super::session::UNLOCK,
-                &[&key.class(), &key.object(), &key.handover_marker()],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(unlocked, Some(true));
-        match waiting.await.unwrap() {
-            Ok(Attempt::Granted { handed_over, .. }) => assert!(handed_over),
-            _ => panic!("not granted"),
-        }
     }
 }

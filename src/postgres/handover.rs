@@ -1,0 +1,267 @@
+//! The handover marker: how a new leader tells a lock handed over by a graceful unlock (whose
+//! leader stepped down before it let go) from a lock freed by a session that ended under a
+//! leader that may not have noticed yet. Only the second kind makes the new term wait
+//! ([`super::SETTLE`]).
+//!
+//! The marker is a bigint advisory lock derived from the key ([`LockKey::handover_marker`]).
+//!
+//! # Invariants
+//!
+//! - Only a session that holds the key takes the marker (shared), in the statement that
+//!   unlocks the key ([`unlock`]); it keeps it while another session holds or waits for the key
+//!   and none has asked for the marker, at most [`LINGER`], and lets it go before it answers.
+//! - A grant counts as handed over only if it found the marker held and then took it
+//!   exclusively, which waits for the unlocking statement to let it go ([`handed_over`]), all in
+//!   the statement that was granted the key.
+//! - So when a grant answers "handed over", no session holds the marker any more: a later grant,
+//!   after the session of this grant has ended (a terminate, a reset), finds none and waits, even
+//!   within [`LINGER`] of the graceful unlock before it.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use tokio_postgres::types::Type;
+
+use crate::LockKey;
+
+/// The longest time an unlocking statement keeps the marker for a grantee that has not asked
+/// for it (a standby of an older version, or one frozen right after its grant).
+pub(super) const LINGER: Duration = Duration::from_millis(50);
+
+/// How often the unlocking statement looks whether the grantee has asked for the marker, in
+/// seconds (server side, `pg_sleep`).
+const LOOK_EVERY_S: &str = "0.0005";
+
+/// The electing database, as `pg_locks` names it.
+pub(super) const THIS_DATABASE: &str = "(SELECT oid FROM pg_catalog.pg_database \
+     WHERE datname = pg_catalog.current_database())";
+
+/// The graceful unlock: takes the marker (shared, never waited for), unlocks the key, keeps the
+/// marker as the invariants say, then lets it go. Answers whether the key was held.
+///
+/// $1, $2: the key (int4); $3: the marker (int8); $4, $5: the key as `pg_locks` shows it;
+/// $6, $7: the marker as `pg_locks` shows it; $8: [`LINGER`] in seconds.
+static UNLOCK: LazyLock<String> = LazyLock::new(|| {
+    // Whether to keep the marker a moment longer; `{outer}` ties the subqueries to the row of
+    // the loop, so that the server evaluates them again at every turn.
+    let linger_on = |outer: &str| {
+        format!(
+            "pg_catalog.clock_timestamp() < pg_catalog.statement_timestamp() \
+               + pg_catalog.make_interval(secs => $8::float8) \
+             AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+               AND classid = $4 AND objid = $5 AND objsubid = 2 \
+               AND pid <> pg_catalog.pg_backend_pid() AND database = {THIS_DATABASE}{outer}) \
+             AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+               AND classid = $6 AND objid = $7 AND objsubid = 1 AND mode = 'ExclusiveLock' \
+               AND NOT granted AND database = {THIS_DATABASE}{outer})"
+        )
+    };
+    format!(
+        "SELECT CASE WHEN pg_catalog.pg_try_advisory_lock_shared($3::int8) IS NOT NULL THEN \
+           CASE WHEN pg_catalog.pg_advisory_unlock($1::int4, $2::int4) \
+           THEN (WITH RECURSIVE linger(more) AS ( \
+                   SELECT {first} \
+                   UNION ALL \
+                   SELECT CASE WHEN pg_catalog.pg_sleep({LOOK_EVERY_S}) IS NOT NULL \
+                               THEN {again} END \
+                   FROM linger WHERE more) \
+                 SELECT count(*) FROM linger) > 0 \
+             AND pg_catalog.pg_advisory_unlock_shared($3::int8) \
+           ELSE NOT pg_catalog.pg_advisory_unlock_shared($3::int8) END END",
+        first = linger_on(""),
+        again = linger_on(" AND linger.more"),
+    )
+});
+
+/// Runs the graceful unlock of `key` on `client`: `true` when the key was held.
+pub(super) async fn unlock(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+) -> Result<bool, tokio_postgres::Error> {
+    let marker = key.handover_marker();
+    let (marker_class, marker_object) = halves(marker);
+    let rows = client
+        .query_typed(
+            &UNLOCK,
+            &[
+                (&key.class(), Type::INT4),
+                (&key.object(), Type::INT4),
+                (&marker, Type::INT8),
+                (&key.class_oid(), Type::OID),
+                (&key.object_oid(), Type::OID),
+                (&marker_class, Type::OID),
+                (&marker_object, Type::OID),
+                (&LINGER.as_secs_f64(), Type::FLOAT8),
+            ],
+        )
+        .await?;
+    Ok(match rows.first() {
+        Some(row) => row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
+        None => false,
+    })
+}
+
+/// A column of a statement that was just granted the key (its answer in the column `answer`):
+/// whether the lock was handed over gracefully. When the marker is held, it takes it
+/// exclusively (waiting, with no `lock_timeout`, for the unlocking statement to let go, which it
+/// does as soon as it sees this request) and gives it back at once.
+///
+/// `$marker` is the marker (int8); `$class`, `$object` its halves as `pg_locks` shows them.
+pub(super) fn handed_over(marker: u8, class: u8, object: u8) -> String {
+    format!(
+        "CASE WHEN answer IN ('granted', 'granted_unbounded') \
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+             AND objsubid = 1 AND classid = ${class} AND objid = ${object} \
+             AND mode = 'ShareLock' AND granted AND database = {THIS_DATABASE}) \
+         THEN pg_catalog.set_config('lock_timeout', '0', true) IS NOT NULL \
+           AND pg_catalog.pg_advisory_lock(${marker}::int8) IS NOT NULL \
+           AND pg_catalog.pg_advisory_unlock(${marker}::int8) \
+         ELSE false END"
+    )
+}
+
+/// The two halves of a bigint advisory lock as `pg_locks` shows them (`classid`, `objid`).
+pub(super) fn halves(lock: i64) -> (u32, u32) {
+    let lock = lock as u64;
+    ((lock >> 32) as u32, lock as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::session::{Attempt, SessionBounds};
+    use crate::postgres::waiter::wait;
+    use pg_elector_harness::{PgServer, TestDb, serial};
+    use tokio::time::Instant;
+
+    const INTERVAL: Duration = Duration::from_millis(200);
+
+    /// A waiting session's outcome, in the background.
+    fn waiter(db: &TestDb, key: LockKey) -> tokio::task::JoinHandle<super::super::waiter::Outcome> {
+        let bounds = SessionBounds::for_interval(INTERVAL);
+        tokio::spawn(wait(db.pool(1), key, "w".into(), bounds, INTERVAL, INTERVAL))
+    }
+
+    /// The sessions waiting for `key`, seen by `admin`.
+    async fn waiting(admin: &tokio_postgres::Client, key: LockKey) -> i64 {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+                 AND classid = $1 AND objid = $2 AND NOT granted",
+                &[&key.class_oid(), &key.object_oid()],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    async fn until_waiting(admin: &tokio_postgres::Client, key: LockKey, n: i64) {
+        let start = Instant::now();
+        while waiting(admin, key).await < n {
+            assert!(start.elapsed() < Duration::from_secs(10), "no {n} waiting");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Whether some session holds the key's marker.
+    async fn marker_held(admin: &tokio_postgres::Client, key: LockKey) -> bool {
+        let (class, object) = halves(key.handover_marker());
+        admin
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND objsubid = 1 AND classid = $1 AND objid = $2)",
+                &[&class, &object],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    fn handed_over(outcome: super::super::waiter::Outcome) -> (bool, Box<super::super::session::LockSession>) {
+        match outcome {
+            Ok(Attempt::Granted {
+                handed_over,
+                session,
+                ..
+            }) => (handed_over, session),
+            Ok(_) => panic!("refused"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The grantee asks for the marker at once, so the unlock answers within milliseconds, not
+    /// after the whole linger; and once the grantee has answered, the marker is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_granted_by_a_graceful_unlock_knows_it_and_the_marker_is_gone_when_it_answers() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let key = LockKey::new(0xf1, 0x3c);
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute("SELECT pg_advisory_lock($1, $2)", &[&key.class(), &key.object()])
+            .await
+            .unwrap();
+        let waiting = waiter(&db, key);
+        until_waiting(&admin, key, 1).await;
+        let started = Instant::now();
+        assert!(unlock(&holder, key).await.unwrap(), "the key was held");
+        let took = started.elapsed();
+        let (handed, _session) = handed_over(waiting.await.unwrap());
+        assert!(handed, "a graceful unlock hands the lock over");
+        assert!(!marker_held(&admin, key).await, "the marker is gone");
+        assert!(took < LINGER, "the unlock kept the marker {took:?}");
+        eprintln!("the graceful unlock answered after {took:?}");
+    }
+
+    /// The marker of a graceful unlock is for the grant it made only: when that grantee's
+    /// session ends (a terminate, a reset) right after, the next waiting session is not told
+    /// the lock was handed over, however soon it is granted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_grant_after_a_handed_over_session_that_ended_is_not_handed_over() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let key = LockKey::new(0xf1, 0x3d);
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute("SELECT pg_advisory_lock($1, $2)", &[&key.class(), &key.object()])
+            .await
+            .unwrap();
+        let first = waiter(&db, key);
+        until_waiting(&admin, key, 1).await;
+        let second = waiter(&db, key);
+        until_waiting(&admin, key, 2).await;
+        assert!(unlock(&holder, key).await.unwrap());
+        let (handed, session) = handed_over(first.await.unwrap());
+        assert!(handed, "the first waiter was handed the lock");
+        // Its session ends at once (the holder is still connected: nothing it holds may count).
+        drop(session);
+        let (handed, _session) = handed_over(second.await.unwrap());
+        assert!(!handed, "the second grant came from a session that ended");
+    }
+
+    /// A graceful unlock with nobody waiting keeps nothing: the statement answers at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unlock_with_nobody_waiting_does_not_linger() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let key = LockKey::new(0xf1, 0x3e);
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute("SELECT pg_advisory_lock($1, $2)", &[&key.class(), &key.object()])
+            .await
+            .unwrap();
+        let started = Instant::now();
+        assert!(unlock(&holder, key).await.unwrap());
+        let took = started.elapsed();
+        assert!(took < LINGER, "took {took:?}");
+        assert!(!marker_held(&admin, key).await);
+        assert!(!unlock(&holder, key).await.unwrap(), "no longer held");
+        assert!(!marker_held(&admin, key).await, "nor the marker after a refused unlock");
+    }
+}
