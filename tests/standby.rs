@@ -403,3 +403,55 @@ async fn e3_an_answer_the_try_does_not_know_closes_the_connection_and_frees_the_
     assert_eq!(proxy.accepted(), 2, "one new connection for the next try");
     replica.stop().await.unwrap();
 }
+
+/// E3: a try whose borrow could not finish in time (the application holds the whole pool)
+/// leaves that borrow under way, to be picked up by the next try. When the standby leads in
+/// between (its waiting session is granted), no next try comes for the whole term: the borrow
+/// must not keep the connection it gets, or a two-connection pool loses half of itself to the
+/// election while this replica leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_a_borrow_left_under_way_gives_its_connection_back_when_the_standby_leads() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    let key = LockKey::new(3, 0x5);
+    let fast = |pool, name: &str| {
+        Elector::builder(pool, key)
+            .check_interval(I)
+            .identity(name)
+            .fast_takeover(true)
+            .build()
+            .unwrap()
+    };
+    let leader = Replica::run(fast(db.pool(2), "leader"));
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("the first replica leads");
+    let pool = db.pool(2);
+    let standby = Replica::run(fast(pool.clone(), "standby"));
+    // Its waiting session is out of the pool, which has its two connections for the rest.
+    session_waiting(&admin, key, "standby", 10 * I).await;
+    let held = (pool.get().await.unwrap(), pool.get().await.unwrap());
+    // A try or two find no connection within I; the last borrow stays under way.
+    tokio::time::sleep(3 * I).await;
+    leader.stop().await.unwrap();
+    wait_for(10 * I, || standby.elector.is_leader())
+        .await
+        .expect("the waiting session takes over");
+    drop(held);
+    tokio::time::sleep(2 * I).await;
+    let both = tokio::time::timeout(I, async {
+        let first = pool.get().await.unwrap();
+        let second = pool.get().await.unwrap();
+        (first, second)
+    })
+    .await;
+    assert!(
+        both.is_ok(),
+        "the application cannot have both connections of its pool while the standby leads: {:?}",
+        pool.status()
+    );
+    assert!(standby.elector.is_leader());
+    drop(both);
+    standby.stop().await.unwrap();
+}

@@ -297,6 +297,7 @@ async fn standby(
             Ok(()) = resigns.changed() => {
                 // No session may wait for the lock during the cooldown the resign set.
                 waiter = None;
+                borrower.let_go();
                 shared.resigned.send_modify(|n| *n += 1);
                 continue;
             }
@@ -310,8 +311,10 @@ async fn standby(
                 outcome
             }
             None if shared.cooling_down() => {
-                // No session may wait for the lock while this replica stays away from it.
+                // No session may wait for the lock while this replica stays away from it, and
+                // no borrow of an earlier try may hold a pool connection meanwhile.
                 waiter = None;
+                borrower.let_go();
                 continue;
             }
             None => {
@@ -348,7 +351,9 @@ async fn standby(
                 applied,
                 handed_over,
             }) => {
-                // The waiting session, if the try won, is closed with the waiter.
+                // The waiting session, if the try won, is closed with the waiter; a borrow of a
+                // try that the waiting session beat gives its connection back to the pool.
+                borrower.let_go();
                 return Some(Grant {
                     session,
                     sent_at,

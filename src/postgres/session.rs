@@ -280,7 +280,9 @@ pub(crate) enum Check {
 /// A standby's way to the pool. A borrow that is still under way when the standby stops
 /// waiting (a slow connect, a full pool) goes on in the background and is picked up by the
 /// next try, so a connect slower than I is finished rather than abandoned and started again
-/// every I. Dropping the borrower cancels a borrow still under way.
+/// every I. When no next try comes soon (the standby leads, or cools down after a resign),
+/// [`let_go`](Self::let_go) gives that connection back. Dropping the borrower cancels a borrow
+/// still under way.
 pub(crate) struct Borrower {
     pool: Pool,
     pending: Option<AbortOnDropHandle<Result<Object, PoolError>>>,
@@ -292,6 +294,13 @@ impl Borrower {
             pool,
             pending: None,
         }
+    }
+
+    /// Drops a borrow still under way, or finished and not yet picked up, so that its
+    /// connection goes back to the pool: called when this standby stops trying for a while (it
+    /// leads, or a resign's cooldown holds), which must not keep a connection of the pool.
+    pub(crate) fn let_go(&mut self) {
+        self.pending = None;
     }
 
     /// A pool connection, waiting at most `wait`.
