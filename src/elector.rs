@@ -423,10 +423,15 @@ impl Elector {
     /// [`current_leader`](crate::current_leader)), with the epoch from this elector's fencing
     /// table when fencing is on. `None` for a local elector, or when nobody leads.
     ///
+    /// Bounded: it waits at most one check interval for a pool connection and one more for the
+    /// answer, so a partition or a stalled server makes it fail rather than hang. A connection
+    /// whose answer did not come in time is closed rather than given back to the pool.
+    ///
     /// # Errors
     ///
     /// [`Error::PoolTimeout`] or [`Error::Pool`] when no pool connection comes within one check
-    /// interval; [`Error::Database`] when a query fails.
+    /// interval; [`Error::Timeout`] when the answer does not come within one more;
+    /// [`Error::Database`] when a query fails.
     ///
     /// # Cancel safety
     ///
@@ -435,11 +440,7 @@ impl Elector {
         let Mode::Postgres(pg) = &self.shared.mode else {
             return Ok(None);
         };
-        let client = tokio::time::timeout(pg.interval, pg.pool.get())
-            .await
-            .map_err(|_| Error::PoolTimeout(pg.interval))?
-            .map_err(|e| Error::Pool(Box::new(e)))?;
-        crate::postgres::leader_of(&client, pg.key, pg.fencing.as_deref()).await
+        crate::postgres::leader_via(&pg.pool, pg.key, pg.fencing.as_deref(), pg.interval).await
     }
 
     /// The statement that creates this elector's fencing table (`CREATE TABLE IF NOT EXISTS

@@ -36,6 +36,12 @@ pub enum Error {
     #[error("no pool connection within {0:?}")]
     PoolTimeout(std::time::Duration),
 
+    /// A query got no answer within this time (for
+    /// [`Elector::current_leader`](crate::Elector::current_leader): the server or the network
+    /// stalls, as in a partition).
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
+
     /// The pool could not hand out a connection. The text carries the pool's error and, for a
     /// connection the server refused, the server's message; the error itself is the field.
     // The text is the whole chain, so the error is not also exposed as the source: a report

@@ -479,3 +479,44 @@ async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg
     fenced.stop().await.unwrap();
     roles::drop_role(&admin, &role).await;
 }
+
+/// `Elector::current_leader` is bounded: behind a partition (the pool's idle connection goes
+/// through a proxy that forwards nothing) it fails within about two intervals (one for the
+/// connection, one for the answer) instead of hanging, and the connection it gave up on is not
+/// given back to the pool (the next call opens a new one once the network is back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn current_leader_behind_a_partition_fails_within_two_intervals_and_works_again_after() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x1d, 9);
+    let leader = replica_named(&db, key, Some("the-leader"));
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("a leader");
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    // A standby whose pool goes through the proxy; its tries keep a connection idle there.
+    let watcher = Elector::builder(db.pool_via(proxy.addr(), 1), key)
+        .check_interval(I)
+        .build()
+        .unwrap();
+    let before = watcher.current_leader().await.unwrap().expect("a leader");
+    assert_eq!(before.identity, "the-leader");
+    proxy.blackhole();
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(10 * I, watcher.current_leader())
+        .await
+        .expect("current_leader does not hang in a partition");
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(pg_elector::Error::Timeout(bound)) if bound == I),
+        "{outcome:?}"
+    );
+    assert!(took < 2 * I + I / 2, "failed after {took:?}");
+    proxy.pass();
+    let after = watcher.current_leader().await.unwrap().expect("a leader");
+    assert_eq!(after.pid, before.pid);
+    eprintln!("current_leader in a partition failed after {took:?}");
+    leader.stop().await.unwrap();
+}

@@ -1,11 +1,12 @@
 //! Who leads now, as the server sees it: the backend that holds the lock, and its epoch row.
 
 use std::net::IpAddr;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio_postgres::types::Type;
 
 use super::fence::{DEFAULT_TABLE, FenceTable};
+use super::session::Borrowed;
 use crate::{Error, LockKey};
 
 /// Who leads a key, as the server sees it; from [`current_leader`] or
@@ -65,6 +66,27 @@ pub async fn current_leader(
         .first()
         .is_some_and(|row| row.get(0));
     leader_of(client, key, exists.then_some(&*table)).await
+}
+
+/// [`leader_of`] on a connection of `pool`, waiting at most `bound` for the connection and
+/// `bound` for the answer. A connection whose answer did not come in time is closed, not given
+/// back to the pool: the query may still be on it.
+pub(crate) async fn leader_via(
+    pool: &deadpool_postgres::Pool,
+    key: LockKey,
+    table: Option<&FenceTable>,
+    bound: Duration,
+) -> Result<Option<LeaderInfo>, Error> {
+    let object = tokio::time::timeout(bound, pool.get())
+        .await
+        .map_err(|_| Error::PoolTimeout(bound))?
+        .map_err(|e| Error::Pool(Box::new(e)))?;
+    let borrowed = Borrowed(Some(object));
+    let found = tokio::time::timeout(bound, leader_of(borrowed.client(), key, table))
+        .await
+        .map_err(|_| Error::Timeout(bound))?;
+    borrowed.give_back();
+    found
 }
 
 /// As [`current_leader`], with the epoch read from `table`, if any.

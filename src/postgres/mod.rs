@@ -26,7 +26,7 @@ mod leader;
 mod session;
 mod waiter;
 
-pub(crate) use leader::leader_of;
+pub(crate) use leader::leader_via;
 pub use leader::{LeaderInfo, current_leader};
 
 pub(crate) use fence::{DEFAULT_TABLE as DEFAULT_FENCING_TABLE, FenceTable};
