@@ -209,6 +209,19 @@ impl Elector {
         self.shared.pg().map(|pg| pg.interval)
     }
 
+    /// How long a graceful handover waits for the work still running (see
+    /// [`ElectorBuilder::drain_timeout`]); for a local elector, [`DEFAULT_CHECK_INTERVAL`]
+    /// (5 s), the default of an elector on PostgreSQL. The launchers of
+    /// [`background`](crate::background) let their work in flight finish within it at a graceful
+    /// stop.
+    ///
+    /// [`DEFAULT_CHECK_INTERVAL`]: crate::DEFAULT_CHECK_INTERVAL
+    pub fn drain_timeout(&self) -> Duration {
+        self.shared
+            .pg()
+            .map_or(crate::DEFAULT_CHECK_INTERVAL, |pg| pg.drain_timeout)
+    }
+
     /// Whether this replica leads now: one atomic load, plus a clock read on the leader for
     /// its local lease. Callable from any thread, inside or outside a runtime.
     ///

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::capture::Capture;
 use common::handover::{a_leads_b_stands_by, write, writes, writes_table};
 use common::*;
-use pg_elector::background::{LeaderTicker, WhileLeader};
+use pg_elector::background::{LeaderTicker, Supervisor, WhileLeader};
 use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
 
@@ -229,4 +229,124 @@ async fn drain_timeout_defaults_to_one_check_interval() {
     assert!(holders(&admin, key).await.is_empty(), "unlocked");
     assert_eq!(tick.await.unwrap(), Ok(None), "the tick's term ended");
     eprintln!("default drain: run returned {took:?} after the shutdown began");
+}
+
+/// An elector of the supervised handovers: fast takeover at `I`, a drain timeout of 2 s.
+fn fast_pair_elector(db: &TestDb, key: LockKey, name: &str) -> Elector {
+    Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .identity(name)
+        .fast_takeover(true)
+        .drain_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// The statement the old leader's work has in flight at the shutdown: its row is stamped by the
+/// server's clock after 300 ms, when it commits.
+const SLOW_WRITE: &str =
+    "INSERT INTO writes (replica, at) SELECT 'a', clock_timestamp() FROM pg_sleep(0.3)";
+
+/// The quick start's wiring with fast takeover: the election and the leader's work as workers
+/// of one supervisor, whose shutdown cancels both at once. Starts `a`'s supervisor (built by
+/// `with_work` on top of its election), waits until `a`
+/// leads and `b` (fast takeover, under a supervisor of its own) waits for the lock, then until
+/// `a`'s work has started its slow write, cancels `a`'s supervisor 50 ms into it, and lets `b`
+/// write as soon as it leads. Asserts that `a`'s row precedes `b`'s by the server's clock.
+async fn supervised_handover(
+    key: LockKey,
+    with_work: impl FnOnce(
+        Supervisor,
+        &Elector,
+        deadpool_postgres::Pool,
+        Arc<tokio::sync::Notify>,
+    ) -> Supervisor,
+) {
+    let _serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let admin = db.connect().await.unwrap();
+    // Each replica writes through a pool of its own, as two processes would.
+    let (a_pool, b_pool) = (db.pool(4), db.pool(2));
+    let a = fast_pair_elector(&db, key, "a");
+    let started = Arc::new(tokio::sync::Notify::new());
+    let a_shutdown = CancellationToken::new();
+    let a_supervisor = with_work(Supervisor::new().election(&a), &a, a_pool, started.clone());
+    let a_run = tokio::spawn(a_supervisor.run(a_shutdown.clone()));
+    wait_for(10 * I, || a.is_leader()).await.expect("a leads");
+    let b = fast_pair_elector(&db, key, "b");
+    let b_shutdown = CancellationToken::new();
+    let b_run = tokio::spawn(Supervisor::new().election(&b).run(b_shutdown.clone()));
+    session_waiting(&admin, key, "b", 10 * I).await;
+
+    started.notified().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let began = Instant::now();
+    a_shutdown.cancel();
+    let term = b.wait_for_leadership().await;
+    assert!(term.is_leader());
+    write(&b_pool, "b").await;
+    let b_led = began.elapsed();
+    a_run.await.unwrap();
+    let rows = writes(&db).await;
+    let order: Vec<&str> = rows.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        order.last(),
+        Some(&"b"),
+        "every write of a's term, then b's first: {rows:?}"
+    );
+    assert!(order.len() >= 2, "a's write in flight landed: {rows:?}");
+    eprintln!(
+        "b led {b_led:?} after a's supervisor was cancelled, {:?} after a's last write",
+        rows[rows.len() - 1]
+            .1
+            .duration_since(rows[rows.len() - 2].1)
+            .unwrap()
+    );
+    b_shutdown.cancel();
+    b_run.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_a_supervised_tick_in_flight_at_shutdown_lands_before_the_next_leaders_first_write() {
+    supervised_handover(LockKey::new(0xd7, 10), |supervisor, a, pool, started| {
+        let sweep = LeaderTicker::new("sweep", a, I);
+        supervisor.ticker(sweep, move |_term| {
+            let (pool, started) = (pool.clone(), started.clone());
+            async move {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                started.notify_one();
+                client
+                    .execute(SLOW_WRITE, &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(())
+            }
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_a_supervised_while_leader_loop_mid_statement_at_shutdown_lands_before_the_next_leaders_first_write()
+ {
+    supervised_handover(LockKey::new(0xd7, 11), |supervisor, a, pool, started| {
+        let writer = WhileLeader::new("writer", a);
+        supervisor.while_leader(writer, move |term| {
+            let (pool, started) = (pool.clone(), started.clone());
+            async move {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                // One slow write after another until the term ends.
+                while term.is_leader() {
+                    started.notify_one();
+                    client
+                        .execute(SLOW_WRITE, &[])
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok::<_, String>(())
+            }
+        })
+    })
+    .await;
 }

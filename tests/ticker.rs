@@ -176,9 +176,38 @@ async fn b1_a_panicking_tick_is_caught_logged_with_backtrace_and_counts_as_faile
     );
 }
 
+/// At shutdown no new tick starts, and the tick in flight runs on to its end (here, a local
+/// elector's drain timeout is 5 s): a tick that ends within it is not cut off.
 #[tokio::test(start_paused = true)]
-async fn b1_shutdown_stops_the_ticker_even_mid_tick() {
+async fn b1_at_shutdown_the_tick_in_flight_finishes_and_no_other_starts() {
     let elector = Elector::always_leader();
+    let shutdown = CancellationToken::new();
+    let ticks = AtomicUsize::new(0);
+    let finished = AtomicBool::new(false);
+    let ticker = LeaderTicker::new("short", &elector, P);
+    let t0 = Instant::now();
+    let stop = async {
+        tokio::time::sleep(P / 2).await;
+        shutdown.cancel();
+    };
+    let run = ticker.run(shutdown.clone(), |_| async {
+        ticks.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(3 * P).await;
+        finished.store(true, Ordering::SeqCst);
+        Ok::<_, String>(())
+    });
+    tokio::join!(run, stop);
+    assert_eq!(t0.elapsed(), 3 * P, "the ticker returned when its tick ended");
+    assert!(finished.load(Ordering::SeqCst), "the tick ran to its end");
+    assert_eq!(ticks.load(Ordering::SeqCst), 1, "no tick after the shutdown");
+}
+
+/// A tick that outlives the drain timeout after the shutdown is dropped then.
+#[tokio::test(start_paused = true)]
+async fn b1_a_tick_running_past_the_drain_timeout_after_shutdown_is_dropped() {
+    let elector = Elector::always_leader();
+    let drain = elector.drain_timeout();
+    assert_eq!(drain, pg_elector::DEFAULT_CHECK_INTERVAL, "a local elector's");
     let shutdown = CancellationToken::new();
     let finished = AtomicBool::new(false);
     let ticker = LeaderTicker::new("long", &elector, P);
@@ -188,12 +217,12 @@ async fn b1_shutdown_stops_the_ticker_even_mid_tick() {
         shutdown.cancel();
     };
     let run = ticker.run(shutdown.clone(), |_| async {
-        tokio::time::sleep(P * 100).await;
+        tokio::time::sleep(drain * 10).await;
         finished.store(true, Ordering::SeqCst);
         Ok::<_, String>(())
     });
     tokio::join!(run, stop);
-    assert_eq!(t0.elapsed(), P / 2, "the ticker returned at shutdown");
+    assert_eq!(t0.elapsed(), P / 2 + drain, "the ticker returned at the drain timeout");
     assert!(!finished.load(Ordering::SeqCst), "the tick was dropped");
 }
 

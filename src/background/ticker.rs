@@ -131,11 +131,21 @@ impl LeaderTicker {
     /// `tick` is called once per tick, on the leader only, with the term; its future need
     /// not be `'static` or `Send` unless the caller spawns this future.
     ///
+    /// # Shutdown
+    ///
+    /// When `shutdown` is cancelled, no new tick starts, and a tick in flight runs on to its end
+    /// for at most the elector's [drain timeout](crate::Elector::drain_timeout): the elector's
+    /// own shutdown (the same token, under a [`Supervisor`](super::Supervisor)) ends the term
+    /// first, which the tick sees on its token, and waits for the tick before it unlocks, so the
+    /// next leader starts after the tick's statements have finished. A tick still running at
+    /// the limit is dropped at its current `.await` (logged at WARN), as the elector gives the
+    /// lock up then anyway.
+    ///
     /// # Cancel safety
     ///
-    /// When `shutdown` is cancelled, or this future is dropped, a tick in flight is dropped at
-    /// its current `.await` (a tick that must finish a step should make that step cancel safe,
-    /// for example by running it in one transaction). Nothing outlives the future.
+    /// Dropping this future drops a tick in flight at its current `.await` (a tick that must
+    /// finish a step should make that step cancel safe, for example by running it in one
+    /// transaction). Nothing outlives the future.
     pub async fn run<F, Fut, E>(&self, shutdown: CancellationToken, mut tick: F)
     where
         F: FnMut(Term) -> Fut,
@@ -155,10 +165,11 @@ impl LeaderTicker {
             }
             let work = self.gate.elector().do_work_named(&self.name, &mut tick);
             let span = tracing::debug_span!("tick", loop_name = %self.name);
-            let outcome = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                outcome = catch_panic(work).instrument(span) => outcome,
+            let drain = self.gate.elector().drain_timeout();
+            let Some(outcome) = finish(catch_panic(work).instrument(span), &shutdown, drain).await
+            else {
+                tracing::warn!(loop_name = %self.name, drain_timeout = ?drain, "tick still running at the drain timeout after shutdown; dropped");
+                break;
             };
             let recorded = match outcome {
                 Ok(Ok(Some(()))) => {
@@ -181,10 +192,29 @@ impl LeaderTicker {
             if let Some(probe) = &self.probe {
                 probe.record(recorded);
             }
+            if shutdown.is_cancelled() {
+                break;
+            }
             due = next_due(due, self.period, Instant::now());
         }
         tracing::debug!(loop_name = %self.name, "leader ticker stopped");
     }
+}
+
+/// Runs `work` to its end; once `shutdown` is cancelled, for at most `drain` more (`None` past
+/// that, when `work` is dropped).
+async fn finish<F: Future>(
+    work: F,
+    shutdown: &CancellationToken,
+    drain: Duration,
+) -> Option<F::Output> {
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        biased;
+        outcome = &mut work => return Some(outcome),
+        () = shutdown.cancelled() => {}
+    }
+    tokio::time::timeout(drain, work).await.ok()
 }
 
 /// The first grid point (`due + k·period`, k ≥ 1) that is not in the past: grid points a tick

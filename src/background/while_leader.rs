@@ -11,15 +11,24 @@ use tracing::Instrument;
 use super::gate::Gate;
 use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
-use crate::Term;
+use crate::{Term, TermEnd};
 
 /// Runs a self-paced loop on the leader, one leadership term at a time.
 ///
 /// For each term this replica leads, the launcher calls the loop once with that term (linked
 /// to the launcher's shutdown token). When the term ends, the term's token is cancelled, so a
-/// loop that watches it can see the end; after the [grace](Self::stop_grace) (none by
-/// default) the launcher drops the loop's future, waits for the next term and starts the
-/// loop again.
+/// loop that watches it can see the end and return; the launcher then waits for the next term
+/// and starts the loop again. A loop that does not return is dropped at its current `.await`:
+///
+/// | how the term ended | the loop may run on for |
+/// |---|---|
+/// | leadership lost (the lock is gone: another replica may lead already) | its [grace](Self::stop_grace), none by default |
+/// | gracefully: the launcher's or the elector's shutdown, a [resign](crate::Elector::resign) | the elector's [drain timeout](crate::Elector::drain_timeout), or its grace if longer |
+///
+/// The elector does not unlock until a loop that ended gracefully has returned (or that time
+/// has passed), so the next leader starts after the statements the loop had sent have
+/// finished. So a loop should return promptly once its token is cancelled, as the example
+/// below does: one that goes on working holds a graceful handover up to the drain timeout.
 ///
 /// A loop that returns while its term is still live (`Ok`, `Err` or a panic) is not spun:
 /// it is started again only in a later term. An `Err` while leading logs WARN `loop failed`
@@ -96,10 +105,12 @@ impl WhileLeader {
         }
     }
 
-    /// How long a loop may keep running after its term ended, to finish what it does on
+    /// How long a loop may keep running after its term was lost, to finish what it does on
     /// seeing the term's token, before its future is dropped. Default zero: dropped at once.
+    /// After a graceful end of the term the loop may run on for the elector's drain timeout
+    /// anyway (or this, if longer).
     ///
-    /// Another replica may lead during the grace, so keep it short.
+    /// Another replica may lead during the grace after a lost term, so keep it short.
     pub fn stop_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
@@ -125,8 +136,9 @@ impl WhileLeader {
     ///
     /// On shutdown the loop's term ends too (with
     /// [`TermEnd::ParentCancelled`](crate::TermEnd::ParentCancelled)), and the loop is stopped
-    /// as at the end of any term, grace included. Dropping this future drops the loop's
-    /// future at once. Nothing outlives the future.
+    /// as at any graceful end of a term: it may run on for the elector's drain timeout (or its
+    /// grace, if longer). Dropping this future drops the loop's future at once. Nothing
+    /// outlives the future.
     pub async fn run<F, Fut, E>(&self, shutdown: CancellationToken, mut run_loop: F)
     where
         F: FnMut(Term) -> Fut,
@@ -169,8 +181,13 @@ impl WhileLeader {
                 };
                 match outcome {
                     Some(outcome) => Some(outcome),
-                    None if self.grace.is_zero() => None,
-                    None => tokio::time::timeout(self.grace, &mut running).await.ok(),
+                    None => {
+                        let keep = self.keep_after(term.end());
+                        match keep.is_zero() {
+                            true => None,
+                            false => tokio::time::timeout(keep, &mut running).await.ok(),
+                        }
+                    }
                 }
             };
             drop(in_flight);
@@ -200,6 +217,16 @@ impl WhileLeader {
             term.cancelled().await;
         }
         tracing::debug!(loop_name = %self.name, "while-leader launcher stopped");
+    }
+
+    /// How long a loop whose term ended with `end` may run on: after a graceful end (the
+    /// launcher's or the elector's shutdown, a resign) until the elector's drain gives up, or
+    /// the grace if longer; after a lost term, the grace.
+    fn keep_after(&self, end: Option<TermEnd>) -> Duration {
+        match end {
+            Some(TermEnd::LeadershipLost) => self.grace,
+            _ => self.grace.max(self.gate.elector().drain_timeout()),
+        }
     }
 
     fn record(&self, outcome: TickOutcome) {

@@ -139,7 +139,14 @@ mod tests {
     /// A waiting session's outcome, in the background.
     fn waiter(db: &TestDb, key: LockKey) -> tokio::task::JoinHandle<super::super::waiter::Outcome> {
         let bounds = SessionBounds::for_interval(INTERVAL);
-        tokio::spawn(wait(db.pool(1), key, "w".into(), bounds, INTERVAL, INTERVAL))
+        tokio::spawn(wait(
+            db.pool(1),
+            key,
+            "w".into(),
+            bounds,
+            INTERVAL,
+            INTERVAL,
+        ))
     }
 
     /// The sessions waiting for `key`, seen by `admin`.
@@ -177,7 +184,9 @@ mod tests {
             .get(0)
     }
 
-    fn handed_over(outcome: super::super::waiter::Outcome) -> (bool, Box<super::super::session::LockSession>) {
+    fn handed_over(
+        outcome: super::super::waiter::Outcome,
+    ) -> (bool, Box<super::super::session::LockSession>) {
         match outcome {
             Ok(Attempt::Granted {
                 handed_over,
@@ -200,7 +209,10 @@ mod tests {
         let key = LockKey::new(0xf1, 0x3c);
         let holder = db.connect().await.unwrap();
         holder
-            .execute("SELECT pg_advisory_lock($1, $2)", &[&key.class(), &key.object()])
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
             .await
             .unwrap();
         let waiting = waiter(&db, key);
@@ -227,7 +239,10 @@ mod tests {
         let key = LockKey::new(0xf1, 0x3d);
         let holder = db.connect().await.unwrap();
         holder
-            .execute("SELECT pg_advisory_lock($1, $2)", &[&key.class(), &key.object()])
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
             .await
             .unwrap();
         let first = waiter(&db, key);
@@ -253,7 +268,10 @@ mod tests {
         let key = LockKey::new(0xf1, 0x3e);
         let holder = db.connect().await.unwrap();
         holder
-            .execute("SELECT pg_advisory_lock($1, $2)", &[&key.class(), &key.object()])
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
             .await
             .unwrap();
         let started = Instant::now();
@@ -262,6 +280,9 @@ mod tests {
         assert!(took < LINGER, "took {took:?}");
         assert!(!marker_held(&admin, key).await);
         assert!(!unlock(&holder, key).await.unwrap(), "no longer held");
-        assert!(!marker_held(&admin, key).await, "nor the marker after a refused unlock");
+        assert!(
+            !marker_held(&admin, key).await,
+            "nor the marker after a refused unlock"
+        );
     }
 }
