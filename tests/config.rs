@@ -92,3 +92,67 @@ fn public_handles_are_send_sync_clone_and_static() {
     fn error<T: std::error::Error + Send + Sync + 'static>() {}
     error::<Error>();
 }
+
+/// Every duration a user hands the elector and the background plane, at its extremes, is an
+/// error from `build()` or a bound, never a panic or an overflow: the drain timeout, a resign's
+/// cooldown, a ticker's period, a while-leader loop's grace, the supervisor's backoff, budget
+/// window and shutdown timeout. (The check interval's extremes are errors, above.)
+#[tokio::test(start_paused = true)]
+async fn extreme_durations_are_errors_or_bounds_never_panics() {
+    use pg_elector::background::{LeaderTicker, RestartPolicy, Supervisor, WhileLeader};
+    use tokio_util::sync::CancellationToken;
+
+    for drain in [Duration::ZERO, Duration::MAX] {
+        let elector = Elector::builder(pool(), KEY).drain_timeout(drain).build();
+        assert_eq!(elector.unwrap().drain_timeout(), drain);
+    }
+    for period in [Duration::ZERO, Duration::MAX] {
+        let period = LeaderTicker::new("t", Elector::always_leader(), period).period();
+        assert!(period >= pg_elector::background::MIN_TICK_PERIOD);
+        assert!(period <= pg_elector::background::MAX_TICK_PERIOD);
+    }
+    let policy = RestartPolicy::new()
+        .backoff(Duration::MAX, Duration::MAX)
+        .budget(u32::MAX, Duration::MAX);
+    assert_eq!(policy.backoff_after(u32::MAX), Duration::MAX);
+
+    // A resign that never ends its cooldown ("never again") on a manual elector.
+    let (elector, control) = Elector::manual();
+    control.promote();
+    assert!(elector.resign(Duration::MAX).await);
+    assert!(!elector.is_leader());
+
+    // A loop with an endless grace whose term is lost: it returns on its token, and the
+    // launcher goes on.
+    let (elector, control) = Elector::manual();
+    let shutdown = CancellationToken::new();
+    let launcher = WhileLeader::new("w", &elector).stop_grace(Duration::MAX);
+    let run = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            launcher
+                .run(shutdown, |term| async move {
+                    term.cancelled().await;
+                    Ok::<_, String>(())
+                })
+                .await
+        }
+    });
+    control.promote();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    control.demote();
+    shutdown.cancel();
+    run.await.unwrap();
+
+    // A supervisor that waits without end at shutdown, for a worker that stops at once.
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    Supervisor::new()
+        .shutdown_timeout(Duration::MAX)
+        .restart_policy(policy)
+        .worker("w", |token: CancellationToken| async move {
+            token.cancelled().await
+        })
+        .run(shutdown)
+        .await;
+}

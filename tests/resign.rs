@@ -422,3 +422,52 @@ async fn a_standby_that_resigns_while_its_try_is_in_flight_does_not_lead_during_
         .expect("leads after the cooldown");
     replica.stop().await.unwrap();
 }
+
+/// A drain timeout and a cooldown of `Duration::MAX` ("wait for the work however long", "never
+/// lead again") are bounds, not overflows: the resign drains the work in flight, unlocks, and
+/// the replica never competes again while a standby takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resign_with_an_endless_drain_and_cooldown_drains_unlocks_and_stays_away() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0x4e, 0x99);
+    let a = Replica::run(
+        Elector::builder(db.pool(2), key)
+            .check_interval(I)
+            .drain_timeout(Duration::MAX)
+            .build()
+            .unwrap(),
+    );
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = Replica::start(db.pool(2), key, I);
+    let started = Arc::new(tokio::sync::Notify::new());
+    let work = tokio::spawn({
+        let (elector, started) = (a.elector.clone(), started.clone());
+        async move {
+            elector
+                .do_work(|_term| async move {
+                    started.notify_one();
+                    tokio::time::sleep(2 * I).await;
+                    Ok::<_, String>(())
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    let called = Instant::now();
+    assert!(a.elector.resign(Duration::MAX).await, "a led and resigned");
+    assert!(
+        called.elapsed() >= 2 * I - I / 4,
+        "the resign drained the work"
+    );
+    assert_eq!(work.await.unwrap(), Ok(None));
+    wait_for(TAKEOVER, || b.elector.is_leader())
+        .await
+        .expect("b takes over");
+    b.stop().await.unwrap();
+    tokio::time::sleep(3 * I).await;
+    assert!(!a.elector.is_leader(), "a never competes again");
+    a.stop().await.unwrap();
+}

@@ -197,9 +197,17 @@ async fn b1_at_shutdown_the_tick_in_flight_finishes_and_no_other_starts() {
         Ok::<_, String>(())
     });
     tokio::join!(run, stop);
-    assert_eq!(t0.elapsed(), 3 * P, "the ticker returned when its tick ended");
+    assert_eq!(
+        t0.elapsed(),
+        3 * P,
+        "the ticker returned when its tick ended"
+    );
     assert!(finished.load(Ordering::SeqCst), "the tick ran to its end");
-    assert_eq!(ticks.load(Ordering::SeqCst), 1, "no tick after the shutdown");
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        1,
+        "no tick after the shutdown"
+    );
 }
 
 /// A tick that outlives the drain timeout after the shutdown is dropped then.
@@ -207,7 +215,11 @@ async fn b1_at_shutdown_the_tick_in_flight_finishes_and_no_other_starts() {
 async fn b1_a_tick_running_past_the_drain_timeout_after_shutdown_is_dropped() {
     let elector = Elector::always_leader();
     let drain = elector.drain_timeout();
-    assert_eq!(drain, pg_elector::DEFAULT_CHECK_INTERVAL, "a local elector's");
+    assert_eq!(
+        drain,
+        pg_elector::DEFAULT_CHECK_INTERVAL,
+        "a local elector's"
+    );
     let shutdown = CancellationToken::new();
     let finished = AtomicBool::new(false);
     let ticker = LeaderTicker::new("long", &elector, P);
@@ -222,7 +234,11 @@ async fn b1_a_tick_running_past_the_drain_timeout_after_shutdown_is_dropped() {
         Ok::<_, String>(())
     });
     tokio::join!(run, stop);
-    assert_eq!(t0.elapsed(), P / 2 + drain, "the ticker returned at the drain timeout");
+    assert_eq!(
+        t0.elapsed(),
+        P / 2 + drain,
+        "the ticker returned at the drain timeout"
+    );
     assert!(!finished.load(Ordering::SeqCst), "the tick was dropped");
 }
 
