@@ -84,8 +84,10 @@
 //!   from the read before to the read after. A SIGSTOPped replica counts as not leading from
 //!   the SIGSTOP to the SIGCONT (its watcher is stopped too, and it cannot act): what matters
 //!   is what it does on resume, checked apart. *Two leaders*: two replicas certainly leading at
-//!   once; every instant of it must fall within the allowance of a fault that has one. A
-//!   session the server ends while its leader cannot hear it (a terminate or a restart while
+//!   once; every instant of it must fall within the allowance of a fault that has one, and no
+//!   fault a leader can hear has one (a terminate or a reset of a leader that hears it included:
+//!   it steps down within 1 ms, before the next term begins). A session the server ends while
+//!   its leader cannot hear it (a terminate or a restart while
 //!   that leader is partitioned; a terminate, a reset or a restart while it is frozen) lets a
 //!   standby lead before the old leader can notice: that overlap is allowed until it can, by
 //!   the partition's demotion bound (2·I, or 100 ms after the heal if sooner) or 100 ms after
@@ -104,8 +106,8 @@
 //!   rows come from one replica; no row of epoch e is written after the sampler saw a later
 //!   epoch current (a fenced transaction holds the epoch row, so the next bump commits after
 //!   it: this one needs no allowance); and no row of one replica while `pg_locks` had shown
-//!   another holding the lock for more than 30 ms (the sampling's resolution), outside a
-//!   terminate-like fault's overlap allowance.
+//!   another holding the lock for more than 30 ms (the sampling's resolution), outside the
+//!   overlap allowance of a session ended under a leader that could not hear it.
 //! - **`pg_locks`**, sampled every 5 ms from a connection of the soak's own (named
 //!   `soak-checker`, never a fault's target), with the epoch row in the same statement:
 //!   consecutive samples with the same holder and epoch, none more than 30 ms apart, make a

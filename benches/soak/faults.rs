@@ -52,8 +52,9 @@ pub(crate) struct Bound {
     pub(crate) demote: Option<Duration>,
 }
 
-/// The overlap and demotion allowed when the server ends a live leader's session: the README's
-/// "≤ 20 ms + scheduling", as 100 ms (plus the slack).
+/// The demotion allowed when the server ends a live leader's session (1 ms + scheduling in the
+/// README), as 100 ms (plus the slack); and how long a leader that could not hear it (frozen,
+/// partitioned) may go on leading once it can.
 pub(crate) const SESSION_ENDED: Duration = Duration::from_millis(100);
 
 impl Kind {
@@ -175,10 +176,11 @@ impl Kind {
             // New leader ≤ 5·I; a leader frozen longer than 3·I never acts on resume (checked
             // apart); after the SIGCONT, the next try within I.
             Kind::Stop => b(i * 5, i, zero, None),
-            // The old leader demotes ≤ 20 ms + scheduling, the overlap is bounded by that; a
-            // new leader ≤ 1·I.
+            // The old leader demotes within 1 ms + scheduling, before the new term begins (a
+            // grant that was not handed over waits 5 ms): never two; a new leader ≤ 1·I. A
+            // leader that cannot hear (frozen, partitioned) is judged apart.
             Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset => {
-                b(i, zero, SESSION_ENDED, Some(SESSION_ENDED))
+                b(i, zero, zero, Some(SESSION_ENDED))
             }
             // Old demoted ≤ 2·I, new leader ≤ 5·I, never two; after the heal the old session's
             // close reaches the server, and the next try comes within I.
@@ -197,7 +199,7 @@ impl Kind {
         match self {
             Kind::Kill => "≤ 1·I / never",
             Kind::Stop => "≤ 5·I, SIGCONT + 1·I / never",
-            Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset => "≤ 1·I / ≤ 100 ms",
+            Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset => "≤ 1·I / never",
             Kind::Partition => "≤ 5·I, heal + 1·I / never",
             Kind::RestartFast | Kind::RestartImmediate => "accepting + 1·I / never",
             Kind::Exhaust => "end + 1·I / never",
