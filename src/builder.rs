@@ -122,11 +122,10 @@ impl ElectorBuilder {
     /// without it: the standby still tries every interval (so a waiting session that breaks,
     /// or a server restart, only falls back to that), and a grant on the waiting session goes
     /// through the same checks (read replica, pooler), bounds, identity and epoch before its
-    /// term starts. When the old leader's session ended without an unlock, that term starts
-    /// 5 ms after the grant, and a leader with fast takeover looks at its connection every
-    /// 1 ms (20 ms without): a leader whose session was ended under it steps down before the
-    /// next one starts. After a graceful unlock (which keeps its session 50 ms longer, holding
-    /// a marker the new leader sees) it starts at once. Turn it on for every replica of a key.
+    /// term starts, as after a try: when the old leader's session ended without an unlock, the
+    /// term starts 5 ms after the grant (every leader looks at its connection every 1 ms, so
+    /// one whose session was ended under it has stepped down by then); after a graceful unlock
+    /// it starts at once. Turn it on for every replica of a key.
     ///
     /// ```
     /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {

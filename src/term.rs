@@ -133,7 +133,7 @@ pub struct Leadership {
 /// When leadership ends by a demotion, the token is cancelled at once. When it ends because the
 /// local lease ran out while the process was frozen (SIGSTOP, a suspended VM), [`is_leader`]
 /// and [`Elector::do_work`](crate::Elector::do_work) see it at once on resume, and the token
-/// follows within 20 ms. Code that must never act after that instant checks
+/// follows within about a millisecond. Code that must never act after that instant checks
 /// [`is_leader`](Term::is_leader) right before each side effect (or runs it through `do_work`).
 ///
 /// [`is_leader`]: Term::is_leader
