@@ -137,12 +137,25 @@ impl Spec {
             .and_then(|rest| rest.strip_suffix("ms"))
             .and_then(|ms| ms.parse::<u64>().ok())
         {
-            return Ok(Spec::Every(Duration::from_millis(ms.max(1))));
+            return Ok(Spec::Every(whole_period(Duration::from_millis(ms))));
         }
         Err(ScheduleError::Stored {
             text: text.to_owned(),
         })
     }
+}
+
+/// The longest period of [`Job::every`]: a century.
+pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The most missed dues [`Job::max_catch_up`] lets [`CatchUp::All`] run after one gap.
+pub const MAX_CATCH_UP: usize = 10_000;
+
+/// `period` as a fixed-period job keeps it: whole milliseconds, from one millisecond to
+/// [`MAX_PERIOD`] (a longer one saturates, a shorter one is one millisecond).
+pub(crate) fn whole_period(period: Duration) -> Duration {
+    let ms = period.as_millis().min(MAX_PERIOD.as_millis());
+    Duration::from_millis(ms as u64).max(Duration::from_millis(1))
 }
 
 fn cron_spec(expression: &str, zone_name: &str) -> Result<Spec, ScheduleError> {
@@ -208,11 +221,10 @@ impl Job {
 
     /// A job due every `period`, on a grid anchored at the UNIX epoch, so that every replica
     /// computes the same due instants (`every(1 h)` is due on the hour, UTC). The period is
-    /// kept in whole milliseconds, from one millisecond to a century.
+    /// kept in whole milliseconds, from one millisecond to a century: a shorter period
+    /// (`Duration::ZERO`) is one millisecond, a longer one (`Duration::MAX`) a century.
     pub fn every(name: impl Into<String>, period: Duration) -> Job {
-        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-        let ms = Duration::from_millis(period.as_millis().min(CENTURY.as_millis()) as u64);
-        Self::new(name.into(), Spec::Every(ms.max(Duration::from_millis(1))))
+        Self::new(name.into(), Spec::Every(whole_period(period)))
     }
 
     fn new(name: String, spec: Spec) -> Self {
@@ -248,9 +260,10 @@ impl Job {
         self
     }
 
-    /// The most missed dues [`CatchUp::All`] runs (default 100).
+    /// The most missed dues [`CatchUp::All`] runs (default 100), from 1 to [`MAX_CATCH_UP`]
+    /// (10 000): a larger number is taken as that, and 0 as 1.
     pub fn max_catch_up(mut self, most: usize) -> Job {
-        self.max_catch_up = most.max(1);
+        self.max_catch_up = most.clamp(1, MAX_CATCH_UP);
         self
     }
 
@@ -437,6 +450,51 @@ mod tests {
             ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"],
             "02:30 on the fall-back night runs once"
         );
+    }
+
+    #[test]
+    fn a_period_or_catch_up_limit_out_of_range_saturates() {
+        let never = Job::every("max", Duration::MAX);
+        assert_eq!(
+            never.schedule(),
+            format!("every {}ms", MAX_PERIOD.as_millis())
+        );
+        let at = ts("2026-11-30T10:00:00Z");
+        let next = never
+            .spec
+            .next_after(at)
+            .expect("a century grid has a next due");
+        assert!(next > at);
+        assert!(never.spec.previous(at, true).is_some());
+        let (dues, more) = never.spec.dues_between(ts("2000-01-01T00:00:00Z"), at, 10);
+        assert!(dues.len() <= 1 && !more, "{dues:?}");
+        // At the ends of time: no due, and no panic.
+        assert_eq!(never.spec.next_after(Timestamp::MAX), None);
+        assert!(never.spec.previous(Timestamp::MIN, false).is_none());
+
+        let fastest = Job::every("zero", Duration::ZERO);
+        assert_eq!(fastest.schedule(), "every 1ms");
+        assert_eq!(
+            fastest.spec.next_after(at).unwrap(),
+            ts("2026-11-30T10:00:00.001Z")
+        );
+        assert_eq!(
+            Job::every("sub-ms", Duration::from_micros(1500)).schedule(),
+            "every 1ms"
+        );
+
+        // A stored period a hand or another version wrote: read within the same bounds.
+        let stored = Spec::parse(&format!("every {}ms", u64::MAX)).unwrap();
+        assert_eq!(stored.text(), never.schedule());
+        assert_eq!(Spec::parse("every 0ms").unwrap().text(), "every 1ms");
+
+        let job = Job::every("j", Duration::from_secs(1));
+        assert_eq!(
+            job.clone().max_catch_up(usize::MAX).max_catch_up,
+            MAX_CATCH_UP
+        );
+        assert_eq!(job.clone().max_catch_up(0).max_catch_up, 1);
+        assert_eq!(job.max_catch_up(7).max_catch_up, 7);
     }
 
     #[test]

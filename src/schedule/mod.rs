@@ -60,7 +60,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
 
-pub use job::{CatchUp, Job, JobRun, RunKind};
+pub use job::{CatchUp, Job, JobRun, MAX_CATCH_UP, RunKind};
 
 use crate::background::panic::catch_panic;
 use crate::background::{Probe, Readiness, TickOutcome};
@@ -131,7 +131,7 @@ pub enum ScheduleError {
         /// The server's refusal.
         source: tokio_postgres::Error,
     },
-    /// No pool connection within the schedule's poll interval.
+    /// No pool connection within the schedule's poll interval (at least 1 s).
     #[error("no pool connection within {0:?}")]
     PoolTimeout(Duration),
     /// The pool could not hand out a connection.
@@ -188,6 +188,34 @@ pub enum LostState {
     Halt,
 }
 
+/// The shortest poll interval a schedule takes ([`Schedule::poll_interval`]).
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The longest poll interval a schedule takes ([`Schedule::poll_interval`]): an hour.
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// `every` as a poll interval: from [`MIN_POLL_INTERVAL`] to [`MAX_POLL_INTERVAL`].
+fn poll_within_bounds(every: Duration) -> Duration {
+    every.clamp(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL)
+}
+
+/// How long one query of the job tables may take, for a schedule polling every `poll`: two
+/// polls, at least 2 s.
+fn query_bound(poll: Duration) -> Duration {
+    poll.saturating_mul(2).max(Duration::from_secs(2))
+}
+
+/// How long a run whose replica beats every `period` may stay silent before another term
+/// calls it abandoned: three periods, at least 3 s.
+fn stale_after(period: Duration) -> Duration {
+    period.saturating_mul(3).max(Duration::from_secs(3))
+}
+
+/// How long a pool borrow may wait, for a schedule polling every `poll`: a poll, at least 1 s.
+fn borrow_bound(poll: Duration) -> Duration {
+    poll.max(Duration::from_secs(1))
+}
+
 /// How many of its ended terms a schedule remembers (their runs are abandoned at the start of
 /// the next term, so a few are plenty).
 const ENDED_TERMS: usize = 8;
@@ -231,10 +259,12 @@ impl Schedule {
             |k| format!("{}:{}", k.class(), k.object()),
         );
         Self {
-            poll: elector
-                .check_interval()
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(5)),
+            poll: poll_within_bounds(
+                elector
+                    .check_interval()
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(Duration::from_secs(5)),
+            ),
             elector: elector.clone(),
             pool,
             namespace,
@@ -283,12 +313,14 @@ impl Schedule {
     }
 
     /// How often the leader reads each job's row for a trigger or a schedule change asked
-    /// from any replica (default: the elector's check interval, at most 5 s; at least 10 ms).
-    /// Dues themselves run on time, whatever this is. It is also how often a running job says
-    /// it is alive: a run silent for three polls (and at least 3 s) is taken for dead by the
-    /// next leader.
+    /// from any replica (default: the elector's check interval, at most 5 s). Dues themselves
+    /// run on time, whatever this is. It is also how often a running job says it is alive: a
+    /// run silent for three polls (and at least 3 s) is taken for dead by the next leader.
+    ///
+    /// Taken from [`MIN_POLL_INTERVAL`] (10 ms) to [`MAX_POLL_INTERVAL`] (an hour): a shorter
+    /// interval (`Duration::ZERO`) is 10 ms, a longer one (`Duration::MAX`) an hour.
     pub fn poll_interval(mut self, every: Duration) -> Self {
-        self.poll = every.max(Duration::from_millis(10));
+        self.poll = poll_within_bounds(every);
         self
     }
 
@@ -328,7 +360,7 @@ impl Schedule {
             namespace: self.namespace.clone(),
             schema: self.schema.clone(),
             prefix: self.prefix.clone(),
-            wait: self.poll.max(Duration::from_secs(1)),
+            wait: borrow_bound(self.poll),
         }
     }
 
@@ -449,7 +481,7 @@ impl Schedule {
                 // Runs in progress were waited for by the elector's drain; what is left after
                 // a grace is cut off at its current `.await` (a run cut off stays `running`
                 // until the next term calls it abandoned).
-                let grace = (2 * ctx.poll).max(Duration::from_secs(2));
+                let grace = query_bound(ctx.poll);
                 let drained = tokio::time::timeout(grace, async {
                     while tasks.join_next().await.is_some() {}
                 })
@@ -591,9 +623,10 @@ struct Context {
 
 impl Context {
     async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
-        tokio::time::timeout(self.poll.max(Duration::from_secs(1)), self.pool.get())
+        let wait = borrow_bound(self.poll);
+        tokio::time::timeout(wait, self.pool.get())
             .await
-            .map_err(|_| ScheduleError::PoolTimeout(self.poll))?
+            .map_err(|_| ScheduleError::PoolTimeout(wait))?
             .map_err(|e| ScheduleError::Pool(Box::new(e)))
     }
 
@@ -603,7 +636,7 @@ impl Context {
         &self,
         query: impl Future<Output = Result<T, ScheduleError>>,
     ) -> Result<T, ScheduleError> {
-        let bound = (2 * self.poll).max(Duration::from_secs(2));
+        let bound = query_bound(self.poll);
         tokio::time::timeout(bound, query)
             .await
             .map_err(|_| ScheduleError::Timeout(bound))?
@@ -611,7 +644,7 @@ impl Context {
 
     /// How long a run may go without a heartbeat before another term calls it abandoned.
     fn stale(&self) -> Duration {
-        (3 * self.poll).max(Duration::from_secs(3))
+        stale_after(self.poll)
     }
 }
 
@@ -1060,9 +1093,54 @@ fn record(
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
+    use std::time::Duration;
 
-    use super::ScheduleError;
+    use super::*;
     use crate::Fenced;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_poll_interval_is_kept_between_10_ms_and_an_hour() {
+        assert_eq!(
+            poll_within_bounds(Duration::ZERO),
+            Duration::from_millis(10)
+        );
+        assert_eq!(poll_within_bounds(Duration::MAX), Duration::from_secs(3600));
+        assert_eq!(poll_within_bounds(SEC), SEC);
+        let (elector, _control) = Elector::manual();
+        let mut config = deadpool_postgres::Config::new();
+        config.dbname = Some("never-connected".to_owned());
+        let pool = config.create_pool(None, tokio_postgres::NoTls).unwrap();
+        let schedule = Schedule::new(&elector, pool).poll_interval(Duration::MAX);
+        assert_eq!(schedule.poll, MAX_POLL_INTERVAL);
+        assert_eq!(schedule.handle().wait, MAX_POLL_INTERVAL);
+    }
+
+    #[test]
+    fn every_bound_derived_from_a_user_duration_saturates_instead_of_overflowing() {
+        for poll in [
+            Duration::ZERO,
+            Duration::from_millis(10),
+            SEC,
+            Duration::MAX,
+        ] {
+            // No panic on any input, and each bound at least its floor.
+            assert!(query_bound(poll) >= 2 * SEC, "{poll:?}");
+            assert!(stale_after(poll) >= 3 * SEC, "{poll:?}");
+            assert!(borrow_bound(poll) >= SEC, "{poll:?}");
+        }
+        assert_eq!(query_bound(Duration::MAX), Duration::MAX);
+        assert_eq!(stale_after(Duration::MAX), Duration::MAX);
+        assert_eq!(query_bound(Duration::from_millis(50)), 2 * SEC);
+        assert_eq!(query_bound(5 * SEC), 10 * SEC);
+        assert_eq!(stale_after(Duration::from_millis(50)), 3 * SEC);
+        assert_eq!(stale_after(4 * SEC), 12 * SEC);
+        assert_eq!(borrow_bound(MAX_POLL_INTERVAL), MAX_POLL_INTERVAL);
+        // What a schedule derives from its largest poll is far from any overflow.
+        assert_eq!(query_bound(MAX_POLL_INTERVAL), 2 * MAX_POLL_INTERVAL);
+        assert_eq!(stale_after(MAX_POLL_INTERVAL), 3 * MAX_POLL_INTERVAL);
+    }
 
     #[test]
     fn an_error_says_its_cause_once() {
