@@ -547,19 +547,42 @@ impl ScheduleHandle {
         Store::new(self.schema.as_deref(), &self.prefix)
     }
 
+    /// One call of the handle, borrow and statement together, bounded by the handle's wait.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, ScheduleError>>,
+    ) -> Result<T, ScheduleError> {
+        tokio::time::timeout(self.wait, call)
+            .await
+            .map_err(|_| ScheduleError::Timeout(self.wait))?
+    }
+
     /// Asks the leader to run `job` now, once, besides its schedule (recorded as a
     /// `triggered` run).
     ///
+    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
+    /// the schedule's [poll interval](Schedule::poll_interval), at least 1 s.
+    ///
     /// # Errors
     ///
-    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
+    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// partition, a server that does not answer: the request may still have reached the
+    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
+    /// database error.
     ///
     /// # Cancel safety
     ///
     /// One statement: dropped before it was sent, nothing happens; after, the request stands.
     pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
-        let client = self.client().await?;
-        match self.store()?.trigger(&client, &self.namespace, job).await? {
+        let store = self.store()?;
+        let known = self
+            .bounded(async {
+                let client = self.client().await?;
+                store.trigger(&client, &self.namespace, job).await
+            })
+            .await?;
+        match known {
             true => Ok(()),
             false => Err(ScheduleError::UnknownJob {
                 job: job.to_owned(),
@@ -571,20 +594,31 @@ impl ScheduleHandle {
     /// on; its history is kept. The change lasts until a deploy registers another schedule in
     /// code.
     ///
+    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
+    /// the schedule's [poll interval](Schedule::poll_interval), at least 1 s.
+    ///
     /// # Errors
     ///
-    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
+    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// partition, a server that does not answer: the change may still have reached the
+    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
+    /// database error.
     ///
     /// # Cancel safety
     ///
     /// One statement: dropped before it was sent, nothing changes; after, the change stands.
     pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
-        let client = self.client().await?;
-        match self
-            .store()?
-            .reschedule(&client, &self.namespace, job, &schedule.schedule())
-            .await?
-        {
+        let store = self.store()?;
+        let known = self
+            .bounded(async {
+                let client = self.client().await?;
+                store
+                    .reschedule(&client, &self.namespace, job, &schedule.schedule())
+                    .await
+            })
+            .await?;
+        match known {
             true => Ok(()),
             false => Err(ScheduleError::UnknownJob {
                 job: job.to_owned(),
