@@ -6,14 +6,107 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
+use common::capture::Capture;
+use common::roles::{drop_role, limited_role, pool_as};
 use common::*;
 use pg_elector::Elector;
-use pg_elector::schedule::{Job, Schedule};
+use pg_elector::schedule::{Job, JobRun, RunKind, Schedule, ScheduleError};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::instrument::WithSubscriber;
+
+/// One run as its body saw it: the replica, the due, the attempt, the kind, when it started.
+type Started = (&'static str, SystemTime, u32, RunKind, Instant);
+
+/// The runs started so far, in order.
+type Starts = Arc<Mutex<Vec<Started>>>;
+
+type Body = Arc<
+    dyn Fn(JobRun) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A job body that says when it starts and then works for `lasts(n)`, `n` counting the runs
+/// started so far on every replica.
+fn working(
+    replica: &'static str,
+    starts: &Starts,
+    lasts: impl Fn(usize) -> Duration + Send + Sync + 'static,
+) -> Body {
+    let starts = starts.clone();
+    Arc::new(move |run: JobRun| {
+        let n = {
+            let mut starts = starts.lock().unwrap();
+            starts.push((replica, run.due, run.attempt, run.kind, Instant::now()));
+            starts.len() - 1
+        };
+        let lasts = lasts(n);
+        Box::pin(async move {
+            tokio::time::sleep(lasts).await;
+            Ok(())
+        })
+    })
+}
+
+/// A schedule of one job on a manual elector, as its own task, its events in `capture`.
+struct Sched {
+    control: pg_elector::ManualControl,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ScheduleError>>,
+}
+
+fn schedule(
+    pool: deadpool_postgres::Pool,
+    poll: Duration,
+    job: Job,
+    body: Body,
+    capture: &Capture,
+) -> Sched {
+    let (elector, control) = Elector::manual();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        Schedule::new(&elector, pool)
+            .poll_interval(poll)
+            .job(job, move |run| body(run))
+            .run(shutdown.clone())
+            .with_subscriber(capture.dispatch()),
+    );
+    Sched {
+        control,
+        shutdown,
+        task,
+    }
+}
+
+impl Sched {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// `(due, attempt, kind, outcome, claimed_by)` of every stored run of `job`, oldest first.
+async fn stored_runs(
+    client: &tokio_postgres::Client,
+    job: &str,
+) -> Vec<(SystemTime, i32, String, String, String)> {
+    client
+        .query(
+            "SELECT due, attempt, kind, outcome, claimed_by FROM pg_elector_job_runs \
+             WHERE job = $1 ORDER BY due, attempt",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
 
 /// A job body that counts its runs.
 fn counting(
@@ -146,4 +239,258 @@ async fn h7_trigger_and_reschedule_behind_a_partition_return_timeout_within_the_
     proxy.pass();
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// Item 8: a live run taken for dead. The stale threshold was the reading replica's own poll
+/// interval: b, polling every 50 ms, called a's run dead after 3 s, while a, polling (and so
+/// beating) every 4 s, was still running it, and reran it beside it. The run's row now
+/// carries the period its runner promised, and a run is stale after three of those (at least
+/// 3 s). The two replicas lead at once (manual electors), as in the overlap window of a
+/// failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h8_a_long_poll_replicas_live_run_is_not_abandoned_by_a_short_poll_replica() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let starts: Starts = Arc::default();
+    let (capture_a, capture_b) = (Capture::default(), Capture::default());
+    let job = || Job::every("long", Duration::from_millis(200)).rerun_abandoned(true);
+    // a's first run lasts 9 s: two of its 4 s beats, and silent for 4 s at a time.
+    let first = Duration::from_secs(9);
+    let a_body = working("a", &starts, move |n| match n {
+        0 => first,
+        _ => Duration::from_millis(10),
+    });
+    let a = schedule(
+        db.pool(2),
+        Duration::from_secs(4),
+        job(),
+        a_body,
+        &capture_a,
+    );
+    a.control.promote();
+    wait_for(Duration::from_secs(5), || {
+        !starts.lock().unwrap().is_empty()
+    })
+    .await
+    .expect("a starts a run");
+    let (_, due, _, _, started) = starts.lock().unwrap()[0];
+    let b_body = working("b", &starts, |_| Duration::from_millis(10));
+    let b = schedule(
+        db.pool(2),
+        Duration::from_millis(50),
+        job(),
+        b_body,
+        &capture_b,
+    );
+    b.control.promote();
+    // Until a's run is over, and a little longer.
+    tokio::time::sleep((first + Duration::from_millis(500)).saturating_sub(started.elapsed()))
+        .await;
+    b.stop().await;
+    a.stop().await;
+
+    let runs = stored_runs(&db.connect().await.unwrap(), "long").await;
+    let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
+    let bodies: Vec<_> = starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.1 == due)
+        .map(|s| (s.0, s.2, s.3))
+        .collect();
+    eprintln!("the due's runs: {of_due:?}; started: {bodies:?}");
+    assert_eq!(
+        bodies,
+        [("a", 1, RunKind::Scheduled)],
+        "the due ran once, on a, never rerun beside it"
+    );
+    assert_eq!(
+        of_due
+            .iter()
+            .map(|r| (r.1, r.3.as_str(), r.4.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "succeeded", "local")],
+        "one stored run, which succeeded"
+    );
+    let abandoned = capture_b.events("a run claimed by an earlier term never finished");
+    assert!(
+        abandoned.is_empty(),
+        "b took a's live run for dead: {abandoned:?}"
+    );
+}
+
+/// The job tables as the version before the heartbeat period made them.
+const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, job text NOT NULL, \
+     schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
+     claimed_by text, claimed_term text, claimed_epoch bigint, \
+     started_at timestamptz, finished_at timestamptz, outcome text, error text, \
+     trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
+     CREATE TABLE pg_elector_job_runs (namespace text NOT NULL, job text NOT NULL, \
+     due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
+     claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
+     started_at timestamptz NOT NULL, heartbeat_at timestamptz, \
+     finished_at timestamptz, outcome text NOT NULL, error text, \
+     PRIMARY KEY (namespace, job, due, attempt)); \
+     CREATE INDEX pg_elector_job_runs_running ON pg_elector_job_runs (namespace, job) \
+     WHERE outcome = 'running'";
+
+/// The columns of `table`, in order.
+async fn columns(client: &tokio_postgres::Client, table: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_name = $1 ORDER BY ordinal_position",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Item 8, older tables: tables an earlier version made (no heartbeat period) get the column
+/// at the next term, when the role may add it (here the owner), and the jobs run on them; a
+/// run such a version left running (it promised no period) is judged by the reader's poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h8_tables_an_earlier_version_made_get_the_new_columns_and_the_jobs_run() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    admin.batch_execute(OLD_DDL).await.unwrap();
+    let before = columns(&admin, "pg_elector_job_runs").await;
+    assert!(
+        !before.contains(&"heartbeat_period".to_owned()),
+        "{before:?}"
+    );
+    // A run the earlier version left running, silent for 10 s.
+    admin
+        .batch_execute(
+            "INSERT INTO pg_elector_job_runs (namespace, job, due, attempt, kind, claimed_by, \
+             claimed_term, started_at, heartbeat_at, outcome) VALUES ('local', 'count', \
+             '2026-01-01T00:00:00Z', 1, 'scheduled', 'old', 'old/1/0/0', \
+             now() - interval '20 s', now() - interval '10 s', 'running')",
+        )
+        .await
+        .unwrap();
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let sched = schedule(
+        db.pool(2),
+        Duration::from_millis(50),
+        Job::every("count", Duration::from_millis(100)),
+        working("m", &starts, |_| Duration::ZERO),
+        &capture,
+    );
+    sched.control.promote();
+    wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
+        .await
+        .expect("the jobs run on the upgraded tables");
+    sched.stop().await;
+    let after = columns(&admin, "pg_elector_job_runs").await;
+    assert!(after.contains(&"heartbeat_period".to_owned()), "{after:?}");
+    let promised: Vec<f64> = admin
+        .query(
+            "SELECT extract(epoch FROM heartbeat_period)::float8 FROM pg_elector_job_runs \
+             WHERE job = 'count' AND outcome = 'succeeded'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(promised.len() >= 3, "{promised:?}");
+    assert!(
+        promised.iter().all(|p| (*p - 0.05).abs() < 1e-9),
+        "each run promised the runner's poll, 50 ms: {promised:?}"
+    );
+    let problems: Vec<_> = capture
+        .events("")
+        .into_iter()
+        .filter(|e| e.level <= tracing::Level::WARN)
+        .collect();
+    let old: String = admin
+        .query_one(
+            "SELECT outcome FROM pg_elector_job_runs WHERE claimed_term = 'old/1/0/0'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        old, "abandoned",
+        "judged by the reader's poll (3 s at least)"
+    );
+    let warned: Vec<_> = problems
+        .iter()
+        .filter(|e| {
+            e.message()
+                .starts_with("a run claimed by an earlier term never finished")
+        })
+        .collect();
+    assert_eq!(warned.len(), 1, "{problems:?}");
+    assert_eq!(
+        problems.len(),
+        1,
+        "nothing else to complain about: {problems:?}"
+    );
+}
+
+/// Item 8, older tables and a role that may not alter them: a clear ERROR naming the
+/// statement to run, and the jobs wait until an administrator ran it (`ddl()` has it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h8_a_role_that_may_not_add_the_new_columns_is_told_the_statement_and_jobs_wait() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    let role = limited_role(&db, &admin, "hb").await;
+    admin
+        .batch_execute(&format!(
+            "{OLD_DDL}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
+             TO \"{role}\""
+        ))
+        .await
+        .unwrap();
+    let pool = pool_as(&db, &role, 2);
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let sched = schedule(
+        pool.clone(),
+        Duration::from_millis(50),
+        Job::every("count", Duration::from_millis(100)),
+        working("m", &starts, |_| Duration::ZERO),
+        &capture,
+    );
+    sched.control.promote();
+    let said = wait_for(Duration::from_secs(3), || {
+        !capture.events("the job tables are not ready").is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(said.is_some(), "the refusal is logged");
+    assert!(starts.lock().unwrap().is_empty(), "no job runs meanwhile");
+    let said = capture.events("the job tables are not ready");
+    assert_eq!(said[0].level, tracing::Level::ERROR);
+    let error = said[0].field("error");
+    assert!(
+        error.contains(
+            "ALTER TABLE \"pg_elector_job_runs\" ADD COLUMN IF NOT EXISTS heartbeat_period interval"
+        ) && error.contains("must be owner of table"),
+        "the statement to run and the server's refusal: {error}"
+    );
+    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
+        .ddl()
+        .unwrap();
+    assert!(
+        ddl.contains("ADD COLUMN IF NOT EXISTS heartbeat_period interval"),
+        "{ddl}"
+    );
+    admin.batch_execute(&ddl).await.unwrap();
+    wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
+        .await
+        .expect("the jobs run once the administrator ran the statements");
+    sched.stop().await;
+    drop(pool);
+    drop_role(&admin, &role).await;
 }

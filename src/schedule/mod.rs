@@ -9,10 +9,13 @@
 //! up. A new leader reads where the schedule stands and applies the job's [`CatchUp`] to the
 //! dues missed while nobody led.
 //!
-//! **Runs cut off by a failover.** A running job says it is alive every poll interval. A run
-//! that an earlier term left `running` is recorded as `abandoned` once its runner is known to
-//! be gone: silent for three poll intervals (at least 3 s), or at once when that term was this
-//! process's own (its runs were stopped before the next term began). Until then the new leader
+//! **Runs cut off by a failover.** A running job says it is alive every poll interval of the
+//! replica that runs it, and that period is stored with the run. A run that an earlier term
+//! left `running` is recorded as `abandoned` once its runner is known to be gone: silent for
+//! three of its own periods (at least 3 s), whatever the poll interval of the replica that
+//! looks, or at once when that term was this process's own (its runs were stopped before the
+//! next term began). The heartbeats borrow from the schedule's pool: a pool kept full for that
+//! long (by the job itself, say) can make a live run look dead, so leave it a spare connection. Until then the new leader
 //! claims nothing of that job, so it never starts the job beside a deposed leader's run that is
 //! still going, and never overwrites that run's claim; dues that pass meanwhile are handled by
 //! the job's [`CatchUp`]. An abandoned run is run again only if the job asks for it
@@ -67,7 +70,7 @@ use crate::background::{Probe, Readiness, TickOutcome};
 use crate::term::lock;
 use crate::{Elector, Term};
 use job::Spec;
-use store::{Claimant, Store};
+use store::{Claimant, Ensured, Store};
 
 /// What can go wrong with a schedule. Failures of the database while the schedule runs are not
 /// errors of [`Schedule::run`]: they are logged and the schedule goes on.
@@ -126,6 +129,18 @@ pub enum ScheduleError {
         crate::error::chain(source)
     )]
     CannotCreate {
+        /// The statements to run.
+        ddl: String,
+        /// The server's refusal.
+        source: tokio_postgres::Error,
+    },
+    /// The job tables lack columns this version uses (an earlier version made them) and this
+    /// role may not add them: only the tables' owner may.
+    #[error(
+        "the job tables lack columns this version uses and this role may not add them ({}); run this once as their owner: {ddl}",
+        crate::error::chain(source)
+    )]
+    CannotUpgrade {
         /// The statements to run.
         ddl: String,
         /// The server's refusal.
@@ -205,11 +220,14 @@ fn query_bound(poll: Duration) -> Duration {
     poll.saturating_mul(2).max(Duration::from_secs(2))
 }
 
-/// How long a run whose replica beats every `period` may stay silent before another term
-/// calls it abandoned: three periods, at least 3 s.
-fn stale_after(period: Duration) -> Duration {
-    period.saturating_mul(3).max(Duration::from_secs(3))
-}
+/// How many of the heartbeat periods its runner promised (the poll interval of the replica
+/// that claimed it, stored with the run) a run may stay silent before another term calls it
+/// abandoned ...
+const STALE_BEATS: u32 = 3;
+
+/// ... and at least how long. (A period is at most [`MAX_POLL_INTERVAL`], so the threshold is
+/// at most three hours.)
+const STALE_FLOOR: Duration = Duration::from_secs(3);
 
 /// How long a pool borrow may wait, for a schedule polling every `poll`: a poll, at least 1 s.
 fn borrow_bound(poll: Duration) -> Duration {
@@ -314,8 +332,9 @@ impl Schedule {
 
     /// How often the leader reads each job's row for a trigger or a schedule change asked
     /// from any replica (default: the elector's check interval, at most 5 s). Dues themselves
-    /// run on time, whatever this is. It is also how often a running job says it is alive: a
-    /// run silent for three polls (and at least 3 s) is taken for dead by the next leader.
+    /// run on time, whatever this is. It is also how often a running job says it is alive,
+    /// as stored with each run it claims: a run silent for three of its runner's polls (and at
+    /// least 3 s) is taken for dead by a later leader, whatever that leader's own poll.
     ///
     /// Taken from [`MIN_POLL_INTERVAL`] (10 ms) to [`MAX_POLL_INTERVAL`] (an hour): a shorter
     /// interval (`Duration::ZERO`) is 10 ms, a longer one (`Duration::MAX`) an hour.
@@ -365,7 +384,10 @@ impl Schedule {
     }
 
     /// The statements that create the job tables, for a migration run by a role that may
-    /// create tables (the schedule's role then needs `SELECT, INSERT, UPDATE` on both).
+    /// create tables (the schedule's role then needs `SELECT, INSERT, UPDATE` on both). They
+    /// also add the columns of this version to tables an earlier version made (`ALTER TABLE …
+    /// ADD COLUMN IF NOT EXISTS`), so the same statements upgrade them; run them as the
+    /// tables' owner.
     ///
     /// # Errors
     ///
@@ -382,7 +404,11 @@ impl Schedule {
     /// # Errors
     ///
     /// [`ScheduleError::DuplicateJob`] or [`ScheduleError::InvalidTable`] at once; nothing
-    /// while it runs (database failures are logged, and retried every poll interval).
+    /// while it runs (database failures are logged, and retried every poll interval). Tables
+    /// that are missing are created, and tables an earlier version made get the columns of
+    /// this version, at the start of each term; a role that may not do it gets an ERROR in
+    /// the log naming the statements to run ([`ScheduleError::CannotCreate`],
+    /// [`ScheduleError::CannotUpgrade`]), and the jobs wait until they have been run.
     ///
     /// # Cancel safety
     ///
@@ -675,11 +701,6 @@ impl Context {
             .await
             .map_err(|_| ScheduleError::Timeout(bound))?
     }
-
-    /// How long a run may go without a heartbeat before another term calls it abandoned.
-    fn stale(&self) -> Duration {
-        stale_after(self.poll)
-    }
 }
 
 /// A term's unique id, stored with each claim: a run left `running` under another id was
@@ -705,9 +726,13 @@ async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>) -> bool {
     loop {
         let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
         match made.await {
-            Ok(created) => {
-                if created {
-                    tracing::info!("created the job tables");
+            Ok(ensured) => {
+                match ensured {
+                    Ensured::Created => tracing::info!("created the job tables"),
+                    Ensured::Upgraded => {
+                        tracing::info!("added the columns of this version to the job tables");
+                    }
+                    Ensured::Ready => {}
                 }
                 return true;
             }
@@ -826,7 +851,7 @@ async fn job_task(
                     name,
                     &term_id,
                     &ended,
-                    ctx.stale(),
+                    ctx.poll,
                 )
                 .await
         });
@@ -995,6 +1020,7 @@ async fn run_due(
             identity: &identity,
             term_id,
             epoch: term.epoch(),
+            heartbeat: ctx.poll,
         };
         // The claim, on a connection of its own that goes back to the pool at once.
         let claim = ctx.bounded(async {
@@ -1034,16 +1060,27 @@ async fn run_due(
         };
         let outcome = {
             let job = std::pin::pin!(catch_panic((registered.run)(run)));
+            // A beat every poll, as the claim promised (the run's row holds the period): on a
+            // fixed cadence, each bounded by a poll (at least 1 s), so that a slow or failed
+            // beat does not push the next ones back.
             let beat = async {
+                let mut beats = tokio::time::interval_at(
+                    tokio::time::Instant::now() + ctx.poll,
+                    ctx.poll,
+                );
+                beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 loop {
-                    tokio::time::sleep(ctx.poll).await;
-                    let beat = ctx.bounded(async {
+                    beats.tick().await;
+                    let bound = borrow_bound(ctx.poll);
+                    let beat = tokio::time::timeout(bound, async {
                         ctx.store
                             .heartbeat(&*ctx.client().await?, &ctx.namespace, &name, due, attempt)
                             .await
                     });
-                    if let Err(e) = beat.await {
-                        tracing::debug!(job = %name, error = %e, "heartbeat failed");
+                    match beat.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::debug!(job = %name, error = %e, "heartbeat failed"),
+                        Err(_) => tracing::debug!(job = %name, ?bound, "heartbeat timed out"),
                     }
                 }
             };
@@ -1161,19 +1198,14 @@ mod tests {
         ] {
             // No panic on any input, and each bound at least its floor.
             assert!(query_bound(poll) >= 2 * SEC, "{poll:?}");
-            assert!(stale_after(poll) >= 3 * SEC, "{poll:?}");
             assert!(borrow_bound(poll) >= SEC, "{poll:?}");
         }
         assert_eq!(query_bound(Duration::MAX), Duration::MAX);
-        assert_eq!(stale_after(Duration::MAX), Duration::MAX);
         assert_eq!(query_bound(Duration::from_millis(50)), 2 * SEC);
         assert_eq!(query_bound(5 * SEC), 10 * SEC);
-        assert_eq!(stale_after(Duration::from_millis(50)), 3 * SEC);
-        assert_eq!(stale_after(4 * SEC), 12 * SEC);
         assert_eq!(borrow_bound(MAX_POLL_INTERVAL), MAX_POLL_INTERVAL);
         // What a schedule derives from its largest poll is far from any overflow.
         assert_eq!(query_bound(MAX_POLL_INTERVAL), 2 * MAX_POLL_INTERVAL);
-        assert_eq!(stale_after(MAX_POLL_INTERVAL), 3 * MAX_POLL_INTERVAL);
     }
 
     #[test]

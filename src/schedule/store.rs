@@ -6,10 +6,37 @@ use jiff::Timestamp;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use super::ScheduleError;
+use super::{STALE_BEATS, STALE_FLOOR, ScheduleError};
 
 /// PostgreSQL's longest identifier, in bytes.
 const MAX_IDENTIFIER: usize = 63;
+
+/// One of the two tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Table {
+    Jobs,
+    Runs,
+}
+
+/// The columns versions after the first added, with their types: in the tables this version
+/// creates, and added (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`) to tables an earlier version
+/// made.
+const ADDED_COLUMNS: &[(Table, &str, &str)] = &[
+    // The heartbeat period the running replica promised: its run is stale after a few of
+    // them, whatever the reader's own poll interval.
+    (Table::Runs, "heartbeat_period", "interval"),
+];
+
+/// What [`Store::ensure`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ensured {
+    /// The tables were there, with every column.
+    Ready,
+    /// It created them.
+    Created,
+    /// They were there without the columns of this version, and it added them.
+    Upgraded,
+}
 
 /// A job's row as the leader reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +64,8 @@ pub(crate) struct Claimant<'a> {
     pub(crate) identity: &'a str,
     pub(crate) term_id: &'a str,
     pub(crate) epoch: Option<u64>,
+    /// How often the claimant's run says it is alive.
+    pub(crate) heartbeat: std::time::Duration,
 }
 
 /// The two tables and their statements, names quoted as identifiers.
@@ -44,6 +73,7 @@ pub(crate) struct Claimant<'a> {
 pub(crate) struct Store {
     ddl: String,
     exists: String,
+    upgrade: String,
     register: String,
     load: String,
     abandon: String,
@@ -96,23 +126,77 @@ impl Store {
             "NOT EXISTS (SELECT 1 FROM {runs} WHERE namespace = $1 AND job = $2 \
              AND outcome = 'running' AND claimed_term <> $5)"
         );
+        let added = |table: Table| -> Vec<(&str, &str)> {
+            ADDED_COLUMNS
+                .iter()
+                .filter(|(t, _, _)| *t == table)
+                .map(|(_, column, kind)| (*column, *kind))
+                .collect()
+        };
+        let (jobs_added, runs_added) = (added(Table::Jobs), added(Table::Runs));
+        let in_create = |columns: &[(&str, &str)]| -> String {
+            columns
+                .iter()
+                .map(|(column, kind)| format!("{column} {kind}, "))
+                .collect()
+        };
+        let alter = |table: &str, columns: &[(&str, &str)]| -> Option<String> {
+            (!columns.is_empty()).then(|| {
+                let adds: Vec<String> = columns
+                    .iter()
+                    .map(|(column, kind)| format!("ADD COLUMN IF NOT EXISTS {column} {kind}"))
+                    .collect();
+                format!("ALTER TABLE {table} {}", adds.join(", "))
+            })
+        };
+        let upgrade = [alter(&jobs, &jobs_added), alter(&runs, &runs_added)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ");
+        let names = |columns: &[(&str, &str)]| -> String {
+            columns
+                .iter()
+                .map(|(column, _)| *column)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // A run is stale once it has been silent for a few of the heartbeat periods its runner
+        // promised (at least a floor); a run of an earlier version, which promised none, by
+        // the reader's poll interval ($5).
+        let stale = format!(
+            "coalesce(heartbeat_at, started_at) < clock_timestamp() - greatest({beats} * \
+             coalesce(heartbeat_period, make_interval(secs => $5)), \
+             make_interval(secs => {floor}))",
+            beats = STALE_BEATS,
+            floor = STALE_FLOOR.as_secs_f64(),
+        );
         Ok(Self {
             ddl: format!(
                 "CREATE TABLE IF NOT EXISTS {jobs} (namespace text NOT NULL, job text NOT NULL, \
                  schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
                  claimed_by text, claimed_term text, claimed_epoch bigint, \
                  started_at timestamptz, finished_at timestamptz, outcome text, error text, \
-                 trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
+                 trigger_requested timestamptz, {jobs_new}PRIMARY KEY (namespace, job)); \
                  CREATE TABLE IF NOT EXISTS {runs} (namespace text NOT NULL, job text NOT NULL, \
                  due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
                  claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
                  started_at timestamptz NOT NULL, heartbeat_at timestamptz, \
-                 finished_at timestamptz, outcome text NOT NULL, error text, \
+                 finished_at timestamptz, outcome text NOT NULL, error text, {runs_new}\
                  PRIMARY KEY (namespace, job, due, attempt)); \
+                 {upgrade}; \
                  CREATE INDEX IF NOT EXISTS {running_index} ON {runs} (namespace, job) \
-                 WHERE outcome = 'running'"
+                 WHERE outcome = 'running'",
+                jobs_new = in_create(&jobs_added),
+                runs_new = in_create(&runs_added),
             ),
-            exists: format!("SELECT FROM {jobs} WHERE false; SELECT FROM {runs} WHERE false"),
+            // Both tables, with the columns later versions added.
+            exists: format!(
+                "SELECT {} FROM {jobs} WHERE false; SELECT {} FROM {runs} WHERE false",
+                names(&jobs_added),
+                names(&runs_added)
+            ),
+            upgrade,
             // A deploy whose code registers another schedule overrides the stored one; a
             // schedule changed at run time stays until then. `xmax = 0`: the row is new.
             register: format!(
@@ -130,14 +214,12 @@ impl Store {
                  FROM {jobs} WHERE {key}"
             ),
             // Runs of other terms still `running` whose runner is known to be gone: a term of
-            // this process that has ended ($4), or silent for $5 seconds (its leader died, or
-            // was deposed and stopped it). The job's row follows when it holds that claim.
+            // this process that has ended ($4), or stale (its leader died, or was deposed and
+            // stopped it). The job's row follows when it holds that claim.
             abandon: format!(
                 "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
                    WHERE {key} AND outcome = 'running' AND claimed_term <> $3 \
-                   AND (claimed_term = ANY($4) \
-                        OR coalesce(heartbeat_at, started_at) \
-                           < clock_timestamp() - make_interval(secs => $5)) \
+                   AND (claimed_term = ANY($4) OR {stale}) \
                    RETURNING due, attempt, kind, claimed_by, claimed_term), \
                  j AS (UPDATE {jobs} AS j SET outcome = 'abandoned', finished_at = clock_timestamp() \
                    FROM r WHERE j.namespace = $1 AND j.job = $2 AND j.outcome = 'running' \
@@ -170,10 +252,11 @@ impl Store {
             // The attempt is one more than the due's earlier ones (a rerun of a rerun).
             insert_run: format!(
                 "INSERT INTO {runs} (namespace, job, due, attempt, kind, claimed_by, claimed_term, \
-                 epoch, started_at, heartbeat_at, outcome) \
+                 epoch, started_at, heartbeat_at, heartbeat_period, outcome) \
                  SELECT $1, $2, $3, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
                                      WHERE namespace = $1 AND job = $2 AND due = $3), \
-                        $4, $5, $6, $7, clock_timestamp(), clock_timestamp(), 'running' \
+                        $4, $5, $6, $7, clock_timestamp(), clock_timestamp(), \
+                        make_interval(secs => $8), 'running' \
                  RETURNING attempt"
             ),
             // One statement for both rows: the job's row never says `running` for a run whose
@@ -201,29 +284,37 @@ impl Store {
         &self.ddl
     }
 
-    /// Creates the tables when they are missing; `true` when it did. A look comes first: the
-    /// server checks the right to create in the schema before it looks whether the table exists,
-    /// so `CREATE TABLE IF NOT EXISTS` fails for a role that may only use tables an
-    /// administrator made.
+    /// Creates the tables when they are missing, and adds the columns of this version to
+    /// tables an earlier version made. A look comes first: the server checks the right to
+    /// create in the schema before it looks whether the table exists, so `CREATE TABLE IF NOT
+    /// EXISTS` fails for a role that may only use tables an administrator made (and `ALTER
+    /// TABLE` for a role that does not own them, whether or not the columns are there).
     pub(crate) async fn ensure(
         &self,
         client: &tokio_postgres::Client,
-    ) -> Result<bool, ScheduleError> {
-        match client.batch_execute(&self.exists).await {
-            Ok(()) => return Ok(false),
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
+    ) -> Result<Ensured, ScheduleError> {
+        let (statements, made) = match client.batch_execute(&self.exists).await {
+            Ok(()) => return Ok(Ensured::Ready),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => (&self.ddl, Ensured::Created),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
+                (&self.upgrade, Ensured::Upgraded)
+            }
             Err(e) => return Err(ScheduleError::Database(e)),
-        }
-        match client.batch_execute(&self.ddl).await {
-            Ok(()) => Ok(true),
+        };
+        match client.batch_execute(statements).await {
+            Ok(()) => Ok(made),
             // Two replicas creating them at once: the other one won.
-            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(false),
-            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                Err(ScheduleError::CannotCreate {
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(Ensured::Ready),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => Err(match made {
+                Ensured::Upgraded => ScheduleError::CannotUpgrade {
+                    ddl: self.upgrade.clone(),
+                    source: e,
+                },
+                _ => ScheduleError::CannotCreate {
                     ddl: self.ddl.clone(),
                     source: e,
-                })
-            }
+                },
+            }),
             Err(e) => Err(ScheduleError::Database(e)),
         }
     }
@@ -276,7 +367,9 @@ impl Store {
 
     /// Marks the runs of this job that other terms left `running` as abandoned when their
     /// runner is known to be gone: its term is one of `ended` (terms of this process that are
-    /// over), or it has not said it is alive for `stale`. Returns them, oldest first.
+    /// over), or it has been silent for three of the heartbeat periods it promised (at least
+    /// 3 s; `fallback` is the period of a run an earlier version claimed, which promised
+    /// none). Returns them, oldest first.
     pub(crate) async fn abandon(
         &self,
         client: &tokio_postgres::Client,
@@ -284,7 +377,7 @@ impl Store {
         job: &str,
         term_id: &str,
         ended: &[String],
-        stale: std::time::Duration,
+        fallback: std::time::Duration,
     ) -> Result<Vec<Abandoned>, ScheduleError> {
         let rows = client
             .query_typed(
@@ -294,7 +387,7 @@ impl Store {
                     (&job, Type::TEXT),
                     (&term_id, Type::TEXT),
                     (&ended, Type::TEXT_ARRAY),
-                    (&stale.as_secs_f64(), Type::FLOAT8),
+                    (&fallback.as_secs_f64(), Type::FLOAT8),
                 ],
             )
             .await?;
@@ -379,6 +472,7 @@ impl Store {
                     (&who.identity, Type::TEXT),
                     (&who.term_id, Type::TEXT),
                     (&epoch, Type::INT8),
+                    (&who.heartbeat.as_secs_f64(), Type::FLOAT8),
                 ],
             )
             .await?;
@@ -540,6 +634,49 @@ mod tests {
             plain
                 .exists
                 .contains("FROM \"pg_elector_job_runs\" WHERE false")
+        );
+    }
+
+    #[test]
+    fn a_run_is_stale_after_three_of_its_own_periods_and_at_least_3_s() {
+        let store = Store::new(None, "pg_elector_").unwrap();
+        assert!(
+            store.abandon.contains(
+                "coalesce(heartbeat_at, started_at) < clock_timestamp() - greatest(3 * \
+                 coalesce(heartbeat_period, make_interval(secs => $5)), \
+                 make_interval(secs => 3))"
+            ),
+            "{}",
+            store.abandon
+        );
+        assert!(store.insert_run.contains("make_interval(secs => $8)"));
+    }
+
+    #[test]
+    fn the_ddl_makes_every_column_and_adds_the_later_ones_to_older_tables() {
+        let store = Store::new(None, "pg_elector_").unwrap();
+        let ddl = store.ddl();
+        for (table, column, kind) in ADDED_COLUMNS {
+            let name = match table {
+                Table::Jobs => "\"pg_elector_jobs\"",
+                Table::Runs => "\"pg_elector_job_runs\"",
+            };
+            let create = ddl
+                .split("; ")
+                .find(|s| s.starts_with(&format!("CREATE TABLE IF NOT EXISTS {name} (")))
+                .unwrap();
+            assert!(create.contains(&format!(" {column} {kind}, ")), "{create}");
+            let alter = format!("ADD COLUMN IF NOT EXISTS {column} {kind}");
+            assert!(store.upgrade.contains(&alter), "{}", store.upgrade);
+            assert!(store.exists.contains(column), "{}", store.exists);
+        }
+        assert!(ddl.contains(&store.upgrade), "{ddl}");
+        assert!(
+            store
+                .upgrade
+                .starts_with("ALTER TABLE \"pg_elector_job_runs\" ADD COLUMN IF NOT EXISTS heartbeat_period interval"),
+            "{}",
+            store.upgrade
         );
     }
 
