@@ -494,3 +494,143 @@ async fn h8_a_role_that_may_not_add_the_new_columns_is_told_the_statement_and_jo
     drop(pool);
     drop_role(&admin, &role).await;
 }
+
+/// Which replica reruns the cut-off run in [`a_rerun_whose_abandon_lost_its_answer`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Rerunner {
+    /// The same leader, at a later pass.
+    SameLeader,
+    /// Another replica, leading after the term that abandoned it ended.
+    NextLeader,
+}
+
+/// Item 2: the decision to rerun an abandoned run lived in memory, between the abandon and the
+/// rerun's claim. Here the abandon's answer is lost: a's first run (of due `d`) is cut off at
+/// the end of its term; an operator's transaction holds that run's row `FOR UPDATE` when a's
+/// next term begins, so a's abandon waits and times out; once a has said so, the lock goes, and
+/// the server carries out the abandon a had given up on. Nobody reran it: a's later passes find
+/// no run `running`, nor does the next leader. The rerun is now a state in the table, cleared
+/// only by the rerun's claim: the rerun happens, exactly once, on `by`.
+async fn a_rerun_whose_abandon_lost_its_answer(by: Rerunner) {
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    let starts: Starts = Arc::default();
+    let (capture_a, capture_b) = (Capture::default(), Capture::default());
+    let poll = Duration::from_millis(50);
+    let job = || Job::every("rerun", Duration::from_millis(300)).rerun_abandoned(true);
+    let lasts = |n| match n {
+        0 => Duration::from_secs(30),
+        _ => Duration::from_millis(10),
+    };
+    let a = schedule(
+        db.pool(2),
+        poll,
+        job(),
+        working("a", &starts, lasts),
+        &capture_a,
+    );
+    a.control.promote();
+    wait_for(Duration::from_secs(3), || {
+        !starts.lock().unwrap().is_empty()
+    })
+    .await
+    .expect("a's first run starts");
+    let due = starts.lock().unwrap()[0].1;
+    a.control.demote();
+    wait_for(Duration::from_secs(5), || {
+        !capture_a
+            .events("job runs still going after the term ended")
+            .is_empty()
+    })
+    .await
+    .expect("the run is cut off after its grace");
+
+    let mut locker = db.connect().await.unwrap();
+    let lock = locker.transaction().await.unwrap();
+    let held = lock
+        .query(
+            "SELECT 1 FROM pg_elector_job_runs WHERE job = 'rerun' AND outcome = 'running' \
+             FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1, "the cut-off run's row, locked");
+    a.control.promote();
+    wait_for(Duration::from_secs(5), || {
+        !capture_a
+            .events("cannot look for abandoned runs")
+            .is_empty()
+    })
+    .await
+    .expect("a's abandon times out behind the lock");
+    let b = match by {
+        Rerunner::SameLeader => None,
+        Rerunner::NextLeader => {
+            a.control.demote();
+            let b_body = working("b", &starts, |_| Duration::from_millis(10));
+            Some(schedule(db.pool(2), poll, job(), b_body, &capture_b))
+        }
+    };
+    lock.rollback().await.unwrap();
+    wait_for_async(Duration::from_secs(3), || async {
+        stored_runs(&admin, "rerun")
+            .await
+            .iter()
+            .any(|r| r.0 == due && r.1 == 1 && r.3 == "abandoned")
+    })
+    .await
+    .expect("the abandon a gave up on is carried out once the lock goes");
+    if let Some(b) = &b {
+        b.control.promote();
+    }
+    // Time for the rerun: a few polls, with slack for a loaded machine.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if let Some(b) = b {
+        b.stop().await;
+    }
+    a.stop().await;
+
+    let runs = stored_runs(&admin, "rerun").await;
+    let of_due: Vec<_> = runs
+        .iter()
+        .filter(|r| r.0 == due)
+        .map(|r| (r.1, r.2.as_str(), r.3.as_str()))
+        .collect();
+    let started: Vec<_> = starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.1 == due)
+        .map(|s| (s.0, s.2, s.3))
+        .collect();
+    eprintln!("{by:?}: the due's runs {of_due:?}, started {started:?}");
+    assert_eq!(
+        of_due,
+        [(1, "scheduled", "abandoned"), (2, "rerun", "succeeded")],
+        "the cut-off run, and one rerun that succeeded"
+    );
+    let rerunner = match by {
+        Rerunner::SameLeader => "a",
+        Rerunner::NextLeader => "b",
+    };
+    assert_eq!(
+        started,
+        [("a", 1, RunKind::Scheduled), (rerunner, 2, RunKind::Rerun)],
+        "rerun once, by {rerunner}"
+    );
+    let reruns = runs.iter().filter(|r| r.2 == "rerun").count();
+    assert_eq!(reruns, 1, "one rerun in all: {runs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_a_rerun_whose_abandon_lost_its_answer_is_still_run_once_at_a_later_pass() {
+    let _serial = serial();
+    a_rerun_whose_abandon_lost_its_answer(Rerunner::SameLeader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_a_rerun_whose_abandon_lost_its_answer_is_run_once_by_the_next_leader() {
+    let _serial = serial();
+    a_rerun_whose_abandon_lost_its_answer(Rerunner::NextLeader).await;
+}

@@ -270,7 +270,9 @@ impl Job {
     /// Whether a run claimed by a leader that lost leadership before it finished is run again
     /// by the next leader (at-least-once), or only reported as abandoned (at-most-once, the
     /// default). The rerun starts once the cut-off run is called abandoned (see the [module
-    /// docs](super)), for the same due, with `attempt` 2.
+    /// docs](super)), for the same due, with `attempt` 2. Whether to rerun is decided, and
+    /// stored in the job's row, when the run is called abandoned: a leader whose job asks for
+    /// no reruns still runs one that an earlier leader stored.
     pub fn rerun_abandoned(mut self, again: bool) -> Job {
         self.rerun_abandoned = again;
         self

@@ -19,7 +19,11 @@
 //! claims nothing of that job, so it never starts the job beside a deposed leader's run that is
 //! still going, and never overwrites that run's claim; dues that pass meanwhile are handled by
 //! the job's [`CatchUp`]. An abandoned run is run again only if the job asks for it
-//! ([`Job::rerun_abandoned`]); a triggered run is reported, not rerun.
+//! ([`Job::rerun_abandoned`]); a triggered run is reported, not rerun. The rerun is owed in
+//! the table: the statement that calls the run abandoned also adds its due to the job row's
+//! `rerun_dues`, and only the rerun's claim takes it off, so a claim that fails, an answer
+//! that is lost, or a leader that goes away in between does not lose it: this leader at a later
+//! poll, or any later leader, runs it, once.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -852,26 +856,23 @@ async fn job_task(
                     &term_id,
                     &ended,
                     ctx.poll,
+                    job.rerun_abandoned,
                 )
                 .await
         });
         match abandoned.await {
             Ok(runs) => {
                 for run in runs {
-                    let rerun = job.rerun_abandoned && run.kind != RunKind::Triggered.label();
                     tracing::warn!(
                         job = name,
                         due = %run.due,
                         attempt = run.attempt,
                         kind = %run.kind,
                         claimed_by = %run.claimed_by,
-                        rerun,
+                        rerun = run.rerun,
                         "a run claimed by an earlier term never finished: abandoned"
                     );
                     record(&ctx, &registered, "abandoned", None, None);
-                    if rerun {
-                        run_due(&ctx, &registered, run.due, RunKind::Rerun, &term_id).await;
-                    }
                 }
             }
             Err(e) if e.is_missing_table() => {
@@ -918,6 +919,26 @@ async fn job_task(
                 job.spec.clone()
             }
         };
+        // Abandoned runs still to be rerun, as the job's row says (whichever term or replica
+        // called them abandoned): each rerun's claim takes its due off the list. A claim that
+        // failed is tried again at the next poll, before anything else of the job.
+        let mut rerun_failed = false;
+        for &due in &row.rerun_dues {
+            if stop.is_cancelled() {
+                return;
+            }
+            if run_due(&ctx, &registered, due, RunKind::Rerun, &term_id).await == Taken::Failed {
+                rerun_failed = true;
+                break;
+            }
+        }
+        if rerun_failed {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(ctx.poll) => {}
+            }
+            continue;
+        }
         // A trigger asked for: run it now; only a run actually claimed loops at once (a claim
         // that failed waits for the next poll, rather than spinning).
         if row.trigger_requested.is_some()
@@ -929,6 +950,7 @@ async fn job_task(
                 &term_id,
             )
             .await
+                == Taken::Ran
         {
             continue;
         }
@@ -1003,15 +1025,27 @@ async fn tables_lost(
     Box::pin(job_task(ctx, registered, term, term_id, stop, true)).await;
 }
 
+/// What became of one due that [`run_due`] was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    /// The claim was ours, and the job ran.
+    Ran,
+    /// Not ours to run: claimed already, not due any more, another term's run in the way, or
+    /// this replica does not lead.
+    NotOurs,
+    /// The claim (or the record of the run's end) failed: try again later.
+    Failed,
+}
+
 /// Claims `due` and, when the claim is ours, runs the job (heart-beating while it runs) and
-/// records how it ended. Returns whether the claim was ours.
+/// records how it ended.
 async fn run_due(
     ctx: &Context,
     registered: &Registered,
     due: Timestamp,
     kind: RunKind,
     term_id: &str,
-) -> bool {
+) -> Taken {
     let label: Arc<str> = registered.job.name.as_str().into();
     let name = label.clone();
     let identity = ctx.elector.identity().unwrap_or("local").to_owned();
@@ -1123,16 +1157,22 @@ async fn run_due(
                     tracing::debug!(job = %name, error = %e, "cannot record the run's end; retrying");
                     tokio::time::sleep(ctx.poll).await;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // The run is over, whatever its row says: it stays `running` until a later
+                    // term calls it abandoned.
+                    tracing::warn!(job = %name, due = %due, error = %e, "cannot claim or record the run");
+                    break;
+                }
             }
         }
         Ok::<_, ScheduleError>(true)
     });
     match work.await {
-        Ok(claimed) => claimed.unwrap_or(false),
+        Ok(Some(true)) => Taken::Ran,
+        Ok(Some(false) | None) => Taken::NotOurs,
         Err(e) => {
             tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
-            false
+            Taken::Failed
         }
     }
 }

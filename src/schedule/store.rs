@@ -25,6 +25,9 @@ const ADDED_COLUMNS: &[(Table, &str, &str)] = &[
     // The heartbeat period the running replica promised: its run is stale after a few of
     // them, whatever the reader's own poll interval.
     (Table::Runs, "heartbeat_period", "interval"),
+    // Dues whose run was abandoned and is still to be rerun: set when the run is called
+    // abandoned, in the same statement; a due leaves it only by its rerun's claim.
+    (Table::Jobs, "rerun_dues", "timestamptz[]"),
 ];
 
 /// What [`Store::ensure`] found and did.
@@ -46,6 +49,8 @@ pub(crate) struct JobRow {
     pub(crate) outcome: Option<String>,
     pub(crate) claimed_term: Option<String>,
     pub(crate) trigger_requested: Option<Timestamp>,
+    /// Dues whose abandoned run is still to be rerun, oldest first.
+    pub(crate) rerun_dues: Vec<Timestamp>,
 }
 
 /// A run another term left `running`, now recorded as abandoned.
@@ -56,6 +61,8 @@ pub(crate) struct Abandoned {
     /// `scheduled`, `rerun` or `triggered`.
     pub(crate) kind: String,
     pub(crate) claimed_by: String,
+    /// Whether it is to be rerun (recorded in the job's row, in the same statement).
+    pub(crate) rerun: bool,
 }
 
 /// Who claims a run.
@@ -210,21 +217,33 @@ impl Store {
                  RETURNING (xmax = 0)"
             ),
             load: format!(
-                "SELECT schedule, last_due, outcome, claimed_term, trigger_requested \
+                "SELECT schedule, last_due, outcome, claimed_term, trigger_requested, \
+                 ARRAY(SELECT d FROM unnest(rerun_dues) AS d ORDER BY d) \
                  FROM {jobs} WHERE {key}"
             ),
             // Runs of other terms still `running` whose runner is known to be gone: a term of
             // this process that has ended ($4), or stale (its leader died, or was deposed and
-            // stopped it). The job's row follows when it holds that claim.
+            // stopped it). The job's row follows when it holds that claim, and keeps the dues
+            // to rerun ($6: the job asks for reruns; a triggered run is never rerun), so that
+            // the decision to rerun survives whatever happens to this leader after this
+            // statement.
             abandon: format!(
                 "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
                    WHERE {key} AND outcome = 'running' AND claimed_term <> $3 \
                    AND (claimed_term = ANY($4) OR {stale}) \
-                   RETURNING due, attempt, kind, claimed_by, claimed_term), \
-                 j AS (UPDATE {jobs} AS j SET outcome = 'abandoned', finished_at = clock_timestamp() \
-                   FROM r WHERE j.namespace = $1 AND j.job = $2 AND j.outcome = 'running' \
-                   AND j.claimed_term = r.claimed_term AND j.last_due = r.due) \
-                 SELECT due, attempt, kind, claimed_by FROM r ORDER BY due, attempt"
+                   RETURNING due, attempt, kind, claimed_by, claimed_term, \
+                             ($6 AND kind <> 'triggered') AS rerun), \
+                 j AS (UPDATE {jobs} AS j SET \
+                   outcome = CASE WHEN {holds} THEN 'abandoned' ELSE j.outcome END, \
+                   finished_at = CASE WHEN {holds} THEN clock_timestamp() ELSE j.finished_at END, \
+                   rerun_dues = CASE WHEN EXISTS (SELECT 1 FROM r WHERE r.rerun) \
+                     THEN coalesce(j.rerun_dues, '{{}}') \
+                          || ARRAY(SELECT r.due FROM r WHERE r.rerun ORDER BY r.due) \
+                     ELSE j.rerun_dues END \
+                   WHERE j.namespace = $1 AND j.job = $2 AND EXISTS (SELECT 1 FROM r)) \
+                 SELECT due, attempt, kind, claimed_by, rerun FROM r ORDER BY due, attempt",
+                holds = "j.outcome = 'running' AND EXISTS (SELECT 1 FROM r \
+                         WHERE r.claimed_term = j.claimed_term AND r.due = j.last_due)",
             ),
             heartbeat: format!(
                 "UPDATE {runs} SET heartbeat_at = clock_timestamp() \
@@ -237,12 +256,21 @@ impl Store {
                  WHERE {key} AND (last_due IS NULL OR last_due < $3) AND {no_other_run} \
                  RETURNING 1"
             ),
+            // A due whose abandoned run is to be rerun: compare-and-set on the job's row, whose
+            // list loses the due. The row's claim follows only when it is that due's (a later
+            // due may have been claimed meanwhile).
             claim_rerun: format!(
-                "UPDATE {jobs} SET claimed_by = $4, claimed_term = $5, claimed_epoch = $6, \
-                 started_at = clock_timestamp(), finished_at = NULL, outcome = 'running', \
-                 error = NULL \
-                 WHERE {key} AND last_due = $3 AND outcome = 'abandoned' AND {no_other_run} \
-                 RETURNING 1"
+                "UPDATE {jobs} AS j SET rerun_dues = array_remove(j.rerun_dues, $3), \
+                 claimed_by = CASE WHEN {its} THEN $4 ELSE j.claimed_by END, \
+                 claimed_term = CASE WHEN {its} THEN $5 ELSE j.claimed_term END, \
+                 claimed_epoch = CASE WHEN {its} THEN $6 ELSE j.claimed_epoch END, \
+                 started_at = CASE WHEN {its} THEN clock_timestamp() ELSE j.started_at END, \
+                 finished_at = CASE WHEN {its} THEN NULL ELSE j.finished_at END, \
+                 outcome = CASE WHEN {its} THEN 'running' ELSE j.outcome END, \
+                 error = CASE WHEN {its} THEN NULL ELSE j.error END \
+                 WHERE {key} AND $3 = ANY(j.rerun_dues) AND {no_other_run} \
+                 RETURNING 1",
+                its = "j.last_due = $3",
             ),
             // $3, $4 and $6 are unused: every claim binds the same parameters.
             claim_trigger: format!(
@@ -362,6 +390,7 @@ impl Store {
             outcome: row.try_get(2)?,
             claimed_term: row.try_get(3)?,
             trigger_requested: row.try_get(4)?,
+            rerun_dues: row.try_get(5)?,
         }))
     }
 
@@ -369,7 +398,9 @@ impl Store {
     /// runner is known to be gone: its term is one of `ended` (terms of this process that are
     /// over), or it has been silent for three of the heartbeat periods it promised (at least
     /// 3 s; `fallback` is the period of a run an earlier version claimed, which promised
-    /// none). Returns them, oldest first.
+    /// none). With `rerun`, the job's row keeps their dues to rerun (a triggered run's never).
+    /// Returns them, oldest first.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn abandon(
         &self,
         client: &tokio_postgres::Client,
@@ -378,6 +409,7 @@ impl Store {
         term_id: &str,
         ended: &[String],
         fallback: std::time::Duration,
+        rerun: bool,
     ) -> Result<Vec<Abandoned>, ScheduleError> {
         let rows = client
             .query_typed(
@@ -388,6 +420,7 @@ impl Store {
                     (&term_id, Type::TEXT),
                     (&ended, Type::TEXT_ARRAY),
                     (&fallback.as_secs_f64(), Type::FLOAT8),
+                    (&rerun, Type::BOOL),
                 ],
             )
             .await?;
@@ -399,6 +432,7 @@ impl Store {
                     attempt: u32::try_from(attempt).unwrap_or(0),
                     kind: row.try_get(2)?,
                     claimed_by: row.try_get(3)?,
+                    rerun: row.try_get(4)?,
                 })
             })
             .collect()
@@ -608,6 +642,8 @@ mod tests {
             &store.load,
             &store.abandon,
             &store.claim_due,
+            &store.claim_rerun,
+            &store.upgrade,
             &store.finish,
             &store.trigger,
             &store.reschedule,
@@ -671,13 +707,12 @@ mod tests {
             assert!(store.exists.contains(column), "{}", store.exists);
         }
         assert!(ddl.contains(&store.upgrade), "{ddl}");
-        assert!(
-            store
-                .upgrade
-                .starts_with("ALTER TABLE \"pg_elector_job_runs\" ADD COLUMN IF NOT EXISTS heartbeat_period interval"),
-            "{}",
-            store.upgrade
-        );
+        for alter in [
+            "ALTER TABLE \"pg_elector_jobs\" ADD COLUMN IF NOT EXISTS rerun_dues timestamptz[]",
+            "ALTER TABLE \"pg_elector_job_runs\" ADD COLUMN IF NOT EXISTS heartbeat_period interval",
+        ] {
+            assert!(store.upgrade.contains(alter), "{}", store.upgrade);
+        }
     }
 
     #[test]
