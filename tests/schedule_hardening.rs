@@ -634,3 +634,143 @@ async fn h2_a_rerun_whose_abandon_lost_its_answer_is_run_once_by_the_next_leader
     let _serial = serial();
     a_rerun_whose_abandon_lost_its_answer(Rerunner::NextLeader).await;
 }
+
+/// Makes the job tables from `ddl()` and a deferred trigger that, once armed, makes the next
+/// claim's COMMIT take `secs` (a synchronous standby or an fsync stall, as the client sees
+/// it): the claim's transaction sleeps at its commit, then commits. The due whose claim it
+/// slowed is kept in `slow_commit`.
+async fn slow_commits(db: &TestDb, admin: &tokio_postgres::Client, secs: f64) {
+    let ddl = Schedule::new(&Elector::manual().0, db.pool(1))
+        .ddl()
+        .unwrap();
+    admin.batch_execute(&ddl).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE slow_commit (armed boolean NOT NULL, due timestamptz); \
+             INSERT INTO slow_commit VALUES (false, NULL); \
+             CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             DECLARE n int; \
+             BEGIN \
+               UPDATE slow_commit SET armed = false, due = NEW.due WHERE armed; \
+               GET DIAGNOSTICS n = ROW_COUNT; \
+               IF n > 0 THEN PERFORM pg_sleep({secs}); END IF; \
+               RETURN NULL; \
+             END $$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON pg_elector_job_runs \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.outcome = 'running') \
+             EXECUTE FUNCTION slow_commit()"
+        ))
+        .await
+        .unwrap();
+}
+
+/// How the client loses the answer to the slow COMMIT in [`a_claim_whose_commit_is_slow`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum LostCommit {
+    /// The claim's bound (2 s) passes first.
+    Timeout,
+    /// The connection is reset while the server is still committing.
+    Reset,
+}
+
+/// Item 3: a claim whose COMMIT outlived the client's bound was committed but never run: the
+/// leader logged the timeout and moved on, and the due's run stayed `running` until the next
+/// term called it abandoned. A claim whose outcome is unknown is now read back (the
+/// transaction's status, and the run's row) and run when it was committed.
+async fn a_claim_whose_commit_is_slow(lost: LostCommit) {
+    let db = fresh_db().await;
+    let admin = db.connect().await.unwrap();
+    slow_commits(&db, &admin, 3.0).await;
+    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap();
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let sched = schedule(
+        db.pool_via(proxy.addr(), 2),
+        Duration::from_millis(50),
+        Job::every("slow", Duration::from_millis(500)),
+        working("m", &starts, |_| Duration::ZERO),
+        &capture,
+    );
+    sched.control.promote();
+    wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 2)
+        .await
+        .expect("the job runs");
+    admin
+        .batch_execute("UPDATE slow_commit SET armed = true")
+        .await
+        .unwrap();
+    if lost == LostCommit::Reset {
+        // While the claim's transaction sleeps in its commit.
+        wait_for_async(Duration::from_secs(3), || async {
+            admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' \
+                     AND datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        })
+        .await
+        .expect("a claim commits slowly");
+        proxy.reset();
+    }
+    let slowed = || async {
+        admin
+            .query_one("SELECT due FROM slow_commit", &[])
+            .await
+            .unwrap()
+            .get::<_, Option<SystemTime>>(0)
+    };
+    wait_for_async(Duration::from_secs(5), || async {
+        slowed().await.is_some()
+    })
+    .await
+    .expect("the slow commit is over");
+    let due = slowed().await.unwrap();
+    let ran_due = || starts.lock().unwrap().iter().any(|s| s.1 == due);
+    let ran = wait_for(Duration::from_secs(3), ran_due).await;
+    let later = wait_for(Duration::from_secs(3), || {
+        starts.lock().unwrap().iter().any(|s| s.1 > due)
+    })
+    .await;
+    sched.stop().await;
+
+    let runs = stored_runs(&admin, "slow").await;
+    let of_due: Vec<_> = runs
+        .iter()
+        .filter(|r| r.0 == due)
+        .map(|r| (r.1, r.3.as_str()))
+        .collect();
+    let started: Vec<_> = starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.1 == due)
+        .map(|s| (s.2, s.3))
+        .collect();
+    eprintln!(
+        "{lost:?}: the slowed due's runs {of_due:?}, started {started:?}; warnings {:?}",
+        capture.events("cannot claim or record the run")
+    );
+    assert!(ran.is_some(), "the committed claim's due ran");
+    assert_eq!(started, [(1, RunKind::Scheduled)], "once");
+    assert_eq!(of_due, [(1, "succeeded")], "and its run is recorded");
+    assert!(later.is_some(), "the job runs on after it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_a_claim_whose_commit_outlives_the_bound_is_read_back_and_run() {
+    let _serial = serial();
+    a_claim_whose_commit_is_slow(LostCommit::Timeout).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_a_claim_whose_commit_answer_is_lost_with_its_connection_is_read_back_and_run() {
+    let _serial = serial();
+    a_claim_whose_commit_is_slow(LostCommit::Reset).await;
+}

@@ -9,6 +9,13 @@
 //! up. A new leader reads where the schedule stands and applies the job's [`CatchUp`] to the
 //! dues missed while nobody led.
 //!
+//! **A claim whose answer is lost.** A claim is one transaction, bounded like every query of
+//! the job tables. When its COMMIT gets no answer (a slow synchronous standby, an fsync stall,
+//! a connection lost after the COMMIT was sent), the leader does not give the due up: it reads
+//! the claim back, the transaction's status and the run's row, every poll interval until it
+//! knows, and runs the job if the claim was committed. Should its term end first, the run it
+//! may have claimed stays `running` and a later term calls it abandoned.
+//!
 //! **Runs cut off by a failover.** A running job says it is alive every poll interval of the
 //! replica that runs it, and that period is stored with the run. A run that an earlier term
 //! left `running` is recorded as `abandoned` once its runner is known to be gone: silent for
@@ -74,7 +81,7 @@ use crate::background::{Probe, Readiness, TickOutcome};
 use crate::term::lock;
 use crate::{Elector, Term};
 use job::Spec;
-use store::{Claimant, Ensured, Store};
+use store::{ClaimStatus, Claimant, Claimed, Ensured, Store};
 
 /// What can go wrong with a schedule. Failures of the database while the schedule runs are not
 /// errors of [`Schedule::run`]: they are logged and the schedule goes on.
@@ -181,6 +188,17 @@ impl ScheduleError {
     fn is_missing_table(&self) -> bool {
         matches!(self, ScheduleError::Database(e)
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
+    }
+
+    /// Whether a COMMIT that failed so may still have been carried out: no answer in time, or
+    /// a connection lost (an error the server did not send). An error the server sent (a
+    /// SQLSTATE) means it rolled the transaction back.
+    fn leaves_commit_unknown(&self) -> bool {
+        match self {
+            ScheduleError::Timeout(_) => true,
+            ScheduleError::Database(e) => e.code().is_none(),
+            _ => false,
+        }
     }
 }
 
@@ -1056,19 +1074,27 @@ async fn run_due(
             epoch: term.epoch(),
             heartbeat: ctx.poll,
         };
-        // The claim, on a connection of its own that goes back to the pool at once.
+        // The claim, on a connection of its own that goes back to the pool at once. Once its
+        // COMMIT is sent, `sent` holds what it claimed: an answer lost then (the bound, a
+        // broken connection) leaves the claim's outcome unknown, and it is read back.
+        let mut sent: Option<Claimed> = None;
         let claim = ctx.bounded(async {
             let mut client = ctx.client().await?;
             let tx = client.transaction().await?;
             if term.epoch().is_some() {
                 term.fence(&tx).await.map_err(ScheduleError::Fence)?;
             }
-            let attempt = ctx
+            let Some(claimed) = ctx
                 .store
                 .claim(&tx, &ctx.namespace, &name, due, kind, &who)
-                .await?;
+                .await?
+            else {
+                return Ok(None);
+            };
+            let attempt = claimed.attempt;
+            sent = Some(claimed);
             tx.commit().await?;
-            Ok(attempt)
+            Ok(Some(attempt))
         });
         let attempt = match claim.await {
             Ok(Some(attempt)) => attempt,
@@ -1080,7 +1106,20 @@ async fn run_due(
                 tracing::info!(job = %name, error = %fenced, "the due's claim was fenced: the term is over");
                 return Ok(false);
             }
-            Err(e) => return Err(e),
+            Err(e) => match sent {
+                Some(claimed) if e.leaves_commit_unknown() => {
+                    tracing::info!(job = %name, due = %due, error = %e, "the claim's COMMIT got no answer; reading it back");
+                    match read_back(ctx, &term, &name, due, &claimed, term_id).await {
+                        Some(true) => claimed.attempt,
+                        Some(false) => return Err(e),
+                        None => {
+                            tracing::warn!(job = %name, due = %due, error = %e, "the term ended before the claim's outcome was known; a later term settles its run");
+                            return Ok(false);
+                        }
+                    }
+                }
+                _ => return Err(e),
+            },
         };
         tracing::debug!(job = %name, due = %due, kind = kind.label(), attempt, "run starts");
         let started = std::time::Instant::now();
@@ -1177,6 +1216,48 @@ async fn run_due(
     }
 }
 
+/// Reads back a claim of this term whose COMMIT got no answer, every poll until it is settled:
+/// `Some(true)` when it was committed, `Some(false)` when it aborted, `None` when the term
+/// ended first (its run, if committed, then stays `running` for a later term to abandon).
+async fn read_back(
+    ctx: &Context,
+    term: &Term,
+    name: &str,
+    due: Timestamp,
+    claimed: &Claimed,
+    term_id: &str,
+) -> Option<bool> {
+    loop {
+        let status = ctx.bounded(async {
+            ctx.store
+                .claim_status(
+                    &*ctx.client().await?,
+                    &ctx.namespace,
+                    name,
+                    due,
+                    claimed,
+                    term_id,
+                )
+                .await
+        });
+        match status.await {
+            Ok(ClaimStatus::Committed) => {
+                tracing::info!(job = name, due = %due, "the claim was committed: the run starts");
+                return Some(true);
+            }
+            Ok(ClaimStatus::Aborted) => return Some(false),
+            Ok(ClaimStatus::Unsettled) => {
+                tracing::debug!(job = name, due = %due, "the claim is still committing");
+            }
+            Err(e) => tracing::debug!(job = name, error = %e, "cannot read the claim back yet"),
+        }
+        tokio::select! {
+            () = term.cancelled() => return None,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+    }
+}
+
 /// Reports one run's outcome to the job's probe and metrics.
 fn record(
     ctx: &Context,
@@ -1210,6 +1291,16 @@ mod tests {
     use crate::Fenced;
 
     const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn only_a_lost_answer_leaves_a_commit_unknown() {
+        assert!(ScheduleError::Timeout(SEC).leaves_commit_unknown());
+        assert!(!ScheduleError::PoolTimeout(SEC).leaves_commit_unknown());
+        assert!(
+            !ScheduleError::Fence(Fenced::term_ended(Some(7))).leaves_commit_unknown(),
+            "a fence refused before the COMMIT"
+        );
+    }
 
     #[test]
     fn a_poll_interval_is_kept_between_10_ms_and_an_hour() {

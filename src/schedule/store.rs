@@ -65,6 +65,27 @@ pub(crate) struct Abandoned {
     pub(crate) rerun: bool,
 }
 
+/// A claim this replica made, inside its transaction, before the COMMIT.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    /// The run's attempt number.
+    pub(crate) attempt: u32,
+    /// The claim's transaction id (`xid8` as text), to read its outcome back when the answer
+    /// to its COMMIT is lost.
+    pub(crate) xid: String,
+}
+
+/// What became of a claim whose COMMIT got no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClaimStatus {
+    /// Committed: the run's row is there.
+    Committed,
+    /// Its transaction aborted: nothing was claimed.
+    Aborted,
+    /// Still committing (or committed and not yet visible: waiting for a synchronous standby).
+    Unsettled,
+}
+
 /// Who claims a run.
 #[derive(Clone, Debug)]
 pub(crate) struct Claimant<'a> {
@@ -89,6 +110,7 @@ pub(crate) struct Store {
     claim_rerun: String,
     claim_trigger: String,
     insert_run: String,
+    claim_status: String,
     finish: String,
     skip_to: String,
     trigger: String,
@@ -285,7 +307,14 @@ impl Store {
                                      WHERE namespace = $1 AND job = $2 AND due = $3), \
                         $4, $5, $6, $7, clock_timestamp(), clock_timestamp(), \
                         make_interval(secs => $8), 'running' \
-                 RETURNING attempt"
+                 RETURNING attempt, pg_current_xact_id()::text"
+            ),
+            // Whether a claim whose COMMIT got no answer was committed: the run's row is there
+            // (then it is visible: committed, and any synchronous standby has it), or the
+            // claim's transaction ($6) aborted; anything else is not settled yet.
+            claim_status: format!(
+                "SELECT pg_xact_status($6::text::xid8)::text, EXISTS (SELECT 1 FROM {runs} \
+                 WHERE {key} AND due = $3 AND attempt = $4 AND claimed_term = $5)"
             ),
             // One statement for both rows: the job's row never says `running` for a run whose
             // own row has ended.
@@ -462,7 +491,8 @@ impl Store {
     }
 
     /// Claims one run in `tx` (compare-and-set on the job's row) and returns its attempt
-    /// number; `None` when someone else claimed it first (or it is no longer due).
+    /// number and the transaction's id; `None` when someone else claimed it first (or it is no
+    /// longer due).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
@@ -472,7 +502,7 @@ impl Store {
         due: Timestamp,
         kind: super::RunKind,
         who: &Claimant<'_>,
-    ) -> Result<Option<u32>, ScheduleError> {
+    ) -> Result<Option<Claimed>, ScheduleError> {
         let epoch = who.epoch.map(|e| e as i64);
         let statement = match kind {
             super::RunKind::Triggered => &self.claim_trigger,
@@ -510,11 +540,54 @@ impl Store {
                 ],
             )
             .await?;
-        let attempt: i32 = match rows.first() {
-            Some(row) => row.try_get(0)?,
-            None => 1,
+        // One row, always (INSERT … SELECT without FROM); none would leave the claim to roll
+        // back with the transaction.
+        let Some(row) = rows.first() else {
+            return Ok(None);
         };
-        Ok(Some(u32::try_from(attempt).unwrap_or(1)))
+        let attempt: i32 = row.try_get(0)?;
+        Ok(Some(Claimed {
+            attempt: u32::try_from(attempt).unwrap_or(1),
+            xid: row.try_get(1)?,
+        }))
+    }
+
+    /// Reads back a claim of this term whose COMMIT got no answer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn claim_status(
+        &self,
+        client: &tokio_postgres::Client,
+        namespace: &str,
+        job: &str,
+        due: Timestamp,
+        claimed: &Claimed,
+        term_id: &str,
+    ) -> Result<ClaimStatus, ScheduleError> {
+        let row = client
+            .query_typed(
+                &self.claim_status,
+                &[
+                    (&namespace, Type::TEXT),
+                    (&job, Type::TEXT),
+                    (&due, Type::TIMESTAMPTZ),
+                    (&(claimed.attempt as i32), Type::INT4),
+                    (&term_id, Type::TEXT),
+                    (&claimed.xid, Type::TEXT),
+                ],
+            )
+            .await?;
+        // One row, always (a SELECT without FROM).
+        let Some(row) = row.first() else {
+            return Ok(ClaimStatus::Unsettled);
+        };
+        let status: Option<String> = row.try_get(0)?;
+        let there: bool = row.try_get(1)?;
+        Ok(match (there, status.as_deref()) {
+            (true, _) => ClaimStatus::Committed,
+            // Aborted, or too old for the server to say (long gone, and not there).
+            (false, Some("aborted") | None) => ClaimStatus::Aborted,
+            (false, _) => ClaimStatus::Unsettled,
+        })
     }
 
     /// Records how a run ended.
