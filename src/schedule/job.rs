@@ -13,8 +13,14 @@ use jiff::tz::TimeZone;
 use super::ScheduleError;
 use crate::Term;
 
-/// What a new leader does with the due instants that passed while nobody led (or while the
-/// previous leader's last run overran them).
+/// What a leader does with the due instants it missed: those that passed while nobody led,
+/// while another leader's run of the job was still going, or while this leader's own previous
+/// run of the job overran them.
+///
+/// A due that came while this leader led and watched the job is never missed, whatever the
+/// policy: if its claim fails at first (a row lock held for a while, a pool timeout), it is
+/// claimed again at the next poll, and runs once that claim goes through, and so do the dues
+/// that came meanwhile.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CatchUp {

@@ -7,7 +7,8 @@
 //! on the job's row (and, when the elector fences, inside a fenced transaction), so no due run
 //! starts twice, even while two replicas both think they lead, or when a deposed leader wakes
 //! up. A new leader reads where the schedule stands and applies the job's [`CatchUp`] to the
-//! dues missed while nobody led.
+//! dues missed while nobody led; a due that came while it led is never taken for missed, even
+//! when its claim fails at first: it is claimed again at the next poll.
 //!
 //! **A claim whose answer is lost.** A claim is one transaction, bounded like every query of
 //! the job tables. When its COMMIT gets no answer (a slow synchronous standby, an fsync stall,
@@ -57,6 +58,7 @@
 //! a run may start as early or late as the skew.
 
 mod job;
+mod plan;
 mod store;
 
 use std::collections::HashSet;
@@ -855,10 +857,11 @@ async fn job_task(
         }
     }
     tracing::debug!(job = name, new = registered_now, "job registered");
-    // Dues from before this instant were missed (a leaderless gap, or a run that overran
-    // them): the job's catch-up policy decides. Dues after it came while the task waited for
-    // them, and run however late it woke.
-    let mut watching_since = Timestamp::now();
+    // Dues from before this instant were missed (a leaderless gap, another leader's run still
+    // going, or a run of this one that overran them): the job's catch-up policy decides. Dues
+    // after it came while this leader watched, and run however late it woke, and however many
+    // times their claim fails first: it moves on only past dues that were settled.
+    let mut on_time_from = Timestamp::now();
     while !stop.is_cancelled() {
         // Runs another term left going: called abandoned (and rerun if the job asks) once
         // their runner is known to be gone. Looked at every iteration: a deposed leader's run
@@ -974,45 +977,60 @@ async fn job_task(
         }
         let now = Timestamp::now();
         let last = row.last_due.unwrap_or(now);
-        let (dues, more) = spec.dues_between(last, now, job.max_catch_up);
-        let late = dues.iter().any(|&due| due < watching_since) || more;
-        let to_run: Vec<Timestamp> = match (late, job.catch_up) {
-            (false, _) | (true, CatchUp::All) => dues,
-            (true, CatchUp::Latest) => dues.last().copied().into_iter().collect(),
-            (true, CatchUp::Skip) => {
-                let (on_time, missed): (Vec<Timestamp>, Vec<Timestamp>) =
-                    dues.into_iter().partition(|&due| due >= watching_since);
-                if let Some(&latest_missed) = missed.last() {
-                    tracing::info!(job = name, missed = missed.len(), "skipping missed dues");
-                    let skipped = ctx.bounded(async {
-                        ctx.store
-                            .skip_to(&*ctx.client().await?, &ctx.namespace, name, latest_missed)
-                            .await
-                    });
-                    if let Err(e) = skipped.await {
-                        tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
-                    }
-                }
-                on_time
+        let plan = plan::plan(
+            &spec,
+            last,
+            now,
+            on_time_from,
+            job.catch_up,
+            job.max_catch_up,
+        );
+        let mut failed = false;
+        if let Some(through) = plan.skip_through {
+            tracing::info!(job = name, through = %through, policy = ?job.catch_up, "skipping missed dues");
+            let skipped = ctx.bounded(async {
+                ctx.store
+                    .skip_to(&*ctx.client().await?, &ctx.namespace, name, through)
+                    .await
+            });
+            if let Err(e) = skipped.await {
+                tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
+                failed = true;
             }
-        };
-        if late && !to_run.is_empty() {
-            tracing::info!(job = name, runs = to_run.len(), policy = ?job.catch_up, "catching up on missed dues");
         }
-        for due in to_run {
+        if plan.catching_up {
+            tracing::info!(job = name, runs = plan.run.len(), policy = ?job.catch_up, "catching up on missed dues");
+        }
+        let mut ran = false;
+        for &due in &plan.run {
             if stop.is_cancelled() {
                 return;
             }
-            run_due(&ctx, &registered, due, RunKind::Scheduled, &term_id).await;
+            if failed {
+                break;
+            }
+            match run_due(&ctx, &registered, due, RunKind::Scheduled, &term_id).await {
+                Taken::Ran => ran = true,
+                Taken::NotOurs => {}
+                // Not settled: this due (and those after it) are tried again at the next
+                // poll, still on time.
+                Taken::Failed => failed = true,
+            }
         }
         // Until the next due, or the next poll of the row (a trigger, a schedule change).
-        watching_since = Timestamp::now();
-        let next = spec.next_after(watching_since.max(last));
-        let mut wait = ctx.poll;
-        if let Some(next) = next {
-            let until = Timestamp::now().duration_until(next);
-            wait = wait.min(Duration::try_from(until).unwrap_or(Duration::ZERO));
-        }
+        let wait = if failed {
+            ctx.poll
+        } else {
+            // Settled up to `now`; dues that came while a run of this pass went on were
+            // overrun by it.
+            on_time_from = if ran { Timestamp::now() } else { now };
+            let next = spec.next_after(on_time_from.max(last));
+            next.map_or(ctx.poll, |next| {
+                let until = Timestamp::now().duration_until(next);
+                ctx.poll
+                    .min(Duration::try_from(until).unwrap_or(Duration::ZERO))
+            })
+        };
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
