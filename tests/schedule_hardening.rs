@@ -856,3 +856,276 @@ async fn h4_with_skip_a_due_whose_claim_waited_on_a_row_lock_still_runs_and_so_d
     );
     assert_eq!(count(after), 1, "and the one after, on time");
 }
+
+/// The value of `pg_elector_job_skipped_total{job, reason}` in `registry` (0 without a series).
+fn skipped_total(registry: &prometheus::Registry, job: &str, reason: &str) -> u64 {
+    registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == "pg_elector_job_skipped_total")
+        .and_then(|f| {
+            f.get_metric()
+                .iter()
+                .find(|m| {
+                    let label = |name: &str| {
+                        m.get_label()
+                            .iter()
+                            .find(|l| l.name() == name)
+                            .map(|l| l.value().to_owned())
+                    };
+                    label("job").as_deref() == Some(job)
+                        && label("reason").as_deref() == Some(reason)
+                })
+                .map(|m| m.get_counter().value() as u64)
+        })
+        .unwrap_or(0)
+}
+
+/// `(due, reason, skipped_dues)` of every `skipped` row of `job`, oldest first.
+async fn skipped_rows(
+    client: &tokio_postgres::Client,
+    job: &str,
+) -> Vec<(SystemTime, String, i64)> {
+    client
+        .query(
+            "SELECT due, reason, skipped_dues FROM pg_elector_job_runs \
+             WHERE job = $1 AND outcome = 'skipped' ORDER BY due",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// Item 10, the catch-up policies: a due that is not run was visible only as an INFO line.
+/// After a leaderless gap of about ten dues, `Skip` and `Latest` record the dues they drop
+/// (reason `catch_up`), and `All` with `max_catch_up(3)` the ones past its limit
+/// (`catch_up_limit`): each as a `skipped` row saying how many dues it stands for (the latest
+/// of them its due), and on `pg_elector_job_skipped_total`. Every due of the window either ran
+/// or is counted as skipped, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h10_dues_dropped_by_the_catch_up_policy_are_counted_in_the_table_and_the_metric() {
+    use pg_elector::schedule::CatchUp;
+    let _serial = serial();
+    let db = fresh_db().await;
+    let registry = prometheus::Registry::new();
+    let starts: Starts = Arc::default();
+    let period = Duration::from_millis(100);
+    let (elector, control) = Elector::manual();
+    let mut schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::from_millis(50))
+        .registry(&registry);
+    for (name, job) in [
+        ("skip", Job::every("skip", period).catch_up(CatchUp::Skip)),
+        (
+            "latest",
+            Job::every("latest", period).catch_up(CatchUp::Latest),
+        ),
+        (
+            "all3",
+            Job::every("all3", period)
+                .catch_up(CatchUp::All)
+                .max_catch_up(3),
+        ),
+    ] {
+        let body = working(name, &starts, |_| Duration::ZERO);
+        schedule = schedule.job(job, move |run| body(run));
+    }
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(schedule.run(shutdown.clone()));
+    control.promote();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    control.demote();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    control.promote();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+
+    let admin = db.connect().await.unwrap();
+    for (job, reason) in [
+        ("skip", "catch_up"),
+        ("latest", "catch_up"),
+        ("all3", "catch_up_limit"),
+    ] {
+        let counted = skipped_total(&registry, job, reason);
+        let rows = skipped_rows(&admin, job).await;
+        let ran: Vec<SystemTime> = starts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.0 == job)
+            .map(|s| s.1)
+            .collect();
+        eprintln!("{job}: {} runs, skipped {counted} ({rows:?})", ran.len());
+        assert!(
+            counted >= 7,
+            "{job}: about ten dues of the gap were not run: {counted}"
+        );
+        assert!(
+            rows.iter().all(|r| r.1 == reason),
+            "{job}: every skipped row says {reason}: {rows:?}"
+        );
+        let in_rows: i64 = rows.iter().map(|r| r.2).sum();
+        assert_eq!(
+            in_rows as u64, counted,
+            "{job}: the table and the metric agree"
+        );
+        let expected = match job {
+            "all3" => counted + 3,
+            "latest" => counted + 1,
+            _ => counted,
+        };
+        assert!(
+            (9..=13).contains(&expected),
+            "{job}: {counted} skipped for a gap of about 11 dues"
+        );
+        // Each row stands for the `n` dues of the grid that end at its due.
+        let mut covered = Vec::new();
+        for (latest, _, n) in &rows {
+            for k in 0..*n {
+                covered.push(*latest - period * (k as u32));
+            }
+        }
+        let (first, last) = (ran[0], *ran.last().unwrap());
+        let mut due = first;
+        while due <= last {
+            let times = ran.iter().filter(|d| **d == due).count()
+                + covered.iter().filter(|d| **d == due).count();
+            assert_eq!(times, 1, "{job}: {due:?} ran or was skipped, once");
+            due += period;
+        }
+    }
+}
+
+/// Item 10, an abandoned run that is not rerun (the default): its due did not run. It is
+/// recorded as a `skipped` row (reason `abandoned`, the attempt after the abandoned one) and
+/// counted, by the statement that calls the run abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h10_an_abandoned_run_that_is_not_rerun_is_counted_as_skipped() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let registry = prometheus::Registry::new();
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let (elector, control) = Elector::manual();
+    let body = working("m", &starts, |n| match n {
+        0 => Duration::from_secs(30),
+        _ => Duration::from_millis(10),
+    });
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .registry(&registry)
+            .job(Job::every("cut", Duration::from_millis(300)), move |run| {
+                body(run)
+            })
+            .run(shutdown.clone())
+            .with_subscriber(capture.dispatch()),
+    );
+    control.promote();
+    wait_for(Duration::from_secs(3), || {
+        !starts.lock().unwrap().is_empty()
+    })
+    .await
+    .expect("a first run");
+    let due = starts.lock().unwrap()[0].1;
+    control.demote();
+    wait_for(Duration::from_secs(5), || {
+        !capture
+            .events("job runs still going after the term ended")
+            .is_empty()
+    })
+    .await
+    .expect("the run is cut off after its grace");
+    control.promote();
+    let admin = db.connect().await.unwrap();
+    wait_for_async(Duration::from_secs(3), || async {
+        stored_runs(&admin, "cut")
+            .await
+            .iter()
+            .any(|r| r.0 == due && r.3 == "abandoned")
+    })
+    .await
+    .expect("the cut-off run is called abandoned");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+
+    assert_eq!(skipped_total(&registry, "cut", "abandoned"), 1);
+    let of_due: Vec<_> = stored_runs(&admin, "cut")
+        .await
+        .into_iter()
+        .filter(|r| r.0 == due)
+        .map(|r| (r.1, r.3))
+        .collect();
+    assert_eq!(
+        of_due,
+        [(1, "abandoned".to_owned()), (2, "skipped".to_owned())],
+        "the abandoned run, and its due recorded as skipped"
+    );
+    // Besides it, only the dues missed while nobody led, dropped by `Latest`.
+    let rows = skipped_rows(&admin, "cut").await;
+    let (abandoned, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.1 == "abandoned");
+    assert_eq!(abandoned, [&(due, "abandoned".to_owned(), 1)], "{rows:?}");
+    assert!(others.iter().all(|r| r.1 == "catch_up"), "{rows:?}");
+}
+
+/// Item 10, a job halted by `LostState::Halt`: the dues that pass while this process leads and
+/// will not run them are counted (reason `halted`), in the metric and in `skipped` rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h10_dues_of_a_halted_job_are_counted_as_skipped() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let registry = prometheus::Registry::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (elector, control) = Elector::manual();
+    control.promote();
+    let shutdown = CancellationToken::new();
+    let period = Duration::from_millis(100);
+    let task = tokio::spawn(
+        Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .registry(&registry)
+            .on_lost_state(pg_elector::schedule::LostState::Halt)
+            .job(Job::every("halt", period), counting(&runs))
+            .run(shutdown.clone()),
+    );
+    wait_for(Duration::from_secs(3), || runs.load(Ordering::SeqCst) >= 3)
+        .await
+        .expect("runs");
+    let admin = db.connect().await.unwrap();
+    admin
+        .batch_execute("DELETE FROM pg_elector_jobs")
+        .await
+        .unwrap();
+    let lost = SystemTime::now();
+    wait_for(Duration::from_secs(3), || {
+        skipped_total(&registry, "halt", "halted") >= 5
+    })
+    .await
+    .expect("the halted job's dues are counted");
+    let ran = runs.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+    let stopped = SystemTime::now();
+
+    assert_eq!(runs.load(Ordering::SeqCst), ran, "halted: no more runs");
+    let counted = skipped_total(&registry, "halt", "halted");
+    let rows = skipped_rows(&admin, "halt").await;
+    assert!(rows.iter().all(|r| r.1 == "halted"), "{rows:?}");
+    let in_rows: i64 = rows.iter().map(|r| r.2).sum();
+    assert_eq!(
+        in_rows as u64, counted,
+        "the table and the metric agree: {rows:?}"
+    );
+    let window = stopped.duration_since(lost).unwrap().as_millis() / period.as_millis() + 1;
+    assert!(
+        (counted as u128) <= window,
+        "only dues since the loss are counted: {counted} of at most {window}"
+    );
+}

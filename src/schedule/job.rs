@@ -20,7 +20,9 @@ use crate::Term;
 /// A due that came while this leader led and watched the job is never missed, whatever the
 /// policy: if its claim fails at first (a row lock held for a while, a pool timeout), it is
 /// claimed again at the next poll, and runs once that claim goes through, and so do the dues
-/// that came meanwhile.
+/// that came meanwhile. The dues a policy drops are recorded as skipped
+/// ([`SkipReason::CatchUp`](super::SkipReason::CatchUp), and
+/// [`CatchUpLimit`](super::SkipReason::CatchUpLimit) past [`Job::max_catch_up`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CatchUp {
@@ -84,6 +86,36 @@ impl Spec {
                 cron.find_previous_occurrence(&zoned, inclusive)
                     .ok()
                     .map(|z| z.timestamp())
+            }
+        }
+    }
+
+    /// How many due instants there are in `(after, until]`: exact for a fixed period; for a
+    /// cron expression, counted one by one, at most [`MAX_COUNTED`] (a longer stretch counts
+    /// as that many).
+    pub(crate) fn count_between(&self, after: Timestamp, until: Timestamp) -> u64 {
+        if until <= after {
+            return 0;
+        }
+        match self {
+            Spec::Every(period) => {
+                let period = period.as_nanos().max(1) as i128;
+                let dues = until.as_nanosecond().div_euclid(period)
+                    - after.as_nanosecond().div_euclid(period);
+                u64::try_from(dues).unwrap_or(u64::MAX)
+            }
+            Spec::Cron { .. } => {
+                let (mut dues, mut at) = (0, after);
+                while dues < MAX_COUNTED {
+                    match self.next_after(at) {
+                        Some(next) if next <= until => {
+                            dues += 1;
+                            at = next;
+                        }
+                        _ => break,
+                    }
+                }
+                dues
             }
         }
     }
@@ -153,6 +185,10 @@ impl Spec {
 
 /// The longest period of [`Job::every`]: a century.
 pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The most dues of a cron job counted as skipped in one stretch (a longer stretch, such as a
+/// week of a job due every second, counts as this many).
+pub(crate) const MAX_COUNTED: u64 = 100_000;
 
 /// The most missed dues [`Job::max_catch_up`] lets [`CatchUp::All`] run after one gap.
 pub const MAX_CATCH_UP: usize = 10_000;
@@ -503,6 +539,53 @@ mod tests {
         );
         assert_eq!(job.clone().max_catch_up(0).max_catch_up, 1);
         assert_eq!(job.max_catch_up(7).max_catch_up, 7);
+    }
+
+    #[test]
+    fn dues_are_counted_exactly_for_a_period_and_up_to_a_cap_for_cron() {
+        let tick = Job::every("tick", Duration::from_secs(60)).spec;
+        let count = |spec: &Spec, a: &str, b: &str| spec.count_between(ts(a), ts(b));
+        assert_eq!(
+            count(&tick, "2026-11-30T10:00:00Z", "2026-11-30T11:00:00Z"),
+            60
+        );
+        assert_eq!(
+            count(&tick, "2026-11-30T10:00:01Z", "2026-11-30T10:01:00Z"),
+            1
+        );
+        assert_eq!(
+            count(&tick, "2026-11-30T10:00:00Z", "2026-11-30T10:00:59Z"),
+            0
+        );
+        assert_eq!(
+            count(&tick, "2026-11-30T11:00:00Z", "2026-11-30T10:00:00Z"),
+            0
+        );
+        assert_eq!(
+            count(&tick, "1969-12-31T23:58:30Z", "1970-01-01T00:01:00Z"),
+            3,
+            "before the UNIX epoch too: 23:59, 00:00, 00:01"
+        );
+        let fastest = Job::every("ms", Duration::ZERO).spec;
+        assert_eq!(
+            fastest.count_between(Timestamp::MIN, Timestamp::MAX),
+            (Timestamp::MAX.as_millisecond() - Timestamp::MIN.as_millisecond()) as u64,
+            "a millisecond grid over all of time, without overflow"
+        );
+        let five = Job::cron("five", "*/5 * * * *").unwrap().spec;
+        assert_eq!(
+            count(&five, "2026-11-30T10:00:00Z", "2026-11-30T11:00:00Z"),
+            12
+        );
+        let (dues, _) =
+            five.dues_between(ts("2026-11-30T10:00:00Z"), ts("2026-11-30T11:00:00Z"), 100);
+        assert_eq!(dues.len(), 12);
+        let second = Job::cron("second", "* * * * * *").unwrap().spec;
+        assert_eq!(
+            count(&second, "2026-11-30T00:00:00Z", "2026-12-07T00:00:00Z"),
+            MAX_COUNTED,
+            "a week of a job due every second counts as the cap"
+        );
     }
 
     #[test]

@@ -53,6 +53,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Dues that do not run** are recorded, so that an operator can alert on them: a due
+//! dropped by the job's [`CatchUp`], one past [`Job::max_catch_up`], the due of an abandoned
+//! run that is not rerun, and the dues of a job halted by [`LostState::Halt`] while this
+//! process leads. Each stretch of them is a row of `pg_elector_job_runs` with outcome
+//! `skipped`, its [`SkipReason`] in `reason`, the latest of its dues in `due` and how many dues
+//! it stands for in `skipped_dues`; and `pg_elector_job_skipped_total{job,reason}` counts the
+//! dues (with [`Schedule::registry`]). A stretch of a cron job is counted up to 100 000 dues.
+//!
 //! **Time.** Due instants are computed on the replica's wall clock, in UTC (cron jobs in their
 //! zone); replicas whose clocks disagree still never run a due twice (the claim decides), but
 //! a run may start as early or late as the skew.
@@ -77,6 +85,7 @@ use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
 
 pub use job::{CatchUp, Job, JobRun, MAX_CATCH_UP, RunKind};
+pub use plan::SkipReason;
 
 use crate::background::panic::catch_panic;
 use crate::background::{Probe, Readiness, TickOutcome};
@@ -222,7 +231,8 @@ pub enum LostState {
     StartFromNow,
     /// Stops running the job in this process, in this term and the next ones: its probe
     /// fails while it leads, naming the cause, until the process restarts (after an operator
-    /// looked at the table). Another replica that leads later runs the job if it had not seen
+    /// looked at the table). The dues that pass meanwhile while it leads are recorded as
+    /// skipped ([`SkipReason::Halted`]). Another replica that leads later runs the job if it had not seen
     /// its row (see above).
     Halt,
 }
@@ -375,8 +385,10 @@ impl Schedule {
     }
 
     /// Registers the job metrics in `registry`: `pg_elector_job_runs_total{job,outcome}`,
-    /// `pg_elector_job_last_success_timestamp_seconds{job}` and
-    /// `pg_elector_job_duration_seconds{job}`.
+    /// `pg_elector_job_last_success_timestamp_seconds{job}`,
+    /// `pg_elector_job_duration_seconds{job}` and `pg_elector_job_skipped_total{job,reason}`
+    /// (due runs that did not run, by [`SkipReason`]; each job's series start at 0). Two
+    /// schedules given the same registry share the series.
     #[cfg(feature = "prometheus")]
     pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
         self.registry = Some(registry.clone());
@@ -471,6 +483,12 @@ impl Schedule {
                 None => None,
             },
         });
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &ctx.metrics {
+            for registered in &self.jobs {
+                metrics.add_job(&registered.job.name);
+            }
+        }
         crate::background::install_panic_hook();
         loop {
             let term = tokio::select! {
@@ -714,6 +732,16 @@ impl Context {
             .map_err(|e| ScheduleError::Pool(Box::new(e)))
     }
 
+    /// This replica in `term`, as it claims runs and records skipped dues.
+    fn claimant<'a>(&'a self, term: &Term, term_id: &'a str) -> Claimant<'a> {
+        Claimant {
+            identity: self.elector.identity().unwrap_or("local"),
+            term_id,
+            epoch: term.epoch(),
+            heartbeat: self.poll,
+        }
+    }
+
     /// Every query of the job tables is bounded: a partition must not hang a job's task (and
     /// with it the end of the term and the shutdown).
     async fn bounded<T>(
@@ -802,7 +830,7 @@ async fn job_task(
     };
     if lock(&ctx.halted).contains(name) {
         halt(&registered);
-        stop.cancelled().await;
+        count_halted(&ctx, &registered, &term_id, &stop).await;
         return;
     }
     let registered_now;
@@ -835,7 +863,7 @@ async fn job_task(
                     if ctx.lost_state == LostState::Halt {
                         lock(&ctx.halted).insert(name.to_owned());
                         halt(&registered);
-                        stop.cancelled().await;
+                        count_halted(&ctx, &registered, &term_id, &stop).await;
                         return;
                     }
                 }
@@ -868,6 +896,7 @@ async fn job_task(
         // may still be going when this term begins, and is only abandoned once it has gone
         // quiet; meanwhile no claim of this term starts the job beside it.
         let ended = lock(&ctx.ended).clone();
+        let who = ctx.claimant(&term, &term_id);
         let abandoned = ctx.bounded(async {
             ctx.store
                 .abandon(
@@ -878,6 +907,7 @@ async fn job_task(
                     &ended,
                     ctx.poll,
                     job.rerun_abandoned,
+                    &who,
                 )
                 .await
         });
@@ -894,6 +924,9 @@ async fn job_task(
                         "a run claimed by an earlier term never finished: abandoned"
                     );
                     record(&ctx, &registered, "abandoned", None, None);
+                    if !run.rerun {
+                        count_skipped(&ctx, &registered, SkipReason::Abandoned, 1);
+                    }
                 }
             }
             Err(e) if e.is_missing_table() => {
@@ -986,17 +1019,9 @@ async fn job_task(
             job.max_catch_up,
         );
         let mut failed = false;
-        if let Some(through) = plan.skip_through {
-            tracing::info!(job = name, through = %through, policy = ?job.catch_up, "skipping missed dues");
-            let skipped = ctx.bounded(async {
-                ctx.store
-                    .skip_to(&*ctx.client().await?, &ctx.namespace, name, through)
-                    .await
-            });
-            if let Err(e) = skipped.await {
-                tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
-                failed = true;
-            }
+        if let Some(through) = plan.skip_through() {
+            failed = skip_dues(&ctx, &registered, last, through, &plan.skipped, &term_id).await
+                == Taken::Failed;
         }
         if plan.catching_up {
             tracing::info!(job = name, runs = plan.run.len(), policy = ?job.catch_up, "catching up on missed dues");
@@ -1084,14 +1109,8 @@ async fn run_due(
 ) -> Taken {
     let label: Arc<str> = registered.job.name.as_str().into();
     let name = label.clone();
-    let identity = ctx.elector.identity().unwrap_or("local").to_owned();
     let work = ctx.elector.do_work_named(&label, |term| async move {
-        let who = Claimant {
-            identity: &identity,
-            term_id,
-            epoch: term.epoch(),
-            heartbeat: ctx.poll,
-        };
+        let who = ctx.claimant(&term, term_id);
         // The claim, on a connection of its own that goes back to the pool at once. Once its
         // COMMIT is sent, `sent` holds what it claimed: an answer lost then (the bound, a
         // broken connection) leaves the claim's outcome unknown, and it is read back.
@@ -1274,6 +1293,125 @@ async fn read_back(
             () = tokio::time::sleep(ctx.poll) => {}
         }
     }
+}
+
+/// Records `skipped` (dues of a pass that do not run) as `skipped` rows, and the job's row as
+/// handled up to `through`, in a fenced transaction on the leader, and counts them; `NotOurs`
+/// when another replica (or this one, earlier) moved the job's row on since `last` was read.
+async fn skip_dues(
+    ctx: &Context,
+    registered: &Registered,
+    last: Timestamp,
+    through: Timestamp,
+    skipped: &[plan::Skipped],
+    term_id: &str,
+) -> Taken {
+    let name = registered.job.name.as_str();
+    let label: Arc<str> = name.into();
+    let work = ctx.elector.do_work_named(&label, |term| async move {
+        let who = ctx.claimant(&term, term_id);
+        ctx.bounded(async {
+            let mut client = ctx.client().await?;
+            let tx = client.transaction().await?;
+            if term.epoch().is_some() {
+                term.fence(&tx).await.map_err(ScheduleError::Fence)?;
+            }
+            let recorded = ctx
+                .store
+                .skip(&tx, &ctx.namespace, name, (last, through), skipped, &who)
+                .await?;
+            tx.commit().await?;
+            Ok(recorded)
+        })
+        .await
+    });
+    match work.await {
+        Ok(Some(true)) => {
+            for stretch in skipped {
+                tracing::info!(
+                    job = name,
+                    reason = %stretch.reason,
+                    dues = stretch.dues,
+                    latest = %stretch.latest,
+                    "skipping missed dues"
+                );
+                count_skipped(ctx, registered, stretch.reason, stretch.dues);
+            }
+            Taken::Ran
+        }
+        Ok(Some(false) | None) => Taken::NotOurs,
+        Err(ScheduleError::Fence(fenced)) if !fenced.is_query_error() => Taken::NotOurs,
+        Err(e) => {
+            tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
+            Taken::Failed
+        }
+    }
+}
+
+/// A job halted in this process: while this replica leads, every poll, the dues that passed
+/// (and will not run) are recorded as `skipped` rows and counted, until the term ends.
+async fn count_halted(
+    ctx: &Context,
+    registered: &Registered,
+    term_id: &str,
+    stop: &CancellationToken,
+) {
+    let name = registered.job.name.as_str();
+    let label: Arc<str> = name.into();
+    let mut counted_until = Timestamp::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+        let now = Timestamp::now();
+        let spec = &registered.job.spec;
+        let dues = spec.count_between(counted_until, now);
+        let Some(latest) = spec.previous(now, true).filter(|_| dues > 0) else {
+            continue;
+        };
+        let stretch = plan::Skipped {
+            reason: SkipReason::Halted,
+            latest,
+            dues,
+        };
+        let work = ctx.elector.do_work_named(&label, |term| async move {
+            let who = ctx.claimant(&term, term_id);
+            ctx.bounded(async {
+                ctx.store
+                    .record_skipped(
+                        &*ctx.client().await?,
+                        &ctx.namespace,
+                        name,
+                        &[stretch],
+                        &who,
+                    )
+                    .await
+            })
+            .await
+        });
+        match work.await {
+            Ok(Some(())) => {
+                count_skipped(ctx, registered, SkipReason::Halted, dues);
+                counted_until = latest;
+            }
+            // Not leading: no due of it was this replica's to run.
+            Ok(None) => counted_until = latest,
+            Err(e) => {
+                tracing::debug!(job = name, error = %e, "cannot record the halted job's dues; retrying")
+            }
+        }
+    }
+}
+
+/// Counts `dues` due runs of the job that did not run, for `reason`.
+fn count_skipped(ctx: &Context, registered: &Registered, reason: SkipReason, dues: u64) {
+    #[cfg(feature = "prometheus")]
+    if let Some(metrics) = &ctx.metrics {
+        metrics.skipped(&registered.job.name, reason, dues);
+    }
+    #[cfg(not(feature = "prometheus"))]
+    let _ = (ctx, registered, reason, dues);
 }
 
 /// Reports one run's outcome to the job's probe and metrics.

@@ -6,6 +6,7 @@ use jiff::Timestamp;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
+use super::plan::Skipped;
 use super::{STALE_BEATS, STALE_FLOOR, ScheduleError};
 
 /// PostgreSQL's longest identifier, in bytes.
@@ -28,6 +29,10 @@ const ADDED_COLUMNS: &[(Table, &str, &str)] = &[
     // Dues whose run was abandoned and is still to be rerun: set when the run is called
     // abandoned, in the same statement; a due leaves it only by its rerun's claim.
     (Table::Jobs, "rerun_dues", "timestamptz[]"),
+    // A due that did not run is a row with outcome `skipped`: why, and how many dues (ending
+    // at its due) it stands for.
+    (Table::Runs, "reason", "text"),
+    (Table::Runs, "skipped_dues", "bigint"),
 ];
 
 /// What [`Store::ensure`] found and did.
@@ -112,7 +117,8 @@ pub(crate) struct Store {
     insert_run: String,
     claim_status: String,
     finish: String,
-    skip_to: String,
+    skip: String,
+    record_skipped: String,
     trigger: String,
     reschedule: String,
 }
@@ -200,6 +206,16 @@ impl Store {
             beats = STALE_BEATS,
             floor = STALE_FLOOR.as_secs_f64(),
         );
+        // A `skipped` row: $5 identity, $6 term, $7 epoch of the replica that decided it; `s`
+        // the stretch. Its attempt is the due's next one.
+        let skipped_columns = "namespace, job, due, attempt, kind, claimed_by, claimed_term, \
+            epoch, started_at, finished_at, outcome, reason, skipped_dues";
+        let skipped_values = format!(
+            "$1, $2, s.due, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
+               WHERE namespace = $1 AND job = $2 AND due = s.due), \
+             'scheduled', $5, $6, $7, clock_timestamp(), clock_timestamp(), 'skipped', \
+             s.reason, s.dues"
+        );
         Ok(Self {
             ddl: format!(
                 "CREATE TABLE IF NOT EXISTS {jobs} (namespace text NOT NULL, job text NOT NULL, \
@@ -248,7 +264,7 @@ impl Store {
             // stopped it). The job's row follows when it holds that claim, and keeps the dues
             // to rerun ($6: the job asks for reruns; a triggered run is never rerun), so that
             // the decision to rerun survives whatever happens to this leader after this
-            // statement.
+            // statement; a due not to be rerun is recorded as skipped (by $7, epoch $8).
             abandon: format!(
                 "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
                    WHERE {key} AND outcome = 'running' AND claimed_term <> $3 \
@@ -262,7 +278,13 @@ impl Store {
                      THEN coalesce(j.rerun_dues, '{{}}') \
                           || ARRAY(SELECT r.due FROM r WHERE r.rerun ORDER BY r.due) \
                      ELSE j.rerun_dues END \
-                   WHERE j.namespace = $1 AND j.job = $2 AND EXISTS (SELECT 1 FROM r)) \
+                   WHERE j.namespace = $1 AND j.job = $2 AND EXISTS (SELECT 1 FROM r)), \
+                 s AS (INSERT INTO {runs} ({skipped_columns}) \
+                   SELECT $1, $2, r.due, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
+                            WHERE namespace = $1 AND job = $2 AND due = r.due), \
+                          r.kind, $7, $3, $8, clock_timestamp(), clock_timestamp(), 'skipped', \
+                          'abandoned', 1 \
+                   FROM r WHERE NOT r.rerun) \
                  SELECT due, attempt, kind, claimed_by, rerun FROM r ORDER BY due, attempt",
                 holds = "j.outcome = 'running' AND EXISTS (SELECT 1 FROM r \
                          WHERE r.claimed_term = j.claimed_term AND r.due = j.last_due)",
@@ -324,8 +346,23 @@ impl Store {
                  UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
                  WHERE {key} AND last_due = $3 AND claimed_term = $7"
             ),
-            skip_to: format!(
-                "UPDATE {jobs} SET last_due = $3 WHERE {key} AND (last_due IS NULL OR last_due < $3)"
+            // Dues that do not run: the job's row counts them as handled (compare-and-set on
+            // the `last_due` the plan was made from, $4, so that they are recorded once
+            // whoever else looks), and each stretch is a `skipped` row.
+            skip: format!(
+                "WITH j AS (UPDATE {jobs} SET last_due = $3 \
+                   WHERE {key} AND last_due = $4 AND last_due < $3 RETURNING 1) \
+                 INSERT INTO {runs} ({skipped_columns}) \
+                 SELECT {skipped_values} \
+                 FROM j CROSS JOIN unnest($8::timestamptz[], $9::text[], $10::int8[]) \
+                   AS s(due, reason, dues)"
+            ),
+            // The same rows, without moving the job's row (a halted job's dues).
+            record_skipped: format!(
+                "INSERT INTO {runs} ({skipped_columns}) \
+                 SELECT {skipped_values} \
+                 FROM unnest($8::timestamptz[], $9::text[], $10::int8[]) AS s(due, reason, dues) \
+                 WHERE $3::timestamptz IS NULL AND $4::timestamptz IS NULL"
             ),
             trigger: format!("UPDATE {jobs} SET trigger_requested = clock_timestamp() WHERE {key}"),
             // A new schedule takes effect from its next due: not a catch-up on its past.
@@ -439,7 +476,9 @@ impl Store {
         ended: &[String],
         fallback: std::time::Duration,
         rerun: bool,
+        who: &Claimant<'_>,
     ) -> Result<Vec<Abandoned>, ScheduleError> {
+        let epoch = who.epoch.map(|e| e as i64);
         let rows = client
             .query_typed(
                 &self.abandon,
@@ -450,6 +489,8 @@ impl Store {
                     (&ended, Type::TEXT_ARRAY),
                     (&fallback.as_secs_f64(), Type::FLOAT8),
                     (&rerun, Type::BOOL),
+                    (&who.identity, Type::TEXT),
+                    (&epoch, Type::INT8),
                 ],
             )
             .await?;
@@ -620,25 +661,90 @@ impl Store {
         Ok(())
     }
 
-    /// Counts the dues up to `due` as handled without running them.
-    pub(crate) async fn skip_to(
+    /// Counts the dues after `last` up to `through` as handled without running them, and
+    /// records each stretch of `skipped` as a `skipped` row, in `tx`; `false` when the job's
+    /// row no longer holds `last` (someone else moved it on: nothing recorded).
+    pub(crate) async fn skip(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        namespace: &str,
+        job: &str,
+        (last, through): (Timestamp, Timestamp),
+        skipped: &[Skipped],
+        who: &Claimant<'_>,
+    ) -> Result<bool, ScheduleError> {
+        let n = self
+            .write_skipped(
+                tx,
+                &self.skip,
+                namespace,
+                job,
+                Some((through, last)),
+                skipped,
+                who,
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Records `skipped` as `skipped` rows, without moving the job's row on.
+    pub(crate) async fn record_skipped(
         &self,
         client: &tokio_postgres::Client,
         namespace: &str,
         job: &str,
-        due: Timestamp,
+        skipped: &[Skipped],
+        who: &Claimant<'_>,
     ) -> Result<(), ScheduleError> {
-        client
-            .query_typed(
-                &self.skip_to,
+        self.write_skipped(
+            client,
+            &self.record_skipped,
+            namespace,
+            job,
+            None,
+            skipped,
+            who,
+        )
+        .await?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn write_skipped(
+        &self,
+        client: &impl tokio_postgres::GenericClient,
+        statement: &str,
+        namespace: &str,
+        job: &str,
+        through_and_last: Option<(Timestamp, Timestamp)>,
+        skipped: &[Skipped],
+        who: &Claimant<'_>,
+    ) -> Result<u64, ScheduleError> {
+        let epoch = who.epoch.map(|e| e as i64);
+        let (through, last) = through_and_last.unzip();
+        let dues: Vec<Timestamp> = skipped.iter().map(|s| s.latest).collect();
+        let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+        let counts: Vec<i64> = skipped
+            .iter()
+            .map(|s| i64::try_from(s.dues).unwrap_or(i64::MAX))
+            .collect();
+        Ok(client
+            .execute_typed(
+                statement,
                 &[
                     (&namespace, Type::TEXT),
                     (&job, Type::TEXT),
-                    (&due, Type::TIMESTAMPTZ),
+                    (&through, Type::TIMESTAMPTZ),
+                    (&last, Type::TIMESTAMPTZ),
+                    (&who.identity, Type::TEXT),
+                    (&who.term_id, Type::TEXT),
+                    (&epoch, Type::INT8),
+                    (&dues, Type::TIMESTAMPTZ_ARRAY),
+                    (&reasons, Type::TEXT_ARRAY),
+                    (&counts, Type::INT8_ARRAY),
                 ],
             )
-            .await?;
-        Ok(())
+            .await?)
     }
 
     /// Asks the leader for a run now; `false` when the job is unknown.
