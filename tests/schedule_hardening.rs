@@ -1129,3 +1129,142 @@ async fn h10_dues_of_a_halted_job_are_counted_as_skipped() {
         "only dues since the loss are counted: {counted} of at most {window}"
     );
 }
+
+/// A replica as the README wires it: a supervisor running the election and the schedule, with
+/// fast takeover and a drain timeout of `drain`. Its job, due every second, runs `run_sql` on a
+/// pool of its own and says when it starts.
+struct Supervised {
+    elector: Elector,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+fn supervised(
+    db: &TestDb,
+    key: pg_elector::LockKey,
+    name: &'static str,
+    drain: Duration,
+    run_sql: Option<String>,
+    started: &Arc<Mutex<Vec<Instant>>>,
+) -> Supervised {
+    let elector = Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .identity(name)
+        .drain_timeout(drain)
+        .fast_takeover(true)
+        .build()
+        .unwrap();
+    let (schedule_pool, job_pool) = (db.pool(2), db.pool(2));
+    let started = started.clone();
+    let schedule_elector = elector.clone();
+    let supervisor = pg_elector::background::Supervisor::new()
+        .election(&elector)
+        .worker("schedule", move |token| {
+            let (job_pool, run_sql, started) = (job_pool.clone(), run_sql.clone(), started.clone());
+            Schedule::new(&schedule_elector, schedule_pool.clone())
+                .poll_interval(I)
+                .job(Job::every("drain", Duration::from_secs(1)), move |_run| {
+                    let (job_pool, run_sql, started) =
+                        (job_pool.clone(), run_sql.clone(), started.clone());
+                    async move {
+                        let Some(sql) = run_sql else {
+                            return Ok(());
+                        };
+                        started.lock().unwrap().push(Instant::now());
+                        let client = job_pool.get().await.map_err(|e| e.to_string())?;
+                        client.batch_execute(&sql).await.map_err(|e| e.to_string())
+                    }
+                })
+                .run(token)
+        });
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    Supervised {
+        elector,
+        shutdown,
+        task,
+    }
+}
+
+/// Item 1: a run in flight at a graceful shutdown under a supervisor is drained before the
+/// lock is given up. a's job writes after `secs` of work (`pg_sleep`); a's supervisor is
+/// cancelled 50 ms into the run; b (fast takeover) writes as soon as it leads. a's write must
+/// come first by the server's clock, and b lead only once a's run is over: at least `secs` after
+/// it started.
+async fn a_run_in_flight_at_shutdown_is_drained(
+    key: pg_elector::LockKey,
+    secs: f64,
+    drain: Duration,
+) {
+    use common::handover::{write, writes, writes_table};
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    let started: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let sql = format!("INSERT INTO writes SELECT 'a', clock_timestamp() FROM pg_sleep({secs})");
+    let a = supervised(&db, key, "a", drain, Some(sql), &started);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = supervised(&db, key, "b", drain, None, &started);
+    wait_for(Duration::from_secs(3), || {
+        !started.lock().unwrap().is_empty()
+    })
+    .await
+    .expect("a's job starts");
+    let run_started = started.lock().unwrap()[0];
+    tokio::time::sleep(Duration::from_millis(50).saturating_sub(run_started.elapsed())).await;
+    a.shutdown.cancel();
+    let cancelled = Instant::now();
+    wait_for(drain + Duration::from_secs(5), || b.elector.is_leader())
+        .await
+        .expect("b leads after a's graceful shutdown");
+    let took = cancelled.elapsed();
+    let after_start = run_started.elapsed();
+    let b_pool = db.pool(1);
+    write(&b_pool, "b").await;
+    a.task.await.unwrap();
+    b.shutdown.cancel();
+    b.task.await.unwrap();
+
+    let rows = writes(&db).await;
+    eprintln!(
+        "b led {took:?} after the cancel, {after_start:?} after a's run started; writes {rows:?}"
+    );
+    assert_eq!(
+        rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        ["a", "b"],
+        "a's run in flight wrote before b led and wrote: {rows:?}"
+    );
+    assert!(
+        after_start >= Duration::from_secs_f64(secs),
+        "b led only once a's {secs} s run was over: {after_start:?} after it started"
+    );
+}
+
+/// The README's wiring, a short run well within the drain timeout (a regression test: it
+/// passed before this change too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_a_run_in_flight_at_a_graceful_shutdown_under_a_supervisor_is_drained() {
+    let _serial = serial();
+    a_run_in_flight_at_shutdown_is_drained(
+        pg_elector::LockKey::new(0x17, 1),
+        0.3,
+        Duration::from_secs(2),
+    )
+    .await;
+}
+
+/// A run longer than the schedule's own grace after the term ends (two polls, at least 2 s)
+/// but within the elector's drain timeout (6 s): the schedule cut it off at 2 s, the drain saw
+/// no work left and gave the lock up, and b led and wrote while a's statement was still
+/// running on the server. The grace is now at least the elector's drain timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_the_schedules_grace_does_not_cut_a_run_off_before_the_elector_s_drain_timeout() {
+    let _serial = serial();
+    a_run_in_flight_at_shutdown_is_drained(
+        pg_elector::LockKey::new(0x17, 2),
+        3.0,
+        Duration::from_secs(6),
+    )
+    .await;
+}

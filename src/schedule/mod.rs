@@ -10,6 +10,13 @@
 //! dues missed while nobody led; a due that came while it led is never taken for missed, even
 //! when its claim fails at first: it is claimed again at the next poll.
 //!
+//! **A graceful handover** (a shutdown, a resign) lets the runs in progress finish before the
+//! lock is given up: they count as work for the elector's drain, up to its
+//! [drain timeout](crate::ElectorBuilder::drain_timeout), so set that above the longest run.
+//! The schedule itself waits for its runs at least as long (and at least two poll intervals,
+//! 2 s at least) after the term ends; a run still going then is cut off at its current
+//! `.await` and stays `running` until a later term calls it abandoned.
+//!
 //! **A claim whose answer is lost.** A claim is one transaction, bounded like every query of
 //! the job tables. When its COMMIT gets no answer (a slow synchronous standby, an fsync stall,
 //! a connection lost after the COMMIT was sent), the leader does not give the due up: it reads
@@ -262,6 +269,22 @@ const STALE_BEATS: u32 = 3;
 /// ... and at least how long. (A period is at most [`MAX_POLL_INTERVAL`], so the threshold is
 /// at most three hours.)
 const STALE_FLOOR: Duration = Duration::from_secs(3);
+
+/// How long the job tasks of an ended term may go on before they are cut off, for a schedule
+/// polling every `poll` on an elector whose graceful handover waits `drain` for work: the
+/// query bound, and at least the drain timeout.
+fn grace(poll: Duration, drain: Option<Duration>) -> Duration {
+    query_bound(poll).max(drain.unwrap_or(Duration::ZERO))
+}
+
+/// The drain timeout of `elector`'s graceful handover; `None` for a local elector, which has
+/// no drain.
+fn drain_timeout(elector: &Elector) -> Option<Duration> {
+    match &elector.shared.mode {
+        crate::elector::Mode::Postgres(pg) => Some(pg.drain_timeout),
+        crate::elector::Mode::Local(_) => None,
+    }
+}
 
 /// How long a pool borrow may wait, for a schedule polling every `poll`: a poll, at least 1 s.
 fn borrow_bound(poll: Duration) -> Duration {
@@ -546,10 +569,11 @@ impl Schedule {
                     () = shutdown.cancelled() => {}
                 }
                 stop.cancel();
-                // Runs in progress were waited for by the elector's drain; what is left after
+                // Runs in progress are waited for by the elector's drain; what is left after
                 // a grace is cut off at its current `.await` (a run cut off stays `running`
-                // until the next term calls it abandoned).
-                let grace = query_bound(ctx.poll);
+                // until the next term calls it abandoned). The grace is at least the drain
+                // timeout, so that it never cuts a run off that the drain still waits for.
+                let grace = grace(ctx.poll, drain_timeout(&ctx.elector));
                 let drained = tokio::time::timeout(grace, async {
                     while tasks.join_next().await.is_some() {}
                 })
@@ -1449,6 +1473,33 @@ mod tests {
     const SEC: Duration = Duration::from_secs(1);
 
     #[test]
+    fn the_grace_after_a_term_is_at_least_the_elector_s_drain_timeout() {
+        let poll = Duration::from_millis(200);
+        assert_eq!(
+            grace(poll, None),
+            2 * SEC,
+            "a local elector: two polls, at least 2 s"
+        );
+        assert_eq!(grace(poll, Some(Duration::from_millis(200))), 2 * SEC);
+        assert_eq!(grace(poll, Some(6 * SEC)), 6 * SEC, "the drain timeout");
+        assert_eq!(grace(5 * SEC, Some(6 * SEC)), 10 * SEC, "two polls");
+        let elector = Elector::builder(
+            {
+                let mut config = deadpool_postgres::Config::new();
+                config.dbname = Some("never-connected".to_owned());
+                config.create_pool(None, tokio_postgres::NoTls).unwrap()
+            },
+            crate::LockKey::new(1, 2),
+        )
+        .check_interval(poll)
+        .drain_timeout(7 * SEC)
+        .build()
+        .unwrap();
+        assert_eq!(drain_timeout(&elector), Some(7 * SEC));
+        assert_eq!(drain_timeout(&Elector::manual().0), None);
+    }
+
+    #[test]
     fn only_a_lost_answer_leaves_a_commit_unknown() {
         assert!(ScheduleError::Timeout(SEC).leaves_commit_unknown());
         assert!(!ScheduleError::PoolTimeout(SEC).leaves_commit_unknown());
@@ -1491,6 +1542,7 @@ mod tests {
         assert_eq!(query_bound(Duration::from_millis(50)), 2 * SEC);
         assert_eq!(query_bound(5 * SEC), 10 * SEC);
         assert_eq!(borrow_bound(MAX_POLL_INTERVAL), MAX_POLL_INTERVAL);
+        assert_eq!(grace(Duration::MAX, Some(Duration::MAX)), Duration::MAX);
         // What a schedule derives from its largest poll is far from any overflow.
         assert_eq!(query_bound(MAX_POLL_INTERVAL), 2 * MAX_POLL_INTERVAL);
     }
