@@ -29,16 +29,18 @@
 //! left `running` is recorded as `abandoned` once its runner is known to be gone: silent for
 //! three of its own periods (at least 3 s), whatever the poll interval of the replica that
 //! looks, or at once when that term was this process's own (its runs were stopped before the
-//! next term began). The heartbeats borrow from the schedule's pool: a pool kept full for that
-//! long (by the job itself, say) can make a live run look dead, so leave it a spare connection. Until then the new leader
-//! claims nothing of that job, so it never starts the job beside a deposed leader's run that is
-//! still going, and never overwrites that run's claim; dues that pass meanwhile are handled by
-//! the job's [`CatchUp`]. An abandoned run is run again only if the job asks for it
-//! ([`Job::rerun_abandoned`]); a triggered run is reported, not rerun. The rerun is owed in
-//! the table: the statement that calls the run abandoned also adds its due to the job row's
-//! `rerun_dues`, and only the rerun's claim takes it off, so a claim that fails, an answer
-//! that is lost, or a leader that goes away in between does not lose it: this leader at a later
-//! poll, or any later leader, runs it, once.
+//! next term began). Until then the new leader claims nothing of that job, so it never starts
+//! the job beside a deposed leader's run that is still going, and never overwrites that run's
+//! claim; dues that pass meanwhile are handled by the job's [`CatchUp`]. The heartbeats borrow
+//! from the schedule's pool: a pool kept full for three periods (by the job itself, say) can
+//! make a live run look dead, so leave it a connection beyond what the jobs hold.
+//!
+//! An abandoned run is run again only if the job asks for it ([`Job::rerun_abandoned`]); a
+//! triggered run is reported, not rerun. The rerun is owed in the table: the statement that
+//! calls the run abandoned also adds its due to the job row's `rerun_dues`, and only the
+//! rerun's claim takes it off, so a claim that fails, an answer that is lost, or a leader that
+//! goes away in between does not lose it: this leader at a later poll, or any later leader,
+//! runs it, once.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -66,7 +68,8 @@
 //! process leads. Each stretch of them is a row of `pg_elector_job_runs` with outcome
 //! `skipped`, its [`SkipReason`] in `reason`, the latest of its dues in `due` and how many dues
 //! it stands for in `skipped_dues`; and `pg_elector_job_skipped_total{job,reason}` counts the
-//! dues (with [`Schedule::registry`]). A stretch of a cron job is counted up to 100 000 dues.
+//! dues this process recorded (with `Schedule::registry`). A stretch of a cron job is counted
+//! up to 100 000 dues.
 //!
 //! **Time.** Due instants are computed on the replica's wall clock, in UTC (cron jobs in their
 //! zone); replicas whose clocks disagree still never run a due twice (the claim decides), but

@@ -357,12 +357,12 @@ impl Store {
                  FROM j CROSS JOIN unnest($8::timestamptz[], $9::text[], $10::int8[]) \
                    AS s(due, reason, dues)"
             ),
-            // The same rows, without moving the job's row (a halted job's dues).
+            // The same rows, without moving the job's row (a halted job's dues). $3 and $4 are
+            // unused: both statements bind the same parameters.
             record_skipped: format!(
                 "INSERT INTO {runs} ({skipped_columns}) \
                  SELECT {skipped_values} \
-                 FROM unnest($8::timestamptz[], $9::text[], $10::int8[]) AS s(due, reason, dues) \
-                 WHERE $3::timestamptz IS NULL AND $4::timestamptz IS NULL"
+                 FROM unnest($8::timestamptz[], $9::text[], $10::int8[]) AS s(due, reason, dues)"
             ),
             trigger: format!("UPDATE {jobs} SET trigger_requested = clock_timestamp() WHERE {key}"),
             // A new schedule takes effect from its next due: not a catch-up on its past.
@@ -822,6 +822,9 @@ mod tests {
             &store.abandon,
             &store.claim_due,
             &store.claim_rerun,
+            &store.claim_status,
+            &store.skip,
+            &store.record_skipped,
             &store.upgrade,
             &store.finish,
             &store.trigger,
