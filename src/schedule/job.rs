@@ -13,8 +13,16 @@ use jiff::tz::TimeZone;
 use super::ScheduleError;
 use crate::Term;
 
-/// What a new leader does with the due instants that passed while nobody led (or while the
-/// previous leader's last run overran them).
+/// What a leader does with the due instants it missed: those that passed while nobody led,
+/// while another leader's run of the job was still going, or while this leader's own previous
+/// run of the job overran them.
+///
+/// A due that came while this leader led and watched the job is never missed, whatever the
+/// policy: if its claim fails at first (a row lock held for a while, a pool timeout), it is
+/// claimed again at the next poll, and runs once that claim goes through, and so do the dues
+/// that came meanwhile. The dues a policy drops are recorded as skipped
+/// ([`SkipReason::CatchUp`](super::SkipReason::CatchUp), and
+/// [`CatchUpLimit`](super::SkipReason::CatchUpLimit) past [`Job::max_catch_up`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CatchUp {
@@ -82,6 +90,36 @@ impl Spec {
         }
     }
 
+    /// How many due instants there are in `(after, until]`: exact for a fixed period; for a
+    /// cron expression, counted one by one, at most [`MAX_COUNTED`] (a longer stretch counts
+    /// as that many).
+    pub(crate) fn count_between(&self, after: Timestamp, until: Timestamp) -> u64 {
+        if until <= after {
+            return 0;
+        }
+        match self {
+            Spec::Every(period) => {
+                let period = period.as_nanos().max(1) as i128;
+                let dues = until.as_nanosecond().div_euclid(period)
+                    - after.as_nanosecond().div_euclid(period);
+                u64::try_from(dues).unwrap_or(u64::MAX)
+            }
+            Spec::Cron { .. } => {
+                let (mut dues, mut at) = (0, after);
+                while dues < MAX_COUNTED {
+                    match self.next_after(at) {
+                        Some(next) if next <= until => {
+                            dues += 1;
+                            at = next;
+                        }
+                        _ => break,
+                    }
+                }
+                dues
+            }
+        }
+    }
+
     /// The due instants in `(after, until]`, oldest first, at most `limit` of them (the most
     /// recent ones), and whether there were more. Walks back from `until`, so a long gap costs
     /// no more than `limit` steps.
@@ -137,12 +175,29 @@ impl Spec {
             .and_then(|rest| rest.strip_suffix("ms"))
             .and_then(|ms| ms.parse::<u64>().ok())
         {
-            return Ok(Spec::Every(Duration::from_millis(ms.max(1))));
+            return Ok(Spec::Every(whole_period(Duration::from_millis(ms))));
         }
         Err(ScheduleError::Stored {
             text: text.to_owned(),
         })
     }
+}
+
+/// The longest period of [`Job::every`]: a century.
+pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The most dues of a cron job counted as skipped in one stretch (a longer stretch, such as a
+/// week of a job due every second, counts as this many).
+pub(crate) const MAX_COUNTED: u64 = 100_000;
+
+/// The most missed dues [`Job::max_catch_up`] lets [`CatchUp::All`] run after one gap.
+pub const MAX_CATCH_UP: usize = 10_000;
+
+/// `period` as a fixed-period job keeps it: whole milliseconds, from one millisecond to
+/// [`MAX_PERIOD`] (a longer one saturates, a shorter one is one millisecond).
+pub(crate) fn whole_period(period: Duration) -> Duration {
+    let ms = period.as_millis().min(MAX_PERIOD.as_millis());
+    Duration::from_millis(ms as u64).max(Duration::from_millis(1))
 }
 
 fn cron_spec(expression: &str, zone_name: &str) -> Result<Spec, ScheduleError> {
@@ -208,11 +263,10 @@ impl Job {
 
     /// A job due every `period`, on a grid anchored at the UNIX epoch, so that every replica
     /// computes the same due instants (`every(1 h)` is due on the hour, UTC). The period is
-    /// kept in whole milliseconds, from one millisecond to a century.
+    /// kept in whole milliseconds, from one millisecond to a century: a shorter period
+    /// (`Duration::ZERO`) is one millisecond, a longer one (`Duration::MAX`) a century.
     pub fn every(name: impl Into<String>, period: Duration) -> Job {
-        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-        let ms = Duration::from_millis(period.as_millis().min(CENTURY.as_millis()) as u64);
-        Self::new(name.into(), Spec::Every(ms.max(Duration::from_millis(1))))
+        Self::new(name.into(), Spec::Every(whole_period(period)))
     }
 
     fn new(name: String, spec: Spec) -> Self {
@@ -248,16 +302,19 @@ impl Job {
         self
     }
 
-    /// The most missed dues [`CatchUp::All`] runs (default 100).
+    /// The most missed dues [`CatchUp::All`] runs (default 100), from 1 to [`MAX_CATCH_UP`]
+    /// (10 000): a larger number is taken as that, and 0 as 1.
     pub fn max_catch_up(mut self, most: usize) -> Job {
-        self.max_catch_up = most.max(1);
+        self.max_catch_up = most.clamp(1, MAX_CATCH_UP);
         self
     }
 
     /// Whether a run claimed by a leader that lost leadership before it finished is run again
     /// by the next leader (at-least-once), or only reported as abandoned (at-most-once, the
     /// default). The rerun starts once the cut-off run is called abandoned (see the [module
-    /// docs](super)), for the same due, with `attempt` 2.
+    /// docs](super)), for the same due, with `attempt` 2. Whether to rerun is decided, and
+    /// stored in the job's row, when the run is called abandoned: a leader whose job asks for
+    /// no reruns still runs one that an earlier leader stored.
     pub fn rerun_abandoned(mut self, again: bool) -> Job {
         self.rerun_abandoned = again;
         self
@@ -436,6 +493,98 @@ mod tests {
             autumn,
             ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"],
             "02:30 on the fall-back night runs once"
+        );
+    }
+
+    #[test]
+    fn a_period_or_catch_up_limit_out_of_range_saturates() {
+        let never = Job::every("max", Duration::MAX);
+        assert_eq!(
+            never.schedule(),
+            format!("every {}ms", MAX_PERIOD.as_millis())
+        );
+        let at = ts("2026-11-30T10:00:00Z");
+        let next = never
+            .spec
+            .next_after(at)
+            .expect("a century grid has a next due");
+        assert!(next > at);
+        assert!(never.spec.previous(at, true).is_some());
+        let (dues, more) = never.spec.dues_between(ts("2000-01-01T00:00:00Z"), at, 10);
+        assert!(dues.len() <= 1 && !more, "{dues:?}");
+        // At the ends of time: no due, and no panic.
+        assert_eq!(never.spec.next_after(Timestamp::MAX), None);
+        assert!(never.spec.previous(Timestamp::MIN, false).is_none());
+
+        let fastest = Job::every("zero", Duration::ZERO);
+        assert_eq!(fastest.schedule(), "every 1ms");
+        assert_eq!(
+            fastest.spec.next_after(at).unwrap(),
+            ts("2026-11-30T10:00:00.001Z")
+        );
+        assert_eq!(
+            Job::every("sub-ms", Duration::from_micros(1500)).schedule(),
+            "every 1ms"
+        );
+
+        // A stored period a hand or another version wrote: read within the same bounds.
+        let stored = Spec::parse(&format!("every {}ms", u64::MAX)).unwrap();
+        assert_eq!(stored.text(), never.schedule());
+        assert_eq!(Spec::parse("every 0ms").unwrap().text(), "every 1ms");
+
+        let job = Job::every("j", Duration::from_secs(1));
+        assert_eq!(
+            job.clone().max_catch_up(usize::MAX).max_catch_up,
+            MAX_CATCH_UP
+        );
+        assert_eq!(job.clone().max_catch_up(0).max_catch_up, 1);
+        assert_eq!(job.max_catch_up(7).max_catch_up, 7);
+    }
+
+    #[test]
+    fn dues_are_counted_exactly_for_a_period_and_up_to_a_cap_for_cron() {
+        let tick = Job::every("tick", Duration::from_secs(60)).spec;
+        let count = |spec: &Spec, a: &str, b: &str| spec.count_between(ts(a), ts(b));
+        assert_eq!(
+            count(&tick, "2026-11-30T10:00:00Z", "2026-11-30T11:00:00Z"),
+            60
+        );
+        assert_eq!(
+            count(&tick, "2026-11-30T10:00:01Z", "2026-11-30T10:01:00Z"),
+            1
+        );
+        assert_eq!(
+            count(&tick, "2026-11-30T10:00:00Z", "2026-11-30T10:00:59Z"),
+            0
+        );
+        assert_eq!(
+            count(&tick, "2026-11-30T11:00:00Z", "2026-11-30T10:00:00Z"),
+            0
+        );
+        assert_eq!(
+            count(&tick, "1969-12-31T23:58:30Z", "1970-01-01T00:01:00Z"),
+            3,
+            "before the UNIX epoch too: 23:59, 00:00, 00:01"
+        );
+        let fastest = Job::every("ms", Duration::ZERO).spec;
+        assert_eq!(
+            fastest.count_between(Timestamp::MIN, Timestamp::MAX),
+            (Timestamp::MAX.as_millisecond() - Timestamp::MIN.as_millisecond()) as u64,
+            "a millisecond grid over all of time, without overflow"
+        );
+        let five = Job::cron("five", "*/5 * * * *").unwrap().spec;
+        assert_eq!(
+            count(&five, "2026-11-30T10:00:00Z", "2026-11-30T11:00:00Z"),
+            12
+        );
+        let (dues, _) =
+            five.dues_between(ts("2026-11-30T10:00:00Z"), ts("2026-11-30T11:00:00Z"), 100);
+        assert_eq!(dues.len(), 12);
+        let second = Job::cron("second", "* * * * * *").unwrap().spec;
+        assert_eq!(
+            count(&second, "2026-11-30T00:00:00Z", "2026-12-07T00:00:00Z"),
+            MAX_COUNTED,
+            "a week of a job due every second counts as the cap"
         );
     }
 

@@ -7,16 +7,40 @@
 //! on the job's row (and, when the elector fences, inside a fenced transaction), so no due run
 //! starts twice, even while two replicas both think they lead, or when a deposed leader wakes
 //! up. A new leader reads where the schedule stands and applies the job's [`CatchUp`] to the
-//! dues missed while nobody led.
+//! dues missed while nobody led; a due that came while it led is never taken for missed, even
+//! when its claim fails at first: it is claimed again at the next poll.
 //!
-//! **Runs cut off by a failover.** A running job says it is alive every poll interval. A run
-//! that an earlier term left `running` is recorded as `abandoned` once its runner is known to
-//! be gone: silent for three poll intervals (at least 3 s), or at once when that term was this
-//! process's own (its runs were stopped before the next term began). Until then the new leader
-//! claims nothing of that job, so it never starts the job beside a deposed leader's run that is
-//! still going, and never overwrites that run's claim; dues that pass meanwhile are handled by
-//! the job's [`CatchUp`]. An abandoned run is run again only if the job asks for it
-//! ([`Job::rerun_abandoned`]); a triggered run is reported, not rerun.
+//! **A graceful handover** (a shutdown, a resign) lets the runs in progress finish before the
+//! lock is given up: they count as work for the elector's drain, up to its
+//! [drain timeout](crate::ElectorBuilder::drain_timeout), so set that above the longest run.
+//! The schedule itself waits for its runs at least as long (and at least two poll intervals,
+//! 2 s at least) after the term ends; a run still going then is cut off at its current
+//! `.await` and stays `running` until a later term calls it abandoned.
+//!
+//! **A claim whose answer is lost.** A claim is one transaction, bounded like every query of
+//! the job tables. When its COMMIT gets no answer (a slow synchronous standby, an fsync stall,
+//! a connection lost after the COMMIT was sent), the leader does not give the due up: it reads
+//! the claim back, the transaction's status and the run's row, every poll interval until it
+//! knows, and runs the job if the claim was committed. Should its term end first, the run it
+//! may have claimed stays `running` and a later term calls it abandoned.
+//!
+//! **Runs cut off by a failover.** A running job says it is alive every poll interval of the
+//! replica that runs it, and that period is stored with the run. A run that an earlier term
+//! left `running` is recorded as `abandoned` once its runner is known to be gone: silent for
+//! three of its own periods (at least 3 s), whatever the poll interval of the replica that
+//! looks, or at once when that term was this process's own (its runs were stopped before the
+//! next term began). Until then the new leader claims nothing of that job, so it never starts
+//! the job beside a deposed leader's run that is still going, and never overwrites that run's
+//! claim; dues that pass meanwhile are handled by the job's [`CatchUp`]. The heartbeats borrow
+//! from the schedule's pool: a pool kept full for three periods (by the job itself, say) can
+//! make a live run look dead, so leave it a connection beyond what the jobs hold.
+//!
+//! An abandoned run is run again only if the job asks for it ([`Job::rerun_abandoned`]); a
+//! triggered run is reported, not rerun. The rerun is owed in the table: the statement that
+//! calls the run abandoned also adds its due to the job row's `rerun_dues`, and only the
+//! rerun's claim takes it off, so a claim that fails, an answer that is lost, or a leader that
+//! goes away in between does not lose it: this leader at a later poll, or any later leader,
+//! runs it, once.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -38,11 +62,21 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Dues that do not run** are recorded, so that an operator can alert on them: a due
+//! dropped by the job's [`CatchUp`], one past [`Job::max_catch_up`], the due of an abandoned
+//! run that is not rerun, and the dues of a job halted by [`LostState::Halt`] while this
+//! process leads. Each stretch of them is a row of `pg_elector_job_runs` with outcome
+//! `skipped`, its [`SkipReason`] in `reason`, the latest of its dues in `due` and how many dues
+//! it stands for in `skipped_dues`; and `pg_elector_job_skipped_total{job,reason}` counts the
+//! dues this process recorded (with `Schedule::registry`). A stretch of a cron job is counted
+//! up to 100 000 dues.
+//!
 //! **Time.** Due instants are computed on the replica's wall clock, in UTC (cron jobs in their
 //! zone); replicas whose clocks disagree still never run a due twice (the claim decides), but
 //! a run may start as early or late as the skew.
 
 mod job;
+mod plan;
 mod store;
 
 use std::collections::HashSet;
@@ -60,14 +94,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
 
-pub use job::{CatchUp, Job, JobRun, RunKind};
+pub use job::{CatchUp, Job, JobRun, MAX_CATCH_UP, RunKind};
+pub use plan::SkipReason;
 
 use crate::background::panic::catch_panic;
 use crate::background::{Probe, Readiness, TickOutcome};
 use crate::term::lock;
 use crate::{Elector, Term};
 use job::Spec;
-use store::{Claimant, Store};
+use store::{ClaimStatus, Claimant, Claimed, Ensured, Store};
 
 /// What can go wrong with a schedule. Failures of the database while the schedule runs are not
 /// errors of [`Schedule::run`]: they are logged and the schedule goes on.
@@ -131,7 +166,19 @@ pub enum ScheduleError {
         /// The server's refusal.
         source: tokio_postgres::Error,
     },
-    /// No pool connection within the schedule's poll interval.
+    /// The job tables lack columns this version uses (an earlier version made them) and this
+    /// role may not add them: only the tables' owner may.
+    #[error(
+        "the job tables lack columns this version uses and this role may not add them ({}); run this once as their owner: {ddl}",
+        crate::error::chain(source)
+    )]
+    CannotUpgrade {
+        /// The statements to run.
+        ddl: String,
+        /// The server's refusal.
+        source: tokio_postgres::Error,
+    },
+    /// No pool connection within the schedule's poll interval (at least 1 s).
     #[error("no pool connection within {0:?}")]
     PoolTimeout(Duration),
     /// The pool could not hand out a connection.
@@ -163,6 +210,17 @@ impl ScheduleError {
         matches!(self, ScheduleError::Database(e)
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
     }
+
+    /// Whether a COMMIT that failed so may still have been carried out: no answer in time, or
+    /// a connection lost (an error the server did not send). An error the server sent (a
+    /// SQLSTATE) means it rolled the transaction back.
+    fn leaves_commit_unknown(&self) -> bool {
+        match self {
+            ScheduleError::Timeout(_) => true,
+            ScheduleError::Database(e) => e.code().is_none(),
+            _ => false,
+        }
+    }
 }
 
 /// What the leader does when a job's row, which this process had seen, is gone: the table was
@@ -183,9 +241,57 @@ pub enum LostState {
     StartFromNow,
     /// Stops running the job in this process, in this term and the next ones: its probe
     /// fails while it leads, naming the cause, until the process restarts (after an operator
-    /// looked at the table). Another replica that leads later runs the job if it had not seen
+    /// looked at the table). The dues that pass meanwhile while it leads are recorded as
+    /// skipped ([`SkipReason::Halted`]). Another replica that leads later runs the job if it had not seen
     /// its row (see above).
     Halt,
+}
+
+/// The shortest poll interval a schedule takes ([`Schedule::poll_interval`]).
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The longest poll interval a schedule takes ([`Schedule::poll_interval`]): an hour.
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// `every` as a poll interval: from [`MIN_POLL_INTERVAL`] to [`MAX_POLL_INTERVAL`].
+fn poll_within_bounds(every: Duration) -> Duration {
+    every.clamp(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL)
+}
+
+/// How long one query of the job tables may take, for a schedule polling every `poll`: two
+/// polls, at least 2 s.
+fn query_bound(poll: Duration) -> Duration {
+    poll.saturating_mul(2).max(Duration::from_secs(2))
+}
+
+/// How many of the heartbeat periods its runner promised (the poll interval of the replica
+/// that claimed it, stored with the run) a run may stay silent before another term calls it
+/// abandoned ...
+const STALE_BEATS: u32 = 3;
+
+/// ... and at least how long. (A period is at most [`MAX_POLL_INTERVAL`], so the threshold is
+/// at most three hours.)
+const STALE_FLOOR: Duration = Duration::from_secs(3);
+
+/// How long the job tasks of an ended term may go on before they are cut off, for a schedule
+/// polling every `poll` on an elector whose graceful handover waits `drain` for work: the
+/// query bound, and at least the drain timeout.
+fn grace(poll: Duration, drain: Option<Duration>) -> Duration {
+    query_bound(poll).max(drain.unwrap_or(Duration::ZERO))
+}
+
+/// The drain timeout of `elector`'s graceful handover; `None` for a local elector, which has
+/// no drain.
+fn drain_timeout(elector: &Elector) -> Option<Duration> {
+    match &elector.shared.mode {
+        crate::elector::Mode::Postgres(pg) => Some(pg.drain_timeout),
+        crate::elector::Mode::Local(_) => None,
+    }
+}
+
+/// How long a pool borrow may wait, for a schedule polling every `poll`: a poll, at least 1 s.
+fn borrow_bound(poll: Duration) -> Duration {
+    poll.max(Duration::from_secs(1))
 }
 
 /// How many of its ended terms a schedule remembers (their runs are abandoned at the start of
@@ -231,10 +337,12 @@ impl Schedule {
             |k| format!("{}:{}", k.class(), k.object()),
         );
         Self {
-            poll: elector
-                .check_interval()
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(5)),
+            poll: poll_within_bounds(
+                elector
+                    .check_interval()
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(Duration::from_secs(5)),
+            ),
             elector: elector.clone(),
             pool,
             namespace,
@@ -283,12 +391,15 @@ impl Schedule {
     }
 
     /// How often the leader reads each job's row for a trigger or a schedule change asked
-    /// from any replica (default: the elector's check interval, at most 5 s; at least 10 ms).
-    /// Dues themselves run on time, whatever this is. It is also how often a running job says
-    /// it is alive: a run silent for three polls (and at least 3 s) is taken for dead by the
-    /// next leader.
+    /// from any replica (default: the elector's check interval, at most 5 s). Dues themselves
+    /// run on time, whatever this is. It is also how often a running job says it is alive,
+    /// as stored with each run it claims: a run silent for three of its runner's polls (and at
+    /// least 3 s) is taken for dead by a later leader, whatever that leader's own poll.
+    ///
+    /// Taken from [`MIN_POLL_INTERVAL`] (10 ms) to [`MAX_POLL_INTERVAL`] (an hour): a shorter
+    /// interval (`Duration::ZERO`) is 10 ms, a longer one (`Duration::MAX`) an hour.
     pub fn poll_interval(mut self, every: Duration) -> Self {
-        self.poll = every.max(Duration::from_millis(10));
+        self.poll = poll_within_bounds(every);
         self
     }
 
@@ -300,8 +411,10 @@ impl Schedule {
     }
 
     /// Registers the job metrics in `registry`: `pg_elector_job_runs_total{job,outcome}`,
-    /// `pg_elector_job_last_success_timestamp_seconds{job}` and
-    /// `pg_elector_job_duration_seconds{job}`.
+    /// `pg_elector_job_last_success_timestamp_seconds{job}`,
+    /// `pg_elector_job_duration_seconds{job}` and `pg_elector_job_skipped_total{job,reason}`
+    /// (due runs that did not run, by [`SkipReason`]; each job's series start at 0). Two
+    /// schedules given the same registry share the series.
     #[cfg(feature = "prometheus")]
     pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
         self.registry = Some(registry.clone());
@@ -328,12 +441,15 @@ impl Schedule {
             namespace: self.namespace.clone(),
             schema: self.schema.clone(),
             prefix: self.prefix.clone(),
-            wait: self.poll.max(Duration::from_secs(1)),
+            wait: borrow_bound(self.poll),
         }
     }
 
     /// The statements that create the job tables, for a migration run by a role that may
-    /// create tables (the schedule's role then needs `SELECT, INSERT, UPDATE` on both).
+    /// create tables (the schedule's role then needs `SELECT, INSERT, UPDATE` on both). They
+    /// also add the columns of this version to tables an earlier version made (`ALTER TABLE …
+    /// ADD COLUMN IF NOT EXISTS`), so the same statements upgrade them; run them as the
+    /// tables' owner.
     ///
     /// # Errors
     ///
@@ -350,7 +466,11 @@ impl Schedule {
     /// # Errors
     ///
     /// [`ScheduleError::DuplicateJob`] or [`ScheduleError::InvalidTable`] at once; nothing
-    /// while it runs (database failures are logged, and retried every poll interval).
+    /// while it runs (database failures are logged, and retried every poll interval). Tables
+    /// that are missing are created, and tables an earlier version made get the columns of
+    /// this version, at the start of each term; a role that may not do it gets an ERROR in
+    /// the log naming the statements to run ([`ScheduleError::CannotCreate`],
+    /// [`ScheduleError::CannotUpgrade`]), and the jobs wait until they have been run.
     ///
     /// # Cancel safety
     ///
@@ -389,6 +509,12 @@ impl Schedule {
                 None => None,
             },
         });
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &ctx.metrics {
+            for registered in &self.jobs {
+                metrics.add_job(&registered.job.name);
+            }
+        }
         crate::background::install_panic_hook();
         loop {
             let term = tokio::select! {
@@ -446,10 +572,11 @@ impl Schedule {
                     () = shutdown.cancelled() => {}
                 }
                 stop.cancel();
-                // Runs in progress were waited for by the elector's drain; what is left after
+                // Runs in progress are waited for by the elector's drain; what is left after
                 // a grace is cut off at its current `.await` (a run cut off stays `running`
-                // until the next term calls it abandoned).
-                let grace = (2 * ctx.poll).max(Duration::from_secs(2));
+                // until the next term calls it abandoned). The grace is at least the drain
+                // timeout, so that it never cuts a run off that the drain still waits for.
+                let grace = grace(ctx.poll, drain_timeout(&ctx.elector));
                 let drained = tokio::time::timeout(grace, async {
                     while tasks.join_next().await.is_some() {}
                 })
@@ -515,19 +642,42 @@ impl ScheduleHandle {
         Store::new(self.schema.as_deref(), &self.prefix)
     }
 
+    /// One call of the handle, borrow and statement together, bounded by the handle's wait.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, ScheduleError>>,
+    ) -> Result<T, ScheduleError> {
+        tokio::time::timeout(self.wait, call)
+            .await
+            .map_err(|_| ScheduleError::Timeout(self.wait))?
+    }
+
     /// Asks the leader to run `job` now, once, besides its schedule (recorded as a
     /// `triggered` run).
     ///
+    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
+    /// the schedule's [poll interval](Schedule::poll_interval), at least 1 s.
+    ///
     /// # Errors
     ///
-    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
+    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// partition, a server that does not answer: the request may still have reached the
+    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
+    /// database error.
     ///
     /// # Cancel safety
     ///
     /// One statement: dropped before it was sent, nothing happens; after, the request stands.
     pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
-        let client = self.client().await?;
-        match self.store()?.trigger(&client, &self.namespace, job).await? {
+        let store = self.store()?;
+        let known = self
+            .bounded(async {
+                let client = self.client().await?;
+                store.trigger(&client, &self.namespace, job).await
+            })
+            .await?;
+        match known {
             true => Ok(()),
             false => Err(ScheduleError::UnknownJob {
                 job: job.to_owned(),
@@ -539,20 +689,31 @@ impl ScheduleHandle {
     /// on; its history is kept. The change lasts until a deploy registers another schedule in
     /// code.
     ///
+    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
+    /// the schedule's [poll interval](Schedule::poll_interval), at least 1 s.
+    ///
     /// # Errors
     ///
-    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet; a database error.
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
+    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// partition, a server that does not answer: the change may still have reached the
+    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
+    /// database error.
     ///
     /// # Cancel safety
     ///
     /// One statement: dropped before it was sent, nothing changes; after, the change stands.
     pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
-        let client = self.client().await?;
-        match self
-            .store()?
-            .reschedule(&client, &self.namespace, job, &schedule.schedule())
-            .await?
-        {
+        let store = self.store()?;
+        let known = self
+            .bounded(async {
+                let client = self.client().await?;
+                store
+                    .reschedule(&client, &self.namespace, job, &schedule.schedule())
+                    .await
+            })
+            .await?;
+        match known {
             true => Ok(()),
             false => Err(ScheduleError::UnknownJob {
                 job: job.to_owned(),
@@ -591,10 +752,21 @@ struct Context {
 
 impl Context {
     async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
-        tokio::time::timeout(self.poll.max(Duration::from_secs(1)), self.pool.get())
+        let wait = borrow_bound(self.poll);
+        tokio::time::timeout(wait, self.pool.get())
             .await
-            .map_err(|_| ScheduleError::PoolTimeout(self.poll))?
+            .map_err(|_| ScheduleError::PoolTimeout(wait))?
             .map_err(|e| ScheduleError::Pool(Box::new(e)))
+    }
+
+    /// This replica in `term`, as it claims runs and records skipped dues.
+    fn claimant<'a>(&'a self, term: &Term, term_id: &'a str) -> Claimant<'a> {
+        Claimant {
+            identity: self.elector.identity().unwrap_or("local"),
+            term_id,
+            epoch: term.epoch(),
+            heartbeat: self.poll,
+        }
     }
 
     /// Every query of the job tables is bounded: a partition must not hang a job's task (and
@@ -603,15 +775,10 @@ impl Context {
         &self,
         query: impl Future<Output = Result<T, ScheduleError>>,
     ) -> Result<T, ScheduleError> {
-        let bound = (2 * self.poll).max(Duration::from_secs(2));
+        let bound = query_bound(self.poll);
         tokio::time::timeout(bound, query)
             .await
             .map_err(|_| ScheduleError::Timeout(bound))?
-    }
-
-    /// How long a run may go without a heartbeat before another term calls it abandoned.
-    fn stale(&self) -> Duration {
-        (3 * self.poll).max(Duration::from_secs(3))
     }
 }
 
@@ -638,9 +805,13 @@ async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>) -> bool {
     loop {
         let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
         match made.await {
-            Ok(created) => {
-                if created {
-                    tracing::info!("created the job tables");
+            Ok(ensured) => {
+                match ensured {
+                    Ensured::Created => tracing::info!("created the job tables"),
+                    Ensured::Upgraded => {
+                        tracing::info!("added the columns of this version to the job tables");
+                    }
+                    Ensured::Ready => {}
                 }
                 return true;
             }
@@ -686,7 +857,7 @@ async fn job_task(
     };
     if lock(&ctx.halted).contains(name) {
         halt(&registered);
-        stop.cancelled().await;
+        count_halted(&ctx, &registered, &term_id, &stop).await;
         return;
     }
     let registered_now;
@@ -719,7 +890,7 @@ async fn job_task(
                     if ctx.lost_state == LostState::Halt {
                         lock(&ctx.halted).insert(name.to_owned());
                         halt(&registered);
-                        stop.cancelled().await;
+                        count_halted(&ctx, &registered, &term_id, &stop).await;
                         return;
                     }
                 }
@@ -741,16 +912,18 @@ async fn job_task(
         }
     }
     tracing::debug!(job = name, new = registered_now, "job registered");
-    // Dues from before this instant were missed (a leaderless gap, or a run that overran
-    // them): the job's catch-up policy decides. Dues after it came while the task waited for
-    // them, and run however late it woke.
-    let mut watching_since = Timestamp::now();
+    // Dues from before this instant were missed (a leaderless gap, another leader's run still
+    // going, or a run of this one that overran them): the job's catch-up policy decides. Dues
+    // after it came while this leader watched, and run however late it woke, and however many
+    // times their claim fails first: it moves on only past dues that were settled.
+    let mut on_time_from = Timestamp::now();
     while !stop.is_cancelled() {
         // Runs another term left going: called abandoned (and rerun if the job asks) once
         // their runner is known to be gone. Looked at every iteration: a deposed leader's run
         // may still be going when this term begins, and is only abandoned once it has gone
         // quiet; meanwhile no claim of this term starts the job beside it.
         let ended = lock(&ctx.ended).clone();
+        let who = ctx.claimant(&term, &term_id);
         let abandoned = ctx.bounded(async {
             ctx.store
                 .abandon(
@@ -759,26 +932,27 @@ async fn job_task(
                     name,
                     &term_id,
                     &ended,
-                    ctx.stale(),
+                    ctx.poll,
+                    job.rerun_abandoned,
+                    &who,
                 )
                 .await
         });
         match abandoned.await {
             Ok(runs) => {
                 for run in runs {
-                    let rerun = job.rerun_abandoned && run.kind != RunKind::Triggered.label();
                     tracing::warn!(
                         job = name,
                         due = %run.due,
                         attempt = run.attempt,
                         kind = %run.kind,
                         claimed_by = %run.claimed_by,
-                        rerun,
+                        rerun = run.rerun,
                         "a run claimed by an earlier term never finished: abandoned"
                     );
                     record(&ctx, &registered, "abandoned", None, None);
-                    if rerun {
-                        run_due(&ctx, &registered, run.due, RunKind::Rerun, &term_id).await;
+                    if !run.rerun {
+                        count_skipped(&ctx, &registered, SkipReason::Abandoned, 1);
                     }
                 }
             }
@@ -826,6 +1000,26 @@ async fn job_task(
                 job.spec.clone()
             }
         };
+        // Abandoned runs still to be rerun, as the job's row says (whichever term or replica
+        // called them abandoned): each rerun's claim takes its due off the list. A claim that
+        // failed is tried again at the next poll, before anything else of the job.
+        let mut rerun_failed = false;
+        for &due in &row.rerun_dues {
+            if stop.is_cancelled() {
+                return;
+            }
+            if run_due(&ctx, &registered, due, RunKind::Rerun, &term_id).await == Taken::Failed {
+                rerun_failed = true;
+                break;
+            }
+        }
+        if rerun_failed {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(ctx.poll) => {}
+            }
+            continue;
+        }
         // A trigger asked for: run it now; only a run actually claimed loops at once (a claim
         // that failed waits for the next poll, rather than spinning).
         if row.trigger_requested.is_some()
@@ -837,50 +1031,58 @@ async fn job_task(
                 &term_id,
             )
             .await
+                == Taken::Ran
         {
             continue;
         }
         let now = Timestamp::now();
         let last = row.last_due.unwrap_or(now);
-        let (dues, more) = spec.dues_between(last, now, job.max_catch_up);
-        let late = dues.iter().any(|&due| due < watching_since) || more;
-        let to_run: Vec<Timestamp> = match (late, job.catch_up) {
-            (false, _) | (true, CatchUp::All) => dues,
-            (true, CatchUp::Latest) => dues.last().copied().into_iter().collect(),
-            (true, CatchUp::Skip) => {
-                let (on_time, missed): (Vec<Timestamp>, Vec<Timestamp>) =
-                    dues.into_iter().partition(|&due| due >= watching_since);
-                if let Some(&latest_missed) = missed.last() {
-                    tracing::info!(job = name, missed = missed.len(), "skipping missed dues");
-                    let skipped = ctx.bounded(async {
-                        ctx.store
-                            .skip_to(&*ctx.client().await?, &ctx.namespace, name, latest_missed)
-                            .await
-                    });
-                    if let Err(e) = skipped.await {
-                        tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
-                    }
-                }
-                on_time
-            }
-        };
-        if late && !to_run.is_empty() {
-            tracing::info!(job = name, runs = to_run.len(), policy = ?job.catch_up, "catching up on missed dues");
+        let plan = plan::plan(
+            &spec,
+            last,
+            now,
+            on_time_from,
+            job.catch_up,
+            job.max_catch_up,
+        );
+        let mut failed = false;
+        if let Some(through) = plan.skip_through() {
+            failed = skip_dues(&ctx, &registered, last, through, &plan.skipped, &term_id).await
+                == Taken::Failed;
         }
-        for due in to_run {
+        if plan.catching_up {
+            tracing::info!(job = name, runs = plan.run.len(), policy = ?job.catch_up, "catching up on missed dues");
+        }
+        let mut ran = false;
+        for &due in &plan.run {
             if stop.is_cancelled() {
                 return;
             }
-            run_due(&ctx, &registered, due, RunKind::Scheduled, &term_id).await;
+            if failed {
+                break;
+            }
+            match run_due(&ctx, &registered, due, RunKind::Scheduled, &term_id).await {
+                Taken::Ran => ran = true,
+                Taken::NotOurs => {}
+                // Not settled: this due (and those after it) are tried again at the next
+                // poll, still on time.
+                Taken::Failed => failed = true,
+            }
         }
         // Until the next due, or the next poll of the row (a trigger, a schedule change).
-        watching_since = Timestamp::now();
-        let next = spec.next_after(watching_since.max(last));
-        let mut wait = ctx.poll;
-        if let Some(next) = next {
-            let until = Timestamp::now().duration_until(next);
-            wait = wait.min(Duration::try_from(until).unwrap_or(Duration::ZERO));
-        }
+        let wait = if failed {
+            ctx.poll
+        } else {
+            // Settled up to `now`; dues that came while a run of this pass went on were
+            // overrun by it.
+            on_time_from = if ran { Timestamp::now() } else { now };
+            let next = spec.next_after(on_time_from.max(last));
+            next.map_or(ctx.poll, |next| {
+                let until = Timestamp::now().duration_until(next);
+                ctx.poll
+                    .min(Duration::try_from(until).unwrap_or(Duration::ZERO))
+            })
+        };
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
@@ -911,37 +1113,52 @@ async fn tables_lost(
     Box::pin(job_task(ctx, registered, term, term_id, stop, true)).await;
 }
 
+/// What became of one due that [`run_due`] was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    /// The claim was ours, and the job ran.
+    Ran,
+    /// Not ours to run: claimed already, not due any more, another term's run in the way, or
+    /// this replica does not lead.
+    NotOurs,
+    /// The claim (or the record of the run's end) failed: try again later.
+    Failed,
+}
+
 /// Claims `due` and, when the claim is ours, runs the job (heart-beating while it runs) and
-/// records how it ended. Returns whether the claim was ours.
+/// records how it ended.
 async fn run_due(
     ctx: &Context,
     registered: &Registered,
     due: Timestamp,
     kind: RunKind,
     term_id: &str,
-) -> bool {
+) -> Taken {
     let label: Arc<str> = registered.job.name.as_str().into();
     let name = label.clone();
-    let identity = ctx.elector.identity().unwrap_or("local").to_owned();
     let work = ctx.elector.do_work_named(&label, |term| async move {
-        let who = Claimant {
-            identity: &identity,
-            term_id,
-            epoch: term.epoch(),
-        };
-        // The claim, on a connection of its own that goes back to the pool at once.
+        let who = ctx.claimant(&term, term_id);
+        // The claim, on a connection of its own that goes back to the pool at once. Once its
+        // COMMIT is sent, `sent` holds what it claimed: an answer lost then (the bound, a
+        // broken connection) leaves the claim's outcome unknown, and it is read back.
+        let mut sent: Option<Claimed> = None;
         let claim = ctx.bounded(async {
             let mut client = ctx.client().await?;
             let tx = client.transaction().await?;
             if term.epoch().is_some() {
                 term.fence(&tx).await.map_err(ScheduleError::Fence)?;
             }
-            let attempt = ctx
+            let Some(claimed) = ctx
                 .store
                 .claim(&tx, &ctx.namespace, &name, due, kind, &who)
-                .await?;
+                .await?
+            else {
+                return Ok(None);
+            };
+            let attempt = claimed.attempt;
+            sent = Some(claimed);
             tx.commit().await?;
-            Ok(attempt)
+            Ok(Some(attempt))
         });
         let attempt = match claim.await {
             Ok(Some(attempt)) => attempt,
@@ -953,7 +1170,20 @@ async fn run_due(
                 tracing::info!(job = %name, error = %fenced, "the due's claim was fenced: the term is over");
                 return Ok(false);
             }
-            Err(e) => return Err(e),
+            Err(e) => match sent {
+                Some(claimed) if e.leaves_commit_unknown() => {
+                    tracing::info!(job = %name, due = %due, error = %e, "the claim's COMMIT got no answer; reading it back");
+                    match read_back(ctx, &term, &name, due, &claimed, term_id).await {
+                        Some(true) => claimed.attempt,
+                        Some(false) => return Err(e),
+                        None => {
+                            tracing::warn!(job = %name, due = %due, error = %e, "the term ended before the claim's outcome was known; a later term settles its run");
+                            return Ok(false);
+                        }
+                    }
+                }
+                _ => return Err(e),
+            },
         };
         tracing::debug!(job = %name, due = %due, kind = kind.label(), attempt, "run starts");
         let started = std::time::Instant::now();
@@ -967,16 +1197,27 @@ async fn run_due(
         };
         let outcome = {
             let job = std::pin::pin!(catch_panic((registered.run)(run)));
+            // A beat every poll, as the claim promised (the run's row holds the period): on a
+            // fixed cadence, each bounded by a poll (at least 1 s), so that a slow or failed
+            // beat does not push the next ones back.
             let beat = async {
+                let mut beats = tokio::time::interval_at(
+                    tokio::time::Instant::now() + ctx.poll,
+                    ctx.poll,
+                );
+                beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 loop {
-                    tokio::time::sleep(ctx.poll).await;
-                    let beat = ctx.bounded(async {
+                    beats.tick().await;
+                    let bound = borrow_bound(ctx.poll);
+                    let beat = tokio::time::timeout(bound, async {
                         ctx.store
                             .heartbeat(&*ctx.client().await?, &ctx.namespace, &name, due, attempt)
                             .await
                     });
-                    if let Err(e) = beat.await {
-                        tracing::debug!(job = %name, error = %e, "heartbeat failed");
+                    match beat.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::debug!(job = %name, error = %e, "heartbeat failed"),
+                        Err(_) => tracing::debug!(job = %name, ?bound, "heartbeat timed out"),
                     }
                 }
             };
@@ -1019,18 +1260,185 @@ async fn run_due(
                     tracing::debug!(job = %name, error = %e, "cannot record the run's end; retrying");
                     tokio::time::sleep(ctx.poll).await;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // The run is over, whatever its row says: it stays `running` until a later
+                    // term calls it abandoned.
+                    tracing::warn!(job = %name, due = %due, error = %e, "cannot claim or record the run");
+                    break;
+                }
             }
         }
         Ok::<_, ScheduleError>(true)
     });
     match work.await {
-        Ok(claimed) => claimed.unwrap_or(false),
+        Ok(Some(true)) => Taken::Ran,
+        Ok(Some(false) | None) => Taken::NotOurs,
         Err(e) => {
             tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
-            false
+            Taken::Failed
         }
     }
+}
+
+/// Reads back a claim of this term whose COMMIT got no answer, every poll until it is settled:
+/// `Some(true)` when it was committed, `Some(false)` when it aborted, `None` when the term
+/// ended first (its run, if committed, then stays `running` for a later term to abandon).
+async fn read_back(
+    ctx: &Context,
+    term: &Term,
+    name: &str,
+    due: Timestamp,
+    claimed: &Claimed,
+    term_id: &str,
+) -> Option<bool> {
+    loop {
+        let status = ctx.bounded(async {
+            ctx.store
+                .claim_status(
+                    &*ctx.client().await?,
+                    &ctx.namespace,
+                    name,
+                    due,
+                    claimed,
+                    term_id,
+                )
+                .await
+        });
+        match status.await {
+            Ok(ClaimStatus::Committed) => {
+                tracing::info!(job = name, due = %due, "the claim was committed: the run starts");
+                return Some(true);
+            }
+            Ok(ClaimStatus::Aborted) => return Some(false),
+            Ok(ClaimStatus::Unsettled) => {
+                tracing::debug!(job = name, due = %due, "the claim is still committing");
+            }
+            Err(e) => tracing::debug!(job = name, error = %e, "cannot read the claim back yet"),
+        }
+        tokio::select! {
+            () = term.cancelled() => return None,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+    }
+}
+
+/// Records `skipped` (dues of a pass that do not run) as `skipped` rows, and the job's row as
+/// handled up to `through`, in a fenced transaction on the leader, and counts them; `NotOurs`
+/// when another replica (or this one, earlier) moved the job's row on since `last` was read.
+async fn skip_dues(
+    ctx: &Context,
+    registered: &Registered,
+    last: Timestamp,
+    through: Timestamp,
+    skipped: &[plan::Skipped],
+    term_id: &str,
+) -> Taken {
+    let name = registered.job.name.as_str();
+    let label: Arc<str> = name.into();
+    let work = ctx.elector.do_work_named(&label, |term| async move {
+        let who = ctx.claimant(&term, term_id);
+        ctx.bounded(async {
+            let mut client = ctx.client().await?;
+            let tx = client.transaction().await?;
+            if term.epoch().is_some() {
+                term.fence(&tx).await.map_err(ScheduleError::Fence)?;
+            }
+            let recorded = ctx
+                .store
+                .skip(&tx, &ctx.namespace, name, (last, through), skipped, &who)
+                .await?;
+            tx.commit().await?;
+            Ok(recorded)
+        })
+        .await
+    });
+    match work.await {
+        Ok(Some(true)) => {
+            for stretch in skipped {
+                tracing::info!(
+                    job = name,
+                    reason = %stretch.reason,
+                    dues = stretch.dues,
+                    latest = %stretch.latest,
+                    "skipping missed dues"
+                );
+                count_skipped(ctx, registered, stretch.reason, stretch.dues);
+            }
+            Taken::Ran
+        }
+        Ok(Some(false) | None) => Taken::NotOurs,
+        Err(ScheduleError::Fence(fenced)) if !fenced.is_query_error() => Taken::NotOurs,
+        Err(e) => {
+            tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
+            Taken::Failed
+        }
+    }
+}
+
+/// A job halted in this process: while this replica leads, every poll, the dues that passed
+/// (and will not run) are recorded as `skipped` rows and counted, until the term ends.
+async fn count_halted(
+    ctx: &Context,
+    registered: &Registered,
+    term_id: &str,
+    stop: &CancellationToken,
+) {
+    let name = registered.job.name.as_str();
+    let label: Arc<str> = name.into();
+    let mut counted_until = Timestamp::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+        let now = Timestamp::now();
+        let spec = &registered.job.spec;
+        let dues = spec.count_between(counted_until, now);
+        let Some(latest) = spec.previous(now, true).filter(|_| dues > 0) else {
+            continue;
+        };
+        let stretch = plan::Skipped {
+            reason: SkipReason::Halted,
+            latest,
+            dues,
+        };
+        let work = ctx.elector.do_work_named(&label, |term| async move {
+            let who = ctx.claimant(&term, term_id);
+            ctx.bounded(async {
+                ctx.store
+                    .record_skipped(
+                        &*ctx.client().await?,
+                        &ctx.namespace,
+                        name,
+                        &[stretch],
+                        &who,
+                    )
+                    .await
+            })
+            .await
+        });
+        match work.await {
+            Ok(Some(())) => {
+                count_skipped(ctx, registered, SkipReason::Halted, dues);
+                counted_until = latest;
+            }
+            // Not leading: no due of it was this replica's to run.
+            Ok(None) => counted_until = latest,
+            Err(e) => {
+                tracing::debug!(job = name, error = %e, "cannot record the halted job's dues; retrying")
+            }
+        }
+    }
+}
+
+/// Counts `dues` due runs of the job that did not run, for `reason`.
+fn count_skipped(ctx: &Context, registered: &Registered, reason: SkipReason, dues: u64) {
+    #[cfg(feature = "prometheus")]
+    if let Some(metrics) = &ctx.metrics {
+        metrics.skipped(&registered.job.name, reason, dues);
+    }
+    #[cfg(not(feature = "prometheus"))]
+    let _ = (ctx, registered, reason, dues);
 }
 
 /// Reports one run's outcome to the job's probe and metrics.
@@ -1060,9 +1468,87 @@ fn record(
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
+    use std::time::Duration;
 
-    use super::ScheduleError;
+    use super::*;
     use crate::Fenced;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_grace_after_a_term_is_at_least_the_elector_s_drain_timeout() {
+        let poll = Duration::from_millis(200);
+        assert_eq!(
+            grace(poll, None),
+            2 * SEC,
+            "a local elector: two polls, at least 2 s"
+        );
+        assert_eq!(grace(poll, Some(Duration::from_millis(200))), 2 * SEC);
+        assert_eq!(grace(poll, Some(6 * SEC)), 6 * SEC, "the drain timeout");
+        assert_eq!(grace(5 * SEC, Some(6 * SEC)), 10 * SEC, "two polls");
+        let elector = Elector::builder(
+            {
+                let mut config = deadpool_postgres::Config::new();
+                config.dbname = Some("never-connected".to_owned());
+                config.create_pool(None, tokio_postgres::NoTls).unwrap()
+            },
+            crate::LockKey::new(1, 2),
+        )
+        .check_interval(poll)
+        .drain_timeout(7 * SEC)
+        .build()
+        .unwrap();
+        assert_eq!(drain_timeout(&elector), Some(7 * SEC));
+        assert_eq!(drain_timeout(&Elector::manual().0), None);
+    }
+
+    #[test]
+    fn only_a_lost_answer_leaves_a_commit_unknown() {
+        assert!(ScheduleError::Timeout(SEC).leaves_commit_unknown());
+        assert!(!ScheduleError::PoolTimeout(SEC).leaves_commit_unknown());
+        assert!(
+            !ScheduleError::Fence(Fenced::term_ended(Some(7))).leaves_commit_unknown(),
+            "a fence refused before the COMMIT"
+        );
+    }
+
+    #[test]
+    fn a_poll_interval_is_kept_between_10_ms_and_an_hour() {
+        assert_eq!(
+            poll_within_bounds(Duration::ZERO),
+            Duration::from_millis(10)
+        );
+        assert_eq!(poll_within_bounds(Duration::MAX), Duration::from_secs(3600));
+        assert_eq!(poll_within_bounds(SEC), SEC);
+        let (elector, _control) = Elector::manual();
+        let mut config = deadpool_postgres::Config::new();
+        config.dbname = Some("never-connected".to_owned());
+        let pool = config.create_pool(None, tokio_postgres::NoTls).unwrap();
+        let schedule = Schedule::new(&elector, pool).poll_interval(Duration::MAX);
+        assert_eq!(schedule.poll, MAX_POLL_INTERVAL);
+        assert_eq!(schedule.handle().wait, MAX_POLL_INTERVAL);
+    }
+
+    #[test]
+    fn every_bound_derived_from_a_user_duration_saturates_instead_of_overflowing() {
+        for poll in [
+            Duration::ZERO,
+            Duration::from_millis(10),
+            SEC,
+            Duration::MAX,
+        ] {
+            // No panic on any input, and each bound at least its floor.
+            assert!(query_bound(poll) >= 2 * SEC, "{poll:?}");
+            assert!(borrow_bound(poll) >= SEC, "{poll:?}");
+        }
+        assert_eq!(query_bound(Duration::MAX), Duration::MAX);
+        assert_eq!(query_bound(Duration::from_millis(50)), 2 * SEC);
+        assert_eq!(query_bound(5 * SEC), 10 * SEC);
+        assert_eq!(borrow_bound(MAX_POLL_INTERVAL), MAX_POLL_INTERVAL);
+        assert_eq!(grace(Duration::MAX, Some(Duration::MAX)), Duration::MAX);
+        // What a schedule derives from its largest poll is far from any overflow.
+        assert_eq!(query_bound(MAX_POLL_INTERVAL), 2 * MAX_POLL_INTERVAL);
+    }
 
     #[test]
     fn an_error_says_its_cause_once() {

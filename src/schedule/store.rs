@@ -6,10 +6,45 @@ use jiff::Timestamp;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use super::ScheduleError;
+use super::plan::Skipped;
+use super::{STALE_BEATS, STALE_FLOOR, ScheduleError};
 
 /// PostgreSQL's longest identifier, in bytes.
 const MAX_IDENTIFIER: usize = 63;
+
+/// One of the two tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Table {
+    Jobs,
+    Runs,
+}
+
+/// The columns versions after the first added, with their types: in the tables this version
+/// creates, and added (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`) to tables an earlier version
+/// made.
+const ADDED_COLUMNS: &[(Table, &str, &str)] = &[
+    // The heartbeat period the running replica promised: its run is stale after a few of
+    // them, whatever the reader's own poll interval.
+    (Table::Runs, "heartbeat_period", "interval"),
+    // Dues whose run was abandoned and is still to be rerun: set when the run is called
+    // abandoned, in the same statement; a due leaves it only by its rerun's claim.
+    (Table::Jobs, "rerun_dues", "timestamptz[]"),
+    // A due that did not run is a row with outcome `skipped`: why, and how many dues (ending
+    // at its due) it stands for.
+    (Table::Runs, "reason", "text"),
+    (Table::Runs, "skipped_dues", "bigint"),
+];
+
+/// What [`Store::ensure`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ensured {
+    /// The tables were there, with every column.
+    Ready,
+    /// It created them.
+    Created,
+    /// They were there without the columns of this version, and it added them.
+    Upgraded,
+}
 
 /// A job's row as the leader reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +54,8 @@ pub(crate) struct JobRow {
     pub(crate) outcome: Option<String>,
     pub(crate) claimed_term: Option<String>,
     pub(crate) trigger_requested: Option<Timestamp>,
+    /// Dues whose abandoned run is still to be rerun, oldest first.
+    pub(crate) rerun_dues: Vec<Timestamp>,
 }
 
 /// A run another term left `running`, now recorded as abandoned.
@@ -29,6 +66,29 @@ pub(crate) struct Abandoned {
     /// `scheduled`, `rerun` or `triggered`.
     pub(crate) kind: String,
     pub(crate) claimed_by: String,
+    /// Whether it is to be rerun (recorded in the job's row, in the same statement).
+    pub(crate) rerun: bool,
+}
+
+/// A claim this replica made, inside its transaction, before the COMMIT.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    /// The run's attempt number.
+    pub(crate) attempt: u32,
+    /// The claim's transaction id (`xid8` as text), to read its outcome back when the answer
+    /// to its COMMIT is lost.
+    pub(crate) xid: String,
+}
+
+/// What became of a claim whose COMMIT got no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClaimStatus {
+    /// Committed: the run's row is there.
+    Committed,
+    /// Its transaction aborted: nothing was claimed.
+    Aborted,
+    /// Still committing (or committed and not yet visible: waiting for a synchronous standby).
+    Unsettled,
 }
 
 /// Who claims a run.
@@ -37,6 +97,8 @@ pub(crate) struct Claimant<'a> {
     pub(crate) identity: &'a str,
     pub(crate) term_id: &'a str,
     pub(crate) epoch: Option<u64>,
+    /// How often the claimant's run says it is alive.
+    pub(crate) heartbeat: std::time::Duration,
 }
 
 /// The two tables and their statements, names quoted as identifiers.
@@ -44,6 +106,7 @@ pub(crate) struct Claimant<'a> {
 pub(crate) struct Store {
     ddl: String,
     exists: String,
+    upgrade: String,
     register: String,
     load: String,
     abandon: String,
@@ -52,8 +115,10 @@ pub(crate) struct Store {
     claim_rerun: String,
     claim_trigger: String,
     insert_run: String,
+    claim_status: String,
     finish: String,
-    skip_to: String,
+    skip: String,
+    record_skipped: String,
     trigger: String,
     reschedule: String,
 }
@@ -96,23 +161,87 @@ impl Store {
             "NOT EXISTS (SELECT 1 FROM {runs} WHERE namespace = $1 AND job = $2 \
              AND outcome = 'running' AND claimed_term <> $5)"
         );
+        let added = |table: Table| -> Vec<(&str, &str)> {
+            ADDED_COLUMNS
+                .iter()
+                .filter(|(t, _, _)| *t == table)
+                .map(|(_, column, kind)| (*column, *kind))
+                .collect()
+        };
+        let (jobs_added, runs_added) = (added(Table::Jobs), added(Table::Runs));
+        let in_create = |columns: &[(&str, &str)]| -> String {
+            columns
+                .iter()
+                .map(|(column, kind)| format!("{column} {kind}, "))
+                .collect()
+        };
+        let alter = |table: &str, columns: &[(&str, &str)]| -> Option<String> {
+            (!columns.is_empty()).then(|| {
+                let adds: Vec<String> = columns
+                    .iter()
+                    .map(|(column, kind)| format!("ADD COLUMN IF NOT EXISTS {column} {kind}"))
+                    .collect();
+                format!("ALTER TABLE {table} {}", adds.join(", "))
+            })
+        };
+        let upgrade = [alter(&jobs, &jobs_added), alter(&runs, &runs_added)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ");
+        let names = |columns: &[(&str, &str)]| -> String {
+            columns
+                .iter()
+                .map(|(column, _)| *column)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // A run is stale once it has been silent for a few of the heartbeat periods its runner
+        // promised (at least a floor); a run of an earlier version, which promised none, by
+        // the reader's poll interval ($5).
+        let stale = format!(
+            "coalesce(heartbeat_at, started_at) < clock_timestamp() - greatest({beats} * \
+             coalesce(heartbeat_period, make_interval(secs => $5)), \
+             make_interval(secs => {floor}))",
+            beats = STALE_BEATS,
+            floor = STALE_FLOOR.as_secs_f64(),
+        );
+        // A `skipped` row: $5 identity, $6 term, $7 epoch of the replica that decided it; `s`
+        // the stretch. Its attempt is the due's next one.
+        let skipped_columns = "namespace, job, due, attempt, kind, claimed_by, claimed_term, \
+            epoch, started_at, finished_at, outcome, reason, skipped_dues";
+        let skipped_values = format!(
+            "$1, $2, s.due, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
+               WHERE namespace = $1 AND job = $2 AND due = s.due), \
+             'scheduled', $5, $6, $7, clock_timestamp(), clock_timestamp(), 'skipped', \
+             s.reason, s.dues"
+        );
         Ok(Self {
             ddl: format!(
                 "CREATE TABLE IF NOT EXISTS {jobs} (namespace text NOT NULL, job text NOT NULL, \
                  schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
                  claimed_by text, claimed_term text, claimed_epoch bigint, \
                  started_at timestamptz, finished_at timestamptz, outcome text, error text, \
-                 trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
+                 trigger_requested timestamptz, {jobs_new}PRIMARY KEY (namespace, job)); \
                  CREATE TABLE IF NOT EXISTS {runs} (namespace text NOT NULL, job text NOT NULL, \
                  due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
                  claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
                  started_at timestamptz NOT NULL, heartbeat_at timestamptz, \
-                 finished_at timestamptz, outcome text NOT NULL, error text, \
+                 finished_at timestamptz, outcome text NOT NULL, error text, {runs_new}\
                  PRIMARY KEY (namespace, job, due, attempt)); \
+                 {upgrade}; \
                  CREATE INDEX IF NOT EXISTS {running_index} ON {runs} (namespace, job) \
-                 WHERE outcome = 'running'"
+                 WHERE outcome = 'running'",
+                jobs_new = in_create(&jobs_added),
+                runs_new = in_create(&runs_added),
             ),
-            exists: format!("SELECT FROM {jobs} WHERE false; SELECT FROM {runs} WHERE false"),
+            // Both tables, with the columns later versions added.
+            exists: format!(
+                "SELECT {} FROM {jobs} WHERE false; SELECT {} FROM {runs} WHERE false",
+                names(&jobs_added),
+                names(&runs_added)
+            ),
+            upgrade,
             // A deploy whose code registers another schedule overrides the stored one; a
             // schedule changed at run time stays until then. `xmax = 0`: the row is new.
             register: format!(
@@ -126,23 +255,39 @@ impl Store {
                  RETURNING (xmax = 0)"
             ),
             load: format!(
-                "SELECT schedule, last_due, outcome, claimed_term, trigger_requested \
+                "SELECT schedule, last_due, outcome, claimed_term, trigger_requested, \
+                 ARRAY(SELECT d FROM unnest(rerun_dues) AS d ORDER BY d) \
                  FROM {jobs} WHERE {key}"
             ),
             // Runs of other terms still `running` whose runner is known to be gone: a term of
-            // this process that has ended ($4), or silent for $5 seconds (its leader died, or
-            // was deposed and stopped it). The job's row follows when it holds that claim.
+            // this process that has ended ($4), or stale (its leader died, or was deposed and
+            // stopped it). The job's row follows when it holds that claim, and keeps the dues
+            // to rerun ($6: the job asks for reruns; a triggered run is never rerun), so that
+            // the decision to rerun survives whatever happens to this leader after this
+            // statement; a due not to be rerun is recorded as skipped (by $7, epoch $8).
             abandon: format!(
                 "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
                    WHERE {key} AND outcome = 'running' AND claimed_term <> $3 \
-                   AND (claimed_term = ANY($4) \
-                        OR coalesce(heartbeat_at, started_at) \
-                           < clock_timestamp() - make_interval(secs => $5)) \
-                   RETURNING due, attempt, kind, claimed_by, claimed_term), \
-                 j AS (UPDATE {jobs} AS j SET outcome = 'abandoned', finished_at = clock_timestamp() \
-                   FROM r WHERE j.namespace = $1 AND j.job = $2 AND j.outcome = 'running' \
-                   AND j.claimed_term = r.claimed_term AND j.last_due = r.due) \
-                 SELECT due, attempt, kind, claimed_by FROM r ORDER BY due, attempt"
+                   AND (claimed_term = ANY($4) OR {stale}) \
+                   RETURNING due, attempt, kind, claimed_by, claimed_term, \
+                             ($6 AND kind <> 'triggered') AS rerun), \
+                 j AS (UPDATE {jobs} AS j SET \
+                   outcome = CASE WHEN {holds} THEN 'abandoned' ELSE j.outcome END, \
+                   finished_at = CASE WHEN {holds} THEN clock_timestamp() ELSE j.finished_at END, \
+                   rerun_dues = CASE WHEN EXISTS (SELECT 1 FROM r WHERE r.rerun) \
+                     THEN coalesce(j.rerun_dues, '{{}}') \
+                          || ARRAY(SELECT r.due FROM r WHERE r.rerun ORDER BY r.due) \
+                     ELSE j.rerun_dues END \
+                   WHERE j.namespace = $1 AND j.job = $2 AND EXISTS (SELECT 1 FROM r)), \
+                 s AS (INSERT INTO {runs} ({skipped_columns}) \
+                   SELECT $1, $2, r.due, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
+                            WHERE namespace = $1 AND job = $2 AND due = r.due), \
+                          r.kind, $7, $3, $8, clock_timestamp(), clock_timestamp(), 'skipped', \
+                          'abandoned', 1 \
+                   FROM r WHERE NOT r.rerun) \
+                 SELECT due, attempt, kind, claimed_by, rerun FROM r ORDER BY due, attempt",
+                holds = "j.outcome = 'running' AND EXISTS (SELECT 1 FROM r \
+                         WHERE r.claimed_term = j.claimed_term AND r.due = j.last_due)",
             ),
             heartbeat: format!(
                 "UPDATE {runs} SET heartbeat_at = clock_timestamp() \
@@ -155,12 +300,21 @@ impl Store {
                  WHERE {key} AND (last_due IS NULL OR last_due < $3) AND {no_other_run} \
                  RETURNING 1"
             ),
+            // A due whose abandoned run is to be rerun: compare-and-set on the job's row, whose
+            // list loses the due. The row's claim follows only when it is that due's (a later
+            // due may have been claimed meanwhile).
             claim_rerun: format!(
-                "UPDATE {jobs} SET claimed_by = $4, claimed_term = $5, claimed_epoch = $6, \
-                 started_at = clock_timestamp(), finished_at = NULL, outcome = 'running', \
-                 error = NULL \
-                 WHERE {key} AND last_due = $3 AND outcome = 'abandoned' AND {no_other_run} \
-                 RETURNING 1"
+                "UPDATE {jobs} AS j SET rerun_dues = array_remove(j.rerun_dues, $3), \
+                 claimed_by = CASE WHEN {its} THEN $4 ELSE j.claimed_by END, \
+                 claimed_term = CASE WHEN {its} THEN $5 ELSE j.claimed_term END, \
+                 claimed_epoch = CASE WHEN {its} THEN $6 ELSE j.claimed_epoch END, \
+                 started_at = CASE WHEN {its} THEN clock_timestamp() ELSE j.started_at END, \
+                 finished_at = CASE WHEN {its} THEN NULL ELSE j.finished_at END, \
+                 outcome = CASE WHEN {its} THEN 'running' ELSE j.outcome END, \
+                 error = CASE WHEN {its} THEN NULL ELSE j.error END \
+                 WHERE {key} AND $3 = ANY(j.rerun_dues) AND {no_other_run} \
+                 RETURNING 1",
+                its = "j.last_due = $3",
             ),
             // $3, $4 and $6 are unused: every claim binds the same parameters.
             claim_trigger: format!(
@@ -170,11 +324,19 @@ impl Store {
             // The attempt is one more than the due's earlier ones (a rerun of a rerun).
             insert_run: format!(
                 "INSERT INTO {runs} (namespace, job, due, attempt, kind, claimed_by, claimed_term, \
-                 epoch, started_at, heartbeat_at, outcome) \
+                 epoch, started_at, heartbeat_at, heartbeat_period, outcome) \
                  SELECT $1, $2, $3, (SELECT coalesce(max(attempt), 0) + 1 FROM {runs} \
                                      WHERE namespace = $1 AND job = $2 AND due = $3), \
-                        $4, $5, $6, $7, clock_timestamp(), clock_timestamp(), 'running' \
-                 RETURNING attempt"
+                        $4, $5, $6, $7, clock_timestamp(), clock_timestamp(), \
+                        make_interval(secs => $8), 'running' \
+                 RETURNING attempt, pg_current_xact_id()::text"
+            ),
+            // Whether a claim whose COMMIT got no answer was committed: the run's row is there
+            // (then it is visible: committed, and any synchronous standby has it), or the
+            // claim's transaction ($6) aborted; anything else is not settled yet.
+            claim_status: format!(
+                "SELECT pg_xact_status($6::text::xid8)::text, EXISTS (SELECT 1 FROM {runs} \
+                 WHERE {key} AND due = $3 AND attempt = $4 AND claimed_term = $5)"
             ),
             // One statement for both rows: the job's row never says `running` for a run whose
             // own row has ended.
@@ -184,8 +346,23 @@ impl Store {
                  UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
                  WHERE {key} AND last_due = $3 AND claimed_term = $7"
             ),
-            skip_to: format!(
-                "UPDATE {jobs} SET last_due = $3 WHERE {key} AND (last_due IS NULL OR last_due < $3)"
+            // Dues that do not run: the job's row counts them as handled (compare-and-set on
+            // the `last_due` the plan was made from, $4, so that they are recorded once
+            // whoever else looks), and each stretch is a `skipped` row.
+            skip: format!(
+                "WITH j AS (UPDATE {jobs} SET last_due = $3 \
+                   WHERE {key} AND last_due = $4 AND last_due < $3 RETURNING 1) \
+                 INSERT INTO {runs} ({skipped_columns}) \
+                 SELECT {skipped_values} \
+                 FROM j CROSS JOIN unnest($8::timestamptz[], $9::text[], $10::int8[]) \
+                   AS s(due, reason, dues)"
+            ),
+            // The same rows, without moving the job's row (a halted job's dues). $3 and $4 are
+            // unused: both statements bind the same parameters.
+            record_skipped: format!(
+                "INSERT INTO {runs} ({skipped_columns}) \
+                 SELECT {skipped_values} \
+                 FROM unnest($8::timestamptz[], $9::text[], $10::int8[]) AS s(due, reason, dues)"
             ),
             trigger: format!("UPDATE {jobs} SET trigger_requested = clock_timestamp() WHERE {key}"),
             // A new schedule takes effect from its next due: not a catch-up on its past.
@@ -201,29 +378,37 @@ impl Store {
         &self.ddl
     }
 
-    /// Creates the tables when they are missing; `true` when it did. A look comes first: the
-    /// server checks the right to create in the schema before it looks whether the table exists,
-    /// so `CREATE TABLE IF NOT EXISTS` fails for a role that may only use tables an
-    /// administrator made.
+    /// Creates the tables when they are missing, and adds the columns of this version to
+    /// tables an earlier version made. A look comes first: the server checks the right to
+    /// create in the schema before it looks whether the table exists, so `CREATE TABLE IF NOT
+    /// EXISTS` fails for a role that may only use tables an administrator made (and `ALTER
+    /// TABLE` for a role that does not own them, whether or not the columns are there).
     pub(crate) async fn ensure(
         &self,
         client: &tokio_postgres::Client,
-    ) -> Result<bool, ScheduleError> {
-        match client.batch_execute(&self.exists).await {
-            Ok(()) => return Ok(false),
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
+    ) -> Result<Ensured, ScheduleError> {
+        let (statements, made) = match client.batch_execute(&self.exists).await {
+            Ok(()) => return Ok(Ensured::Ready),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => (&self.ddl, Ensured::Created),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => {
+                (&self.upgrade, Ensured::Upgraded)
+            }
             Err(e) => return Err(ScheduleError::Database(e)),
-        }
-        match client.batch_execute(&self.ddl).await {
-            Ok(()) => Ok(true),
+        };
+        match client.batch_execute(statements).await {
+            Ok(()) => Ok(made),
             // Two replicas creating them at once: the other one won.
-            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(false),
-            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-                Err(ScheduleError::CannotCreate {
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(Ensured::Ready),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => Err(match made {
+                Ensured::Upgraded => ScheduleError::CannotUpgrade {
+                    ddl: self.upgrade.clone(),
+                    source: e,
+                },
+                _ => ScheduleError::CannotCreate {
                     ddl: self.ddl.clone(),
                     source: e,
-                })
-            }
+                },
+            }),
             Err(e) => Err(ScheduleError::Database(e)),
         }
     }
@@ -271,12 +456,17 @@ impl Store {
             outcome: row.try_get(2)?,
             claimed_term: row.try_get(3)?,
             trigger_requested: row.try_get(4)?,
+            rerun_dues: row.try_get(5)?,
         }))
     }
 
     /// Marks the runs of this job that other terms left `running` as abandoned when their
     /// runner is known to be gone: its term is one of `ended` (terms of this process that are
-    /// over), or it has not said it is alive for `stale`. Returns them, oldest first.
+    /// over), or it has been silent for three of the heartbeat periods it promised (at least
+    /// 3 s; `fallback` is the period of a run an earlier version claimed, which promised
+    /// none). With `rerun`, the job's row keeps their dues to rerun (a triggered run's never).
+    /// Returns them, oldest first.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn abandon(
         &self,
         client: &tokio_postgres::Client,
@@ -284,8 +474,11 @@ impl Store {
         job: &str,
         term_id: &str,
         ended: &[String],
-        stale: std::time::Duration,
+        fallback: std::time::Duration,
+        rerun: bool,
+        who: &Claimant<'_>,
     ) -> Result<Vec<Abandoned>, ScheduleError> {
+        let epoch = who.epoch.map(|e| e as i64);
         let rows = client
             .query_typed(
                 &self.abandon,
@@ -294,7 +487,10 @@ impl Store {
                     (&job, Type::TEXT),
                     (&term_id, Type::TEXT),
                     (&ended, Type::TEXT_ARRAY),
-                    (&stale.as_secs_f64(), Type::FLOAT8),
+                    (&fallback.as_secs_f64(), Type::FLOAT8),
+                    (&rerun, Type::BOOL),
+                    (&who.identity, Type::TEXT),
+                    (&epoch, Type::INT8),
                 ],
             )
             .await?;
@@ -306,6 +502,7 @@ impl Store {
                     attempt: u32::try_from(attempt).unwrap_or(0),
                     kind: row.try_get(2)?,
                     claimed_by: row.try_get(3)?,
+                    rerun: row.try_get(4)?,
                 })
             })
             .collect()
@@ -335,7 +532,8 @@ impl Store {
     }
 
     /// Claims one run in `tx` (compare-and-set on the job's row) and returns its attempt
-    /// number; `None` when someone else claimed it first (or it is no longer due).
+    /// number and the transaction's id; `None` when someone else claimed it first (or it is no
+    /// longer due).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
@@ -345,7 +543,7 @@ impl Store {
         due: Timestamp,
         kind: super::RunKind,
         who: &Claimant<'_>,
-    ) -> Result<Option<u32>, ScheduleError> {
+    ) -> Result<Option<Claimed>, ScheduleError> {
         let epoch = who.epoch.map(|e| e as i64);
         let statement = match kind {
             super::RunKind::Triggered => &self.claim_trigger,
@@ -379,14 +577,58 @@ impl Store {
                     (&who.identity, Type::TEXT),
                     (&who.term_id, Type::TEXT),
                     (&epoch, Type::INT8),
+                    (&who.heartbeat.as_secs_f64(), Type::FLOAT8),
                 ],
             )
             .await?;
-        let attempt: i32 = match rows.first() {
-            Some(row) => row.try_get(0)?,
-            None => 1,
+        // One row, always (INSERT … SELECT without FROM); none would leave the claim to roll
+        // back with the transaction.
+        let Some(row) = rows.first() else {
+            return Ok(None);
         };
-        Ok(Some(u32::try_from(attempt).unwrap_or(1)))
+        let attempt: i32 = row.try_get(0)?;
+        Ok(Some(Claimed {
+            attempt: u32::try_from(attempt).unwrap_or(1),
+            xid: row.try_get(1)?,
+        }))
+    }
+
+    /// Reads back a claim of this term whose COMMIT got no answer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn claim_status(
+        &self,
+        client: &tokio_postgres::Client,
+        namespace: &str,
+        job: &str,
+        due: Timestamp,
+        claimed: &Claimed,
+        term_id: &str,
+    ) -> Result<ClaimStatus, ScheduleError> {
+        let row = client
+            .query_typed(
+                &self.claim_status,
+                &[
+                    (&namespace, Type::TEXT),
+                    (&job, Type::TEXT),
+                    (&due, Type::TIMESTAMPTZ),
+                    (&(claimed.attempt as i32), Type::INT4),
+                    (&term_id, Type::TEXT),
+                    (&claimed.xid, Type::TEXT),
+                ],
+            )
+            .await?;
+        // One row, always (a SELECT without FROM).
+        let Some(row) = row.first() else {
+            return Ok(ClaimStatus::Unsettled);
+        };
+        let status: Option<String> = row.try_get(0)?;
+        let there: bool = row.try_get(1)?;
+        Ok(match (there, status.as_deref()) {
+            (true, _) => ClaimStatus::Committed,
+            // Aborted, or too old for the server to say (long gone, and not there).
+            (false, Some("aborted") | None) => ClaimStatus::Aborted,
+            (false, _) => ClaimStatus::Unsettled,
+        })
     }
 
     /// Records how a run ended.
@@ -419,25 +661,90 @@ impl Store {
         Ok(())
     }
 
-    /// Counts the dues up to `due` as handled without running them.
-    pub(crate) async fn skip_to(
+    /// Counts the dues after `last` up to `through` as handled without running them, and
+    /// records each stretch of `skipped` as a `skipped` row, in `tx`; `false` when the job's
+    /// row no longer holds `last` (someone else moved it on: nothing recorded).
+    pub(crate) async fn skip(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        namespace: &str,
+        job: &str,
+        (last, through): (Timestamp, Timestamp),
+        skipped: &[Skipped],
+        who: &Claimant<'_>,
+    ) -> Result<bool, ScheduleError> {
+        let n = self
+            .write_skipped(
+                tx,
+                &self.skip,
+                namespace,
+                job,
+                Some((through, last)),
+                skipped,
+                who,
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Records `skipped` as `skipped` rows, without moving the job's row on.
+    pub(crate) async fn record_skipped(
         &self,
         client: &tokio_postgres::Client,
         namespace: &str,
         job: &str,
-        due: Timestamp,
+        skipped: &[Skipped],
+        who: &Claimant<'_>,
     ) -> Result<(), ScheduleError> {
-        client
-            .query_typed(
-                &self.skip_to,
+        self.write_skipped(
+            client,
+            &self.record_skipped,
+            namespace,
+            job,
+            None,
+            skipped,
+            who,
+        )
+        .await?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn write_skipped(
+        &self,
+        client: &impl tokio_postgres::GenericClient,
+        statement: &str,
+        namespace: &str,
+        job: &str,
+        through_and_last: Option<(Timestamp, Timestamp)>,
+        skipped: &[Skipped],
+        who: &Claimant<'_>,
+    ) -> Result<u64, ScheduleError> {
+        let epoch = who.epoch.map(|e| e as i64);
+        let (through, last) = through_and_last.unzip();
+        let dues: Vec<Timestamp> = skipped.iter().map(|s| s.latest).collect();
+        let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+        let counts: Vec<i64> = skipped
+            .iter()
+            .map(|s| i64::try_from(s.dues).unwrap_or(i64::MAX))
+            .collect();
+        Ok(client
+            .execute_typed(
+                statement,
                 &[
                     (&namespace, Type::TEXT),
                     (&job, Type::TEXT),
-                    (&due, Type::TIMESTAMPTZ),
+                    (&through, Type::TIMESTAMPTZ),
+                    (&last, Type::TIMESTAMPTZ),
+                    (&who.identity, Type::TEXT),
+                    (&who.term_id, Type::TEXT),
+                    (&epoch, Type::INT8),
+                    (&dues, Type::TIMESTAMPTZ_ARRAY),
+                    (&reasons, Type::TEXT_ARRAY),
+                    (&counts, Type::INT8_ARRAY),
                 ],
             )
-            .await?;
-        Ok(())
+            .await?)
     }
 
     /// Asks the leader for a run now; `false` when the job is unknown.
@@ -514,6 +821,11 @@ mod tests {
             &store.load,
             &store.abandon,
             &store.claim_due,
+            &store.claim_rerun,
+            &store.claim_status,
+            &store.skip,
+            &store.record_skipped,
+            &store.upgrade,
             &store.finish,
             &store.trigger,
             &store.reschedule,
@@ -541,6 +853,48 @@ mod tests {
                 .exists
                 .contains("FROM \"pg_elector_job_runs\" WHERE false")
         );
+    }
+
+    #[test]
+    fn a_run_is_stale_after_three_of_its_own_periods_and_at_least_3_s() {
+        let store = Store::new(None, "pg_elector_").unwrap();
+        assert!(
+            store.abandon.contains(
+                "coalesce(heartbeat_at, started_at) < clock_timestamp() - greatest(3 * \
+                 coalesce(heartbeat_period, make_interval(secs => $5)), \
+                 make_interval(secs => 3))"
+            ),
+            "{}",
+            store.abandon
+        );
+        assert!(store.insert_run.contains("make_interval(secs => $8)"));
+    }
+
+    #[test]
+    fn the_ddl_makes_every_column_and_adds_the_later_ones_to_older_tables() {
+        let store = Store::new(None, "pg_elector_").unwrap();
+        let ddl = store.ddl();
+        for (table, column, kind) in ADDED_COLUMNS {
+            let name = match table {
+                Table::Jobs => "\"pg_elector_jobs\"",
+                Table::Runs => "\"pg_elector_job_runs\"",
+            };
+            let create = ddl
+                .split("; ")
+                .find(|s| s.starts_with(&format!("CREATE TABLE IF NOT EXISTS {name} (")))
+                .unwrap();
+            assert!(create.contains(&format!(" {column} {kind}, ")), "{create}");
+            let alter = format!("ADD COLUMN IF NOT EXISTS {column} {kind}");
+            assert!(store.upgrade.contains(&alter), "{}", store.upgrade);
+            assert!(store.exists.contains(column), "{}", store.exists);
+        }
+        assert!(ddl.contains(&store.upgrade), "{ddl}");
+        for alter in [
+            "ALTER TABLE \"pg_elector_jobs\" ADD COLUMN IF NOT EXISTS rerun_dues timestamptz[]",
+            "ALTER TABLE \"pg_elector_job_runs\" ADD COLUMN IF NOT EXISTS heartbeat_period interval",
+        ] {
+            assert!(store.upgrade.contains(alter), "{}", store.upgrade);
+        }
     }
 
     #[test]
