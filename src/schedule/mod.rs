@@ -274,19 +274,10 @@ const STALE_BEATS: u32 = 3;
 const STALE_FLOOR: Duration = Duration::from_secs(3);
 
 /// How long the job tasks of an ended term may go on before they are cut off, for a schedule
-/// polling every `poll` on an elector whose graceful handover waits `drain` for work: the
-/// query bound, and at least the drain timeout.
-fn grace(poll: Duration, drain: Option<Duration>) -> Duration {
-    query_bound(poll).max(drain.unwrap_or(Duration::ZERO))
-}
-
-/// The drain timeout of `elector`'s graceful handover; `None` for a local elector, which has
-/// no drain.
-fn drain_timeout(elector: &Elector) -> Option<Duration> {
-    match &elector.shared.mode {
-        crate::elector::Mode::Postgres(pg) => Some(pg.drain_timeout),
-        crate::elector::Mode::Local(_) => None,
-    }
+/// polling every `poll` on an elector whose graceful handover waits `drain` for work
+/// ([`Elector::drain_timeout`]): the query bound, and at least the drain timeout.
+fn grace(poll: Duration, drain: Duration) -> Duration {
+    query_bound(poll).max(drain)
 }
 
 /// How long a pool borrow may wait, for a schedule polling every `poll`: a poll, at least 1 s.
@@ -576,7 +567,7 @@ impl Schedule {
                 // a grace is cut off at its current `.await` (a run cut off stays `running`
                 // until the next term calls it abandoned). The grace is at least the drain
                 // timeout, so that it never cuts a run off that the drain still waits for.
-                let grace = grace(ctx.poll, drain_timeout(&ctx.elector));
+                let grace = grace(ctx.poll, ctx.elector.drain_timeout());
                 let drained = tokio::time::timeout(grace, async {
                     while tasks.join_next().await.is_some() {}
                 })
@@ -1479,27 +1470,19 @@ mod tests {
     fn the_grace_after_a_term_is_at_least_the_elector_s_drain_timeout() {
         let poll = Duration::from_millis(200);
         assert_eq!(
-            grace(poll, None),
+            grace(poll, Duration::ZERO),
             2 * SEC,
-            "a local elector: two polls, at least 2 s"
+            "two polls, at least 2 s"
         );
-        assert_eq!(grace(poll, Some(Duration::from_millis(200))), 2 * SEC);
-        assert_eq!(grace(poll, Some(6 * SEC)), 6 * SEC, "the drain timeout");
-        assert_eq!(grace(5 * SEC, Some(6 * SEC)), 10 * SEC, "two polls");
-        let elector = Elector::builder(
-            {
-                let mut config = deadpool_postgres::Config::new();
-                config.dbname = Some("never-connected".to_owned());
-                config.create_pool(None, tokio_postgres::NoTls).unwrap()
-            },
-            crate::LockKey::new(1, 2),
-        )
-        .check_interval(poll)
-        .drain_timeout(7 * SEC)
-        .build()
-        .unwrap();
-        assert_eq!(drain_timeout(&elector), Some(7 * SEC));
-        assert_eq!(drain_timeout(&Elector::manual().0), None);
+        assert_eq!(grace(poll, Duration::from_millis(200)), 2 * SEC);
+        assert_eq!(grace(poll, 6 * SEC), 6 * SEC, "the drain timeout");
+        assert_eq!(grace(5 * SEC, 6 * SEC), 10 * SEC, "two polls");
+        assert_eq!(grace(poll, Duration::MAX), Duration::MAX);
+        assert_eq!(
+            grace(poll, Elector::manual().0.drain_timeout()),
+            crate::DEFAULT_CHECK_INTERVAL,
+            "a local elector's drain timeout"
+        );
     }
 
     #[test]
@@ -1545,7 +1528,7 @@ mod tests {
         assert_eq!(query_bound(Duration::from_millis(50)), 2 * SEC);
         assert_eq!(query_bound(5 * SEC), 10 * SEC);
         assert_eq!(borrow_bound(MAX_POLL_INTERVAL), MAX_POLL_INTERVAL);
-        assert_eq!(grace(Duration::MAX, Some(Duration::MAX)), Duration::MAX);
+        assert_eq!(grace(Duration::MAX, Duration::MAX), Duration::MAX);
         // What a schedule derives from its largest poll is far from any overflow.
         assert_eq!(query_bound(MAX_POLL_INTERVAL), 2 * MAX_POLL_INTERVAL);
     }
