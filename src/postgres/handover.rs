@@ -11,8 +11,8 @@
 //!   unlocks the key ([`unlock`]); it keeps it while another session holds or waits for the key
 //!   and none has asked for the marker, at most [`LINGER`], and lets it go before it answers.
 //! - A grant counts as handed over only if it found the marker held and then took it
-//!   exclusively, which waits for the unlocking statement to let it go ([`handed_over`]), all in
-//!   the statement that was granted the key.
+//!   exclusively, which waits for the unlocking statement to let it go ([`took_over`]): in the
+//!   statement that waited for the key, or right after the try that was granted it.
 //! - So when a grant answers "handed over", no session holds the marker any more: a later grant,
 //!   after the session of this grant has ended (a terminate, a reset), finds none and waits, even
 //!   within [`LINGER`] of the graceful unlock before it.
@@ -42,18 +42,18 @@ pub(super) const THIS_DATABASE: &str = "(SELECT oid FROM pg_catalog.pg_database 
 /// $1, $2: the key (int4); $3: the marker (int8); $4, $5: the key as `pg_locks` shows it;
 /// $6, $7: the marker as `pg_locks` shows it; $8: [`LINGER`] in seconds.
 static UNLOCK: LazyLock<String> = LazyLock::new(|| {
-    // Whether to keep the marker a moment longer; `{outer}` ties the subqueries to the row of
-    // the loop, so that the server evaluates them again at every turn.
+    // Whether to keep the marker a moment longer, from one look at `pg_locks`; `{outer}` ties
+    // it to the row of the loop, so that the server evaluates it again at every turn.
     let linger_on = |outer: &str| {
         format!(
             "pg_catalog.clock_timestamp() < pg_catalog.statement_timestamp() \
                + pg_catalog.make_interval(secs => $8::float8) \
-             AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
-               AND classid = $4 AND objid = $5 AND objsubid = 2 \
-               AND pid <> pg_catalog.pg_backend_pid() AND database = {THIS_DATABASE}{outer}) \
-             AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
-               AND classid = $6 AND objid = $7 AND objsubid = 1 AND mode = 'ExclusiveLock' \
-               AND NOT granted AND database = {THIS_DATABASE}{outer})"
+             AND (SELECT coalesce(bool_or(objsubid = 2 AND classid = $4 AND objid = $5 \
+                                          AND pid <> pg_catalog.pg_backend_pid()), false) \
+                     AND NOT coalesce(bool_or(objsubid = 1 AND classid = $6 AND objid = $7 \
+                                              AND mode = 'ExclusiveLock' AND NOT granted), false) \
+                  FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+                  AND database = {THIS_DATABASE}{outer})"
         )
     };
     format!(
@@ -101,16 +101,15 @@ pub(super) async fn unlock(
     })
 }
 
-/// A column of a statement that was just granted the key (its answer in the column `answer`):
-/// whether the lock was handed over gracefully. When the marker is held, it takes it
-/// exclusively (waiting, with no `lock_timeout`, for the unlocking statement to let go, which it
-/// does as soon as it sees this request) and gives it back at once.
+/// Whether the lock this session was just granted was handed over gracefully, as an SQL
+/// expression: when the marker is held, it takes it exclusively (waiting, with no
+/// `lock_timeout`, for the unlocking statement to let go, which it does as soon as it sees this
+/// request) and gives it back at once.
 ///
 /// `$marker` is the marker (int8); `$class`, `$object` its halves as `pg_locks` shows them.
-pub(super) fn handed_over(marker: u8, class: u8, object: u8) -> String {
+fn took_over(marker: u8, class: u8, object: u8) -> String {
     format!(
-        "CASE WHEN answer IN ('granted', 'granted_unbounded') \
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+        "CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
              AND objsubid = 1 AND classid = ${class} AND objid = ${object} \
              AND mode = 'ShareLock' AND granted AND database = {THIS_DATABASE}) \
          THEN pg_catalog.set_config('lock_timeout', '0', true) IS NOT NULL \
@@ -118,6 +117,45 @@ pub(super) fn handed_over(marker: u8, class: u8, object: u8) -> String {
            AND pg_catalog.pg_advisory_unlock(${marker}::int8) \
          ELSE false END"
     )
+}
+
+/// [`took_over`] as a column of the statement that waits for the lock (its answer in the column
+/// `answer`): evaluated only when the wait was granted.
+pub(super) fn handed_over(marker: u8, class: u8, object: u8) -> String {
+    format!(
+        "CASE WHEN answer IN ('granted', 'granted_unbounded') THEN {} ELSE false END",
+        took_over(marker, class, object)
+    )
+}
+
+/// [`took_over`] as a statement of its own, run on a session a try was just granted the lock
+/// on: a refused try, by far the most frequent statement of a fleet, is then not planned with
+/// it.
+static TOOK_OVER: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", took_over(1, 2, 3)));
+
+/// Whether the lock `client`'s session was just granted on was handed over gracefully.
+pub(super) async fn taken_over(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+) -> Result<bool, tokio_postgres::Error> {
+    let marker = key.handover_marker();
+    let (class, object) = halves(marker);
+    let row = client
+        .query_typed(
+            &TOOK_OVER,
+            &[
+                (&marker, Type::INT8),
+                (&class, Type::OID),
+                (&object, Type::OID),
+            ],
+        )
+        .await?;
+    Ok(row
+        .first()
+        .map(|row| row.try_get::<_, Option<bool>>(0))
+        .transpose()?
+        .flatten()
+        .unwrap_or(false))
 }
 
 /// The two halves of a bigint advisory lock as `pg_locks` shows them (`classid`, `objid`).
@@ -256,6 +294,50 @@ mod tests {
         drop(session);
         let (handed, _session) = handed_over(second.await.unwrap());
         assert!(!handed, "the second grant came from a session that ended");
+    }
+
+    /// The statement a try runs after its grant: a session granted the key by a graceful unlock
+    /// asks for the marker there, which ends the unlock's linger at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_granted_by_a_graceful_unlock_takes_the_marker_over_after_the_fact() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let key = LockKey::new(0xf1, 0x3f);
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        let grantee = std::sync::Arc::new(db.connect().await.unwrap());
+        let granted = tokio::spawn({
+            let grantee = grantee.clone();
+            async move {
+                grantee
+                    .execute(
+                        "SELECT pg_advisory_lock($1, $2)",
+                        &[&key.class(), &key.object()],
+                    )
+                    .await
+                    .unwrap();
+                taken_over(&grantee, key).await.unwrap()
+            }
+        });
+        until_waiting(&admin, key, 1).await;
+        let started = Instant::now();
+        assert!(unlock(&holder, key).await.unwrap());
+        let took = started.elapsed();
+        assert!(granted.await.unwrap(), "handed over");
+        assert!(took < LINGER, "the unlock kept the marker {took:?}");
+        assert!(!marker_held(&admin, key).await, "the marker is gone");
+        assert!(
+            !taken_over(&grantee, key).await.unwrap(),
+            "and cannot be taken twice"
+        );
     }
 
     /// A graceful unlock with nobody waiting keeps nothing: the statement answers at once.

@@ -1,7 +1,6 @@
 //! The database side of the election: the try on a borrowed connection, and the session that
 //! holds the lock once it is granted.
 
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -27,23 +26,20 @@ use crate::lease::now_ms;
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
 ///
-/// The next five columns read back the bounds as the server applied them to the session (a
+/// The other columns read back the bounds as the server applied them to the session (a
 /// keepalive setting the kernel refused shows the kernel's value); they are logged at the grant.
-/// The last one says whether a graceful unlock handed the lock over ([`handover::handed_over`],
-/// with the marker $10 and its halves $11, $12). `OFFSET 0` keeps the answer's subquery from
-/// being flattened, so the settings are read after they were set.
+/// `OFFSET 0` keeps the answer's subquery from being flattened, so the settings are read
+/// after they were set. Whether the lock was handed over gracefully is asked in a statement of
+/// its own, only after a grant ([`handover::taken_over`]).
 ///
 /// Setting the bounds in the granting statement matters: if the answer is lost (a partition
 /// right after the grant), the server still ends the silent session after 4·I.
-static TRY_LOCK: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT answer, \
+const TRY_LOCK: &str = "SELECT answer, \
      pg_catalog.current_setting('idle_session_timeout', true), \
      pg_catalog.current_setting('tcp_user_timeout', true), \
      pg_catalog.current_setting('tcp_keepalives_idle', true), \
      pg_catalog.current_setting('tcp_keepalives_interval', true), \
-     pg_catalog.current_setting('tcp_keepalives_count', true), \
-     {handed_over} \
+     pg_catalog.current_setting('tcp_keepalives_count', true) \
    FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
@@ -60,10 +56,7 @@ static TRY_LOCK: LazyLock<String> = LazyLock::new(|| {
                  THEN 'granted_unbounded' \
                  WHEN pg_catalog.set_config('idle_session_timeout', $4::text, false) IS NOT NULL \
                  THEN 'granted' END END \
-     ELSE 'refused' END AS answer OFFSET 0) AS try",
-        handed_over = handover::handed_over(10, 11, 12),
-    )
-});
+     ELSE 'refused' END AS answer OFFSET 0) AS try";
 
 /// The leader check: the session answers, still holds the lock, and is still ours alone
 ///: it carries our mark and no other elector's visit.
@@ -199,20 +192,15 @@ pub(crate) enum Attempt {
 
 impl Attempt {
     /// A grant, from the answer row of a statement whose columns 1 to 5 read back the bounds
-    /// as [`TRY_LOCK`]'s do, and whose column 6, if any, says whether the lock was handed
-    /// over gracefully.
+    /// as [`TRY_LOCK`]'s do; `handed_over` says whether a graceful unlock gave the lock up.
     pub(super) fn granted(
         session: LockSession,
         row: &tokio_postgres::Row,
         answer: Answer,
         sent_at: u64,
+        handed_over: bool,
     ) -> Self {
         let setting = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
-        let handed_over = row
-            .try_get::<_, Option<bool>>(6)
-            .ok()
-            .flatten()
-            .unwrap_or(false);
         Attempt::Granted {
             handed_over,
             unbounded: answer == Answer::GrantedUnbounded,
@@ -347,14 +335,12 @@ pub(crate) async fn try_acquire(
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
-    let marker = key.handover_marker();
-    let (marker_class, marker_object) = handover::halves(marker);
     let sent_at = now_ms();
     let row = bounded(bound, async {
         let rows = borrowed
             .client()
             .query_typed(
-                &TRY_LOCK,
+                TRY_LOCK,
                 &[
                     (&key.class(), Type::INT4),
                     (&key.object(), Type::INT4),
@@ -365,9 +351,6 @@ pub(crate) async fn try_acquire(
                     (&k_interval, Type::TEXT),
                     (&k_count, Type::TEXT),
                     (&identity, Type::TEXT),
-                    (&marker, Type::INT8),
-                    (&marker_class, Type::OID),
-                    (&marker_object, Type::OID),
                 ],
             )
             .await?;
@@ -385,7 +368,15 @@ pub(crate) async fn try_acquire(
                 key,
                 mark,
             };
-            return Ok(Attempt::granted(session, &row, granted, sent_at));
+            // Dropped on an error here, the session is closed and the server frees the lock.
+            let handed_over = bounded(bound, handover::taken_over(&session.client, key)).await?;
+            return Ok(Attempt::granted(
+                session,
+                &row,
+                granted,
+                sent_at,
+                handed_over,
+            ));
         }
         Some(Answer::Refused) => Attempt::Refused,
         Some(Answer::Recovery) => Attempt::InRecovery,

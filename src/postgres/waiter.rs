@@ -244,7 +244,14 @@ pub(super) async fn wait(
     match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
             let session = LockSession::new(client, key, mark);
-            Ok(Attempt::granted(session, &row, granted, sent_at))
+            let handed_over = row.try_get::<_, Option<bool>>(6).ok().flatten();
+            Ok(Attempt::granted(
+                session,
+                &row,
+                granted,
+                sent_at,
+                handed_over.unwrap_or(false),
+            ))
         }
         Some(Answer::Recovery) => Ok(Attempt::InRecovery),
         Some(Answer::Marked | Answer::Moved) => Ok(Attempt::SharedSession),
