@@ -8,8 +8,9 @@
 //! # Invariants
 //!
 //! - Only a session that holds the key takes the marker (shared), in the statement that
-//!   unlocks the key ([`unlock`]); it keeps it while another session holds or waits for the key
-//!   and none has asked for the marker, at most [`LINGER`], and lets it go before it answers.
+//!   unlocks the key ([`unlock`]); when that unlock granted the key to another session, it keeps
+//!   the marker until that session asks for it, at most [`LINGER`], and lets it go before it
+//!   answers.
 //! - A grant counts as handed over only if it found the marker held and then took it
 //!   exclusively, which waits for the unlocking statement to let it go ([`took_over`]): in the
 //!   statement that waited for the key, or right after the try that was granted it.
@@ -39,37 +40,34 @@ pub(super) const THIS_DATABASE: &str = "(SELECT oid FROM pg_catalog.pg_database 
 /// The graceful unlock: takes the marker (shared, never waited for), unlocks the key, keeps the
 /// marker as the invariants say, then lets it go. Answers whether the key was held.
 ///
+/// The session the unlock granted the key to (if any: a waiting session is granted it inside
+/// the unlock) is read from `pg_locks` once, right after the unlock. The loop then asks
+/// `pg_blocking_pids` of that session at every turn whether it waits for a lock this one holds
+/// (the marker: the only lock left here): a scalar call, evaluated afresh at every turn, where
+/// a scan of `pg_locks` inside the loop would be read once and rewound.
+///
 /// $1, $2: the key (int4); $3: the marker (int8); $4, $5: the key as `pg_locks` shows it;
-/// $6, $7: the marker as `pg_locks` shows it; $8: [`LINGER`] in seconds.
+/// $6: [`LINGER`] in seconds.
 static UNLOCK: LazyLock<String> = LazyLock::new(|| {
-    // Whether to keep the marker a moment longer, from one look at `pg_locks`; `{outer}` ties
-    // it to the row of the loop, so that the server evaluates it again at every turn.
-    let linger_on = |outer: &str| {
-        format!(
-            "pg_catalog.clock_timestamp() < pg_catalog.statement_timestamp() \
-               + pg_catalog.make_interval(secs => $8::float8) \
-             AND (SELECT coalesce(bool_or(objsubid = 2 AND classid = $4 AND objid = $5 \
-                                          AND pid <> pg_catalog.pg_backend_pid()), false) \
-                     AND NOT coalesce(bool_or(objsubid = 1 AND classid = $6 AND objid = $7 \
-                                              AND mode = 'ExclusiveLock' AND NOT granted), false) \
-                  FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
-                  AND database = {THIS_DATABASE}{outer})"
-        )
-    };
     format!(
         "SELECT CASE WHEN pg_catalog.pg_try_advisory_lock_shared($3::int8) IS NOT NULL THEN \
            CASE WHEN pg_catalog.pg_advisory_unlock($1::int4, $2::int4) \
-           THEN (WITH RECURSIVE linger(more) AS ( \
-                   SELECT {first} \
+           THEN (WITH RECURSIVE linger(grantee, more) AS ( \
+                   SELECT grantee, grantee IS NOT NULL FROM (SELECT ( \
+                     SELECT pid FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+                     AND classid = $4 AND objid = $5 AND objsubid = 2 AND granted \
+                     AND pid <> pg_catalog.pg_backend_pid() AND database = {THIS_DATABASE} \
+                     LIMIT 1) AS grantee) AS granted \
                    UNION ALL \
-                   SELECT CASE WHEN pg_catalog.pg_sleep({LOOK_EVERY_S}) IS NOT NULL \
-                               THEN {again} END \
+                   SELECT grantee, CASE WHEN pg_catalog.pg_sleep({LOOK_EVERY_S}) IS NOT NULL \
+                     THEN pg_catalog.clock_timestamp() < pg_catalog.statement_timestamp() \
+                            + pg_catalog.make_interval(secs => $6::float8) \
+                      AND NOT pg_catalog.pg_backend_pid() \
+                            = ANY (pg_catalog.pg_blocking_pids(grantee)) END \
                    FROM linger WHERE more) \
                  SELECT count(*) FROM linger) > 0 \
              AND pg_catalog.pg_advisory_unlock_shared($3::int8) \
-           ELSE NOT pg_catalog.pg_advisory_unlock_shared($3::int8) END END",
-        first = linger_on(""),
-        again = linger_on(" AND linger.more"),
+           ELSE NOT pg_catalog.pg_advisory_unlock_shared($3::int8) END END"
     )
 });
 
@@ -78,19 +76,15 @@ pub(super) async fn unlock(
     client: &tokio_postgres::Client,
     key: LockKey,
 ) -> Result<bool, tokio_postgres::Error> {
-    let marker = key.handover_marker();
-    let (marker_class, marker_object) = halves(marker);
     let rows = client
         .query_typed(
             &UNLOCK,
             &[
                 (&key.class(), Type::INT4),
                 (&key.object(), Type::INT4),
-                (&marker, Type::INT8),
+                (&key.handover_marker(), Type::INT8),
                 (&key.class_oid(), Type::OID),
                 (&key.object_oid(), Type::OID),
-                (&marker_class, Type::OID),
-                (&marker_object, Type::OID),
                 (&LINGER.as_secs_f64(), Type::FLOAT8),
             ],
         )
@@ -338,6 +332,44 @@ mod tests {
             !taken_over(&grantee, key).await.unwrap(),
             "and cannot be taken twice"
         );
+    }
+
+    /// A grantee that never asks for the marker (a standby of an older version) holds the
+    /// unlock up to its linger, not longer, and the marker is gone when the unlock answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unlock_whose_grantee_never_asks_keeps_the_marker_for_its_linger_only() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let key = LockKey::new(0xf1, 0x40);
+        let holder = db.connect().await.unwrap();
+        holder
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        let grantee = db.connect().await.unwrap();
+        let granted = tokio::spawn(async move {
+            grantee
+                .execute(
+                    "SELECT pg_advisory_lock($1, $2)",
+                    &[&key.class(), &key.object()],
+                )
+                .await
+                .unwrap();
+            grantee
+        });
+        until_waiting(&admin, key, 1).await;
+        let started = Instant::now();
+        assert!(unlock(&holder, key).await.unwrap());
+        let took = started.elapsed();
+        let _grantee = granted.await.unwrap();
+        assert!(took >= LINGER, "the unlock kept the marker only {took:?}");
+        assert!(took < 4 * LINGER, "the unlock kept the marker {took:?}");
+        assert!(!marker_held(&admin, key).await, "the marker is gone");
     }
 
     /// A graceful unlock with nobody waiting keeps nothing: the statement answers at once.
