@@ -137,6 +137,13 @@ impl LockKey {
         (self.as_u64() ^ HANDOVER_MARKER_MASK) as i64
     }
 
+    /// The high 32 bits of the handover markers of this key: a graceful unlock marks the
+    /// session it granted the key to with the bigint advisory lock of this half and that
+    /// session's pid. Mixed from both halves of the key, so that keys of one class differ.
+    pub(crate) fn handover_grantee_half(&self) -> u32 {
+        (self.class_oid() ^ self.object_oid().rotate_left(16)) ^ HANDOVER_GRANTEE_MASK
+    }
+
     /// The bigint advisory lock of fast takeover's waiting slot `n`: a standby's session
     /// waits for the key only while it holds one of the key's few slots, so that the server's
     /// queue for the key stays short whatever the size of the fleet.
@@ -151,6 +158,9 @@ impl LockKey {
 
 /// See [`LockKey::handover_marker`]: `pg_elect` as bytes.
 const HANDOVER_MARKER_MASK: u64 = 0x7067_5f65_6c65_6374;
+
+/// See [`LockKey::handover_grantee_half`]: `pgho` as bytes.
+const HANDOVER_GRANTEE_MASK: u32 = 0x7067_686f;
 
 /// See [`LockKey::waiting_slot`]: `pg_waits` as bytes.
 const WAITING_SLOT_MASK: u64 = 0x7067_5f77_6169_7473;

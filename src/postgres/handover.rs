@@ -3,20 +3,28 @@
 //! leader that may not have noticed yet. Only the second kind makes the new term wait
 //! ([`super::SETTLE`]).
 //!
-//! The marker is a bigint advisory lock derived from the key ([`LockKey::handover_marker`]).
+//! Two kinds of bigint advisory lock, both held shared by the unlocking session:
+//! - the key's *unlocking* lock ([`LockKey::handover_marker`]), held only while the unlock
+//!   statement runs;
+//! - a *grantee's* marker: the key's [`grantee half`](LockKey::handover_grantee_half) in the
+//!   high 32 bits, the granted session's pid in the low ones, taken for the session that the
+//!   unlock granted the key to, and held until the unlocking session closes.
 //!
 //! # Invariants
 //!
-//! - Only a session that holds the key takes the marker (shared), in the statement that
-//!   unlocks the key ([`unlock`]); when that unlock granted the key to another session, it keeps
-//!   the marker until that session asks for it, at most [`LINGER`], and lets it go before it
-//!   answers.
-//! - A grant counts as handed over only if it found the marker held and then took it
-//!   exclusively, which waits for the unlocking statement to let it go ([`took_over`]): in the
-//!   statement that waited for the key, or right after the try that was granted it.
-//! - So when a grant answers "handed over", no session holds the marker any more: a later grant,
-//!   after the session of this grant has ended (a terminate, a reset), finds none and waits, even
-//!   within [`LINGER`] of the graceful unlock before it.
+//! - Only a session that holds the key takes the unlocking lock, in the statement that unlocks
+//!   the key ([`unlock`]); in that statement, after the unlock, it takes the marker of each
+//!   session then holding the key (the waiting session the unlock granted it to, if any), and
+//!   only then lets the unlocking lock go. It never waits for anything.
+//! - A grant counts as handed over only if, once no unlocking statement is under way (it takes
+//!   the unlocking lock exclusively, waiting for one that is), it finds the marker of its own
+//!   session held ([`took_over`]): in the statement that waited for the key, or right after the
+//!   try that was granted it.
+//! - So a marker names the one session a graceful unlock handed the key to: a later grant, after
+//!   that session has ended (a terminate, a reset), is another session, finds no marker of its
+//!   own and waits, however soon after the graceful unlock it comes. (A later session with the
+//!   same pid within the linger would be taken for it: the server would have to reuse a pid
+//!   within 50 ms.)
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -25,122 +33,127 @@ use tokio_postgres::types::Type;
 
 use crate::LockKey;
 
-/// The longest time an unlocking statement keeps the marker for a grantee that has not asked
-/// for it (a standby of an older version, or one frozen right after its grant).
+/// How long the unlocking session stays open after it named a grantee, holding its marker for
+/// the grantee to see (it looks right after its grant); not at all when it named none.
 pub(super) const LINGER: Duration = Duration::from_millis(50);
-
-/// How often the unlocking statement looks whether the grantee has asked for the marker, in
-/// seconds (server side, `pg_sleep`).
-const LOOK_EVERY_S: &str = "0.0005";
 
 /// The electing database, as `pg_locks` names it.
 pub(super) const THIS_DATABASE: &str = "(SELECT oid FROM pg_catalog.pg_database \
      WHERE datname = pg_catalog.current_database())";
 
-/// The graceful unlock: takes the marker (shared, never waited for), unlocks the key, keeps the
-/// marker as the invariants say, then lets it go. Answers whether the key was held.
+/// The graceful unlock: takes the unlocking lock, unlocks the key, marks the session that now
+/// holds the key, lets the unlocking lock go, in that order (the subquery, kept apart by
+/// `OFFSET 0`, runs before the outer column). Answers -1 when the key was not held, else how
+/// many sessions it marked (0, or 1: the waiting session the unlock granted the key to, or a
+/// try that was granted it since).
 ///
-/// The session the unlock granted the key to (if any: a waiting session is granted it inside
-/// the unlock) is read from `pg_locks` once, right after the unlock. The loop then asks
-/// `pg_blocking_pids` of that session at every turn whether it waits for a lock this one holds
-/// (the marker: the only lock left here): a scalar call, evaluated afresh at every turn, where
-/// a scan of `pg_locks` inside the loop would be read once and rewound.
-///
-/// $1, $2: the key (int4); $3: the marker (int8); $4, $5: the key as `pg_locks` shows it;
-/// $6: [`LINGER`] in seconds.
-static UNLOCK: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT CASE WHEN pg_catalog.pg_try_advisory_lock_shared($3::int8) IS NOT NULL THEN \
-           CASE WHEN pg_catalog.pg_advisory_unlock($1::int4, $2::int4) \
-           THEN (WITH RECURSIVE linger(grantee, more) AS ( \
-                   SELECT grantee, grantee IS NOT NULL FROM (SELECT ( \
-                     SELECT pid FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
-                     AND classid = $4 AND objid = $5 AND objsubid = 2 AND granted \
-                     AND pid <> pg_catalog.pg_backend_pid() AND database = {THIS_DATABASE} \
-                     LIMIT 1) AS grantee) AS granted \
-                   UNION ALL \
-                   SELECT grantee, CASE WHEN pg_catalog.pg_sleep({LOOK_EVERY_S}) IS NOT NULL \
-                     THEN pg_catalog.clock_timestamp() < pg_catalog.statement_timestamp() \
-                            + pg_catalog.make_interval(secs => $6::float8) \
-                      AND NOT pg_catalog.pg_backend_pid() \
-                            = ANY (pg_catalog.pg_blocking_pids(grantee)) END \
-                   FROM linger WHERE more) \
-                 SELECT count(*) FROM linger) > 0 \
-             AND pg_catalog.pg_advisory_unlock_shared($3::int8) \
-           ELSE NOT pg_catalog.pg_advisory_unlock_shared($3::int8) END END"
-    )
-});
+/// $1, $2: the key (int4); $3: the unlocking lock (int8); $4, $5: the key as `pg_locks` shows
+/// it; $6: the key's grantee half.
+const UNLOCK: &str = "SELECT outcome, pg_catalog.pg_advisory_unlock_shared($3::int8) FROM ( \
+     SELECT CASE WHEN pg_catalog.pg_try_advisory_lock_shared($3::int8) IS NOT NULL THEN \
+       CASE WHEN pg_catalog.pg_advisory_unlock($1::int4, $2::int4) \
+       THEN (SELECT count(CASE WHEN pg_catalog.pg_try_advisory_lock_shared( \
+                                    ($6::int8 << 32) | l.pid::int8) THEN 1 END) \
+             FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.classid = $4 \
+             AND l.objid = $5 AND l.objsubid = 2 AND l.granted \
+             AND l.pid <> pg_catalog.pg_backend_pid() \
+             AND l.database = (SELECT oid FROM pg_catalog.pg_database \
+                               WHERE datname = pg_catalog.current_database())) \
+       ELSE -1 END END AS outcome OFFSET 0) AS unlock";
 
-/// Runs the graceful unlock of `key` on `client`: `true` when the key was held.
+/// What a graceful unlock did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Unlocked {
+    /// The key was held (and is unlocked now).
+    pub(crate) held: bool,
+    /// It named the session it granted the key to: keep this session open for [`LINGER`].
+    pub(crate) named: bool,
+}
+
+/// Runs the graceful unlock of `key` on `client`.
 pub(super) async fn unlock(
     client: &tokio_postgres::Client,
     key: LockKey,
-) -> Result<bool, tokio_postgres::Error> {
+) -> Result<Unlocked, tokio_postgres::Error> {
     let rows = client
         .query_typed(
-            &UNLOCK,
+            UNLOCK,
             &[
                 (&key.class(), Type::INT4),
                 (&key.object(), Type::INT4),
                 (&key.handover_marker(), Type::INT8),
                 (&key.class_oid(), Type::OID),
                 (&key.object_oid(), Type::OID),
-                (&LINGER.as_secs_f64(), Type::FLOAT8),
+                (&i64::from(key.handover_grantee_half()), Type::INT8),
             ],
         )
         .await?;
-    Ok(match rows.first() {
-        Some(row) => row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
-        None => false,
+    let Some(row) = rows.first() else {
+        return Ok(Unlocked {
+            held: false,
+            named: false,
+        });
+    };
+    let outcome = row.try_get::<_, Option<i64>>(0)?.unwrap_or(-1);
+    Ok(Unlocked {
+        held: outcome >= 0,
+        named: outcome > 0,
     })
 }
 
 /// Whether the lock this session was just granted was handed over gracefully, as an SQL
-/// expression: when the marker is held, it takes it exclusively (waiting, with no
-/// `lock_timeout`, for the unlocking statement to let go, which it does as soon as it sees this
-/// request) and gives it back at once.
+/// expression: once no unlocking statement of the key is under way (it takes the unlocking
+/// lock exclusively, with no `lock_timeout`, waiting for one that is, which never waits
+/// itself), whether the marker of this session is held.
 ///
-/// `$marker` is the marker (int8); `$class`, `$object` its halves as `pg_locks` shows them.
-fn took_over(marker: u8, class: u8, object: u8) -> String {
+/// `$unlocking` is the unlocking lock (int8), `$class`, `$object` its halves as `pg_locks`
+/// shows them; `$half` the key's grantee half (oid).
+fn took_over(unlocking: u8, class: u8, object: u8, half: u8) -> String {
     format!(
-        "CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
-             AND objsubid = 1 AND classid = ${class} AND objid = ${object} \
-             AND mode = 'ShareLock' AND granted AND database = {THIS_DATABASE}) \
-         THEN pg_catalog.set_config('lock_timeout', '0', true) IS NOT NULL \
-           AND pg_catalog.pg_advisory_lock(${marker}::int8) IS NOT NULL \
-           AND pg_catalog.pg_advisory_unlock(${marker}::int8) \
+        "CASE WHEN CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+                     WHERE locktype = 'advisory' AND objsubid = 1 AND classid = ${class} \
+                     AND objid = ${object} AND granted AND database = {THIS_DATABASE}) \
+                   THEN pg_catalog.set_config('lock_timeout', '0', true) IS NOT NULL \
+                     AND pg_catalog.pg_advisory_lock(${unlocking}::int8) IS NOT NULL \
+                     AND pg_catalog.pg_advisory_unlock(${unlocking}::int8) \
+                   ELSE true END \
+         THEN EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+                AND objsubid = 1 AND classid = ${half} \
+                AND objid = pg_catalog.pg_backend_pid()::oid AND mode = 'ShareLock' \
+                AND granted AND database = {THIS_DATABASE}) \
          ELSE false END"
     )
 }
 
 /// [`took_over`] as a column of the statement that waits for the lock (its answer in the column
 /// `answer`): evaluated only when the wait was granted.
-pub(super) fn handed_over(marker: u8, class: u8, object: u8) -> String {
+pub(super) fn handed_over(unlocking: u8, class: u8, object: u8, half: u8) -> String {
     format!(
         "CASE WHEN answer IN ('granted', 'granted_unbounded') THEN {} ELSE false END",
-        took_over(marker, class, object)
+        took_over(unlocking, class, object, half)
     )
 }
 
 /// [`took_over`] as a statement of its own, run on a session a try was just granted the lock
 /// on: a refused try, by far the most frequent statement of a fleet, is then not planned with
 /// it.
-static TOOK_OVER: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", took_over(1, 2, 3)));
+static TOOK_OVER: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", took_over(1, 2, 3, 4)));
 
 /// Whether the lock `client`'s session was just granted on was handed over gracefully.
 pub(super) async fn taken_over(
     client: &tokio_postgres::Client,
     key: LockKey,
 ) -> Result<bool, tokio_postgres::Error> {
-    let marker = key.handover_marker();
-    let (class, object) = halves(marker);
+    let unlocking = key.handover_marker();
+    let (class, object) = halves(unlocking);
     let row = client
         .query_typed(
             &TOOK_OVER,
             &[
-                (&marker, Type::INT8),
+                (&unlocking, Type::INT8),
                 (&class, Type::OID),
                 (&object, Type::OID),
+                (&key.handover_grantee_half(), Type::OID),
             ],
         )
         .await?;
@@ -161,15 +174,15 @@ pub(super) fn halves(lock: i64) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::postgres::session::{Attempt, SessionBounds};
-    use crate::postgres::waiter::wait;
+    use crate::postgres::session::{Attempt, LockSession, SessionBounds};
+    use crate::postgres::waiter::{Outcome, wait};
     use pg_elector_harness::{PgServer, TestDb, serial};
     use tokio::time::Instant;
 
     const INTERVAL: Duration = Duration::from_millis(200);
 
     /// A waiting session's outcome, in the background.
-    fn waiter(db: &TestDb, key: LockKey) -> tokio::task::JoinHandle<super::super::waiter::Outcome> {
+    fn waiter(db: &TestDb, key: LockKey) -> tokio::task::JoinHandle<Outcome> {
         let bounds = SessionBounds::for_interval(INTERVAL);
         tokio::spawn(wait(
             db.pool(1),
@@ -181,29 +194,49 @@ mod tests {
         ))
     }
 
-    /// The sessions waiting for `key`, seen by `admin`.
-    async fn waiting(admin: &tokio_postgres::Client, key: LockKey) -> i64 {
-        admin
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
-                 AND classid = $1 AND objid = $2 AND NOT granted",
-                &[&key.class_oid(), &key.object_oid()],
-            )
-            .await
-            .unwrap()
-            .get(0)
+    /// A fresh database, an admin connection, and a connection holding `key`.
+    async fn held(key: LockKey) -> (TestDb, tokio_postgres::Client, tokio_postgres::Client) {
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let holder = db.connect().await.unwrap();
+        lock(&holder, key).await;
+        (db, admin, holder)
     }
 
+    async fn lock(client: &tokio_postgres::Client, key: LockKey) {
+        client
+            .execute(
+                "SELECT pg_advisory_lock($1, $2)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `n` sessions wait for `key`.
     async fn until_waiting(admin: &tokio_postgres::Client, key: LockKey, n: i64) {
         let start = Instant::now();
-        while waiting(admin, key).await < n {
+        loop {
+            let waiting: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+                     AND classid = $1 AND objid = $2 AND NOT granted",
+                    &[&key.class_oid(), &key.object_oid()],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting >= n {
+                return;
+            }
             assert!(start.elapsed() < Duration::from_secs(10), "no {n} waiting");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
-    /// Whether some session holds the key's marker.
-    async fn marker_held(admin: &tokio_postgres::Client, key: LockKey) -> bool {
+    /// Whether some session holds the key's unlocking lock.
+    async fn unlocking(admin: &tokio_postgres::Client, key: LockKey) -> bool {
         let (class, object) = halves(key.handover_marker());
         admin
             .query_one(
@@ -216,9 +249,7 @@ mod tests {
             .get(0)
     }
 
-    fn handed_over(
-        outcome: super::super::waiter::Outcome,
-    ) -> (bool, Box<super::super::session::LockSession>) {
+    fn granted(outcome: Outcome) -> (bool, Box<LockSession>) {
         match outcome {
             Ok(Attempt::Granted {
                 handed_over,
@@ -230,173 +261,104 @@ mod tests {
         }
     }
 
-    /// The grantee asks for the marker at once, so the unlock answers within milliseconds, not
-    /// after the whole linger; and once the grantee has answered, the marker is gone.
+    /// The unlock marks the waiting session it granted the key to, and never waits for it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_wait_granted_by_a_graceful_unlock_knows_it_and_the_marker_is_gone_when_it_answers() {
+    async fn a_wait_granted_by_a_graceful_unlock_knows_it() {
         let _serial = serial();
-        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-        let db = server.create_database().await.unwrap();
-        let admin = db.connect().await.unwrap();
         let key = LockKey::new(0xf1, 0x3c);
-        let holder = db.connect().await.unwrap();
-        holder
-            .execute(
-                "SELECT pg_advisory_lock($1, $2)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let (db, admin, holder) = held(key).await;
         let waiting = waiter(&db, key);
         until_waiting(&admin, key, 1).await;
         let started = Instant::now();
-        assert!(unlock(&holder, key).await.unwrap(), "the key was held");
+        let unlocked = unlock(&holder, key).await.unwrap();
         let took = started.elapsed();
-        let (handed, _session) = handed_over(waiting.await.unwrap());
+        assert_eq!(
+            unlocked,
+            Unlocked {
+                held: true,
+                named: true
+            }
+        );
+        let (handed, _session) = granted(waiting.await.unwrap());
         assert!(handed, "a graceful unlock hands the lock over");
-        assert!(!marker_held(&admin, key).await, "the marker is gone");
-        assert!(took < LINGER, "the unlock kept the marker {took:?}");
-        eprintln!("the graceful unlock answered after {took:?}");
+        assert!(
+            !unlocking(&admin, key).await,
+            "the unlocking lock is let go"
+        );
+        assert!(took < LINGER, "the unlock answered after {took:?}");
     }
 
-    /// The marker of a graceful unlock is for the grant it made only: when that grantee's
-    /// session ends (a terminate, a reset) right after, the next waiting session is not told
-    /// the lock was handed over, however soon it is granted.
+    /// A marker names the session the unlock granted the key to: when that session ends (a
+    /// terminate, a reset) right after, the next waiting session is not told the lock was
+    /// handed over, however soon it is granted, although the unlocking session still holds the
+    /// first one's marker.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_grant_after_a_handed_over_session_that_ended_is_not_handed_over() {
         let _serial = serial();
-        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-        let db = server.create_database().await.unwrap();
-        let admin = db.connect().await.unwrap();
         let key = LockKey::new(0xf1, 0x3d);
-        let holder = db.connect().await.unwrap();
-        holder
-            .execute(
-                "SELECT pg_advisory_lock($1, $2)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let (db, admin, holder) = held(key).await;
         let first = waiter(&db, key);
         until_waiting(&admin, key, 1).await;
         let second = waiter(&db, key);
         until_waiting(&admin, key, 2).await;
-        assert!(unlock(&holder, key).await.unwrap());
-        let (handed, session) = handed_over(first.await.unwrap());
+        assert!(unlock(&holder, key).await.unwrap().named);
+        let (handed, session) = granted(first.await.unwrap());
         assert!(handed, "the first waiter was handed the lock");
-        // Its session ends at once (the holder is still connected: nothing it holds may count).
         drop(session);
-        let (handed, _session) = handed_over(second.await.unwrap());
+        let (handed, _session) = granted(second.await.unwrap());
         assert!(!handed, "the second grant came from a session that ended");
     }
 
-    /// The statement a try runs after its grant: a session granted the key by a graceful unlock
-    /// asks for the marker there, which ends the unlock's linger at once.
+    /// The statement a try runs after its grant finds the marker of its session, and only that
+    /// session does, while the unlocking session is open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_session_granted_by_a_graceful_unlock_takes_the_marker_over_after_the_fact() {
+    async fn a_session_granted_by_a_graceful_unlock_finds_its_marker_after_the_fact() {
         let _serial = serial();
-        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-        let db = server.create_database().await.unwrap();
-        let admin = db.connect().await.unwrap();
         let key = LockKey::new(0xf1, 0x3f);
-        let holder = db.connect().await.unwrap();
-        holder
-            .execute(
-                "SELECT pg_advisory_lock($1, $2)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let (db, admin, holder) = held(key).await;
         let grantee = std::sync::Arc::new(db.connect().await.unwrap());
         let granted = tokio::spawn({
             let grantee = grantee.clone();
-            async move {
-                grantee
-                    .execute(
-                        "SELECT pg_advisory_lock($1, $2)",
-                        &[&key.class(), &key.object()],
-                    )
-                    .await
-                    .unwrap();
-                taken_over(&grantee, key).await.unwrap()
-            }
+            async move { lock(&grantee, key).await }
         });
         until_waiting(&admin, key, 1).await;
-        let started = Instant::now();
-        assert!(unlock(&holder, key).await.unwrap());
-        let took = started.elapsed();
-        assert!(granted.await.unwrap(), "handed over");
-        assert!(took < LINGER, "the unlock kept the marker {took:?}");
-        assert!(!marker_held(&admin, key).await, "the marker is gone");
+        assert!(unlock(&holder, key).await.unwrap().named);
+        granted.await.unwrap();
+        assert!(taken_over(&grantee, key).await.unwrap(), "handed over");
         assert!(
-            !taken_over(&grantee, key).await.unwrap(),
-            "and cannot be taken twice"
+            !taken_over(&admin, key).await.unwrap(),
+            "no other session's marker"
         );
+        drop(holder);
+        let start = Instant::now();
+        while taken_over(&grantee, key).await.unwrap() {
+            assert!(start.elapsed() < Duration::from_secs(5), "the marker stays");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
-    /// A grantee that never asks for the marker (a standby of an older version) holds the
-    /// unlock up to its linger, not longer, and the marker is gone when the unlock answers.
+    /// A graceful unlock with nobody waiting marks nobody (so its session need not stay).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_unlock_whose_grantee_never_asks_keeps_the_marker_for_its_linger_only() {
+    async fn an_unlock_with_nobody_waiting_names_nobody() {
         let _serial = serial();
-        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-        let db = server.create_database().await.unwrap();
-        let admin = db.connect().await.unwrap();
-        let key = LockKey::new(0xf1, 0x40);
-        let holder = db.connect().await.unwrap();
-        holder
-            .execute(
-                "SELECT pg_advisory_lock($1, $2)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
-        let grantee = db.connect().await.unwrap();
-        let granted = tokio::spawn(async move {
-            grantee
-                .execute(
-                    "SELECT pg_advisory_lock($1, $2)",
-                    &[&key.class(), &key.object()],
-                )
-                .await
-                .unwrap();
-            grantee
-        });
-        until_waiting(&admin, key, 1).await;
-        let started = Instant::now();
-        assert!(unlock(&holder, key).await.unwrap());
-        let took = started.elapsed();
-        let _grantee = granted.await.unwrap();
-        assert!(took >= LINGER, "the unlock kept the marker only {took:?}");
-        assert!(took < 4 * LINGER, "the unlock kept the marker {took:?}");
-        assert!(!marker_held(&admin, key).await, "the marker is gone");
-    }
-
-    /// A graceful unlock with nobody waiting keeps nothing: the statement answers at once.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_unlock_with_nobody_waiting_does_not_linger() {
-        let _serial = serial();
-        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-        let db = server.create_database().await.unwrap();
-        let admin = db.connect().await.unwrap();
         let key = LockKey::new(0xf1, 0x3e);
-        let holder = db.connect().await.unwrap();
-        holder
-            .execute(
-                "SELECT pg_advisory_lock($1, $2)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
-        let started = Instant::now();
-        assert!(unlock(&holder, key).await.unwrap());
-        let took = started.elapsed();
-        assert!(took < LINGER, "took {took:?}");
-        assert!(!marker_held(&admin, key).await);
-        assert!(!unlock(&holder, key).await.unwrap(), "no longer held");
-        assert!(
-            !marker_held(&admin, key).await,
-            "nor the marker after a refused unlock"
+        let (_db, admin, holder) = held(key).await;
+        assert_eq!(
+            unlock(&holder, key).await.unwrap(),
+            Unlocked {
+                held: true,
+                named: false
+            }
         );
+        assert!(!unlocking(&admin, key).await);
+        assert_eq!(
+            unlock(&holder, key).await.unwrap(),
+            Unlocked {
+                held: false,
+                named: false
+            },
+            "no longer held"
+        );
+        assert!(!unlocking(&admin, key).await, "nor after a refused unlock");
     }
 }

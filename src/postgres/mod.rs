@@ -666,14 +666,20 @@ async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool 
 async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
     match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
-        Ok(Ok(true)) => {
+        Ok(Ok(unlocked)) if unlocked.held => {
             if led {
                 tracing::info!(key = %pg.key, "leadership released");
             } else {
                 tracing::debug!(key = %pg.key, "the lock was given back before a term began");
             }
+            // The session the lock went to looks for its marker right after its grant: this
+            // session, which holds it, stays open a moment. In place, not in a task: a process
+            // that exits after `run` returns would otherwise close it at once.
+            if unlocked.named {
+                tokio::time::sleep(handover::LINGER).await;
+            }
         }
-        Ok(Ok(false)) => {
+        Ok(Ok(_)) => {
             tracing::warn!(key = %pg.key, "the unlock found the lock not held")
         }
         Ok(Err(e)) => {

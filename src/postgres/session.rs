@@ -9,7 +9,7 @@ use tokio::time::timeout;
 use tokio_postgres::types::Type;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::handover;
+use super::handover::{self, Unlocked};
 use crate::LockKey;
 use crate::lease::now_ms;
 
@@ -436,9 +436,9 @@ impl LockSession {
         })
     }
 
-    /// Gives the lock up gracefully, leaving the handover marker for the next leader (see
-    /// [`handover`]): `Ok(true)` when it was held.
-    pub(crate) async fn unlock(&self, bound: Duration) -> Result<bool, SessionError> {
+    /// Gives the lock up gracefully, marking the session it hands the lock to (see
+    /// [`handover`]).
+    pub(crate) async fn unlock(&self, bound: Duration) -> Result<Unlocked, SessionError> {
         bounded(bound, handover::unlock(&self.client, self.key)).await
     }
 

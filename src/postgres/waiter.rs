@@ -85,7 +85,8 @@ static ARM: LazyLock<String> = LazyLock::new(|| {
 /// session's), gives its waiting slot ($6) back once granted, then answers as the try does,
 /// with the same columns: `moved` when this statement runs on another server session than
 /// [`ARM`] did (a transaction pooler). The last column says whether a graceful unlock handed the
-/// lock over ([`handover::handed_over`], with the marker $7 and its halves $4, $5).
+/// lock over ([`handover::handed_over`], with the unlocking lock $7, its halves $4, $5, and the
+/// key's grantee half $8).
 static WAIT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT answer, \
@@ -108,7 +109,7 @@ static WAIT: LazyLock<String> = LazyLock::new(|| {
        THEN CASE WHEN pg_catalog.current_setting('server_version_num')::int < 140000 \
                  THEN 'granted_unbounded' ELSE 'granted' END END \
      END AS answer OFFSET 0) AS wait",
-        handed_over = handover::handed_over(7, 4, 5),
+        handed_over = handover::handed_over(7, 4, 5, 8),
     )
 });
 
@@ -233,6 +234,7 @@ pub(super) async fn wait(
                 (&marker_object, Type::OID),
                 (&slot, Type::INT8),
                 (&marker, Type::INT8),
+                (&key.handover_grantee_half(), Type::OID),
             ],
         )
         .await
@@ -339,6 +341,7 @@ mod tests {
                     (&0u32, Type::OID),
                     (&0i64, Type::INT8),
                     (&0i64, Type::INT8),
+                    (&0u32, Type::OID),
                 ],
             )
             .await
