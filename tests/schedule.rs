@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use common::capture::Capture;
+use common::schedules::{BoxedRun, ManualSchedule};
 use common::*;
 use pg_elector::schedule::{CatchUp, Job, Schedule};
 use pg_elector::{Elector, LockKey};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
 
 /// The table the test jobs write to: one row per run, with the due it ran for.
 async fn log_table(db: &TestDb) {
@@ -36,12 +36,7 @@ async fn log_table(db: &TestDb) {
 fn logging(
     pool: deadpool_postgres::Pool,
     replica: &'static str,
-) -> impl Fn(
-    pg_elector::schedule::JobRun,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
-+ Send
-+ Sync
-+ 'static {
+) -> impl Fn(pg_elector::schedule::JobRun) -> BoxedRun + Send + Sync + 'static {
     move |run| {
         let pool = pool.clone();
         Box::pin(async move {
@@ -270,8 +265,7 @@ async fn f5_a_failed_or_panicking_run_is_recorded_the_probe_fails_and_the_next_d
             }
         });
     let probe = schedule.probes().remove(0);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(schedule.run(shutdown.clone()));
+    let sched = ManualSchedule::spawn(control, schedule);
     wait_for(Duration::from_secs(2), || calls.load(Ordering::SeqCst) >= 1)
         .await
         .expect("a first run");
@@ -284,8 +278,7 @@ async fn f5_a_failed_or_panicking_run_is_recorded_the_probe_fails_and_the_next_d
     wait_for(Duration::from_millis(500), || probe.status().is_pass())
         .await
         .expect("a later success clears the probe");
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
     let rows = db
         .connect()
         .await
@@ -328,20 +321,18 @@ async fn f5_after_a_leaderless_gap_skip_latest_and_all_catch_up_as_they_say() {
             Job::every("all", period).catch_up(CatchUp::All),
             logging(pool.clone(), "m"),
         );
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(schedule.run(shutdown.clone()));
-    control.promote();
+    let sched = ManualSchedule::spawn(control, schedule);
+    sched.control.promote();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    control.demote();
+    sched.control.demote();
     // Wait out the runs in flight, then a gap of about 10 dues with nobody leading.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let gap_from = SystemTime::now();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let gap_to = SystemTime::now();
-    control.promote();
+    sched.control.promote();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
 
     // The dues missed well inside the gap; the last period before the promotion is left out,
     // as a due there may be the "latest missed" one or already on time, by a few ms.
@@ -398,8 +389,7 @@ async fn f5_a_job_rescheduled_at_run_time_keeps_its_history_and_follows_the_new_
             logging(db.pool(2), "m"),
         );
     let handle = schedule.handle();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(schedule.run(shutdown.clone()));
+    let sched = ManualSchedule::spawn(control, schedule);
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let before = runs_per_due(&db, "report").await;
     assert!(before.len() >= 2, "ran on the 1 s grid: {before:?}");
@@ -414,8 +404,7 @@ async fn f5_a_job_rescheduled_at_run_time_keeps_its_history_and_follows_the_new_
     // And a run by hand.
     handle.trigger("report").await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
     assert!(matches!(
         handle.trigger("unknown").await,
         Err(pg_elector::schedule::ScheduleError::UnknownJob { .. })
@@ -463,17 +452,13 @@ async fn f5_a_job_row_lost_after_it_was_written_is_reported_and_the_job_starts_o
     let (elector, control) = Elector::manual();
     control.promote();
     let period = Duration::from_millis(100);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(Duration::from_millis(50))
-            .job(
-                Job::every("audit", period).catch_up(CatchUp::All),
-                logging(db.pool(2), "m"),
-            )
-            .run(shutdown.clone())
-            .with_subscriber(capture.dispatch()),
-    );
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::from_millis(50))
+        .job(
+            Job::every("audit", period).catch_up(CatchUp::All),
+            logging(db.pool(2), "m"),
+        );
+    let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
     tokio::time::sleep(Duration::from_millis(500)).await;
     // A restore from an old backup, say: the job's row is gone.
     db.connect()
@@ -484,8 +469,7 @@ async fn f5_a_job_row_lost_after_it_was_written_is_reported_and_the_job_starts_o
         .unwrap();
     let lost_at = SystemTime::now();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
     let errors = capture.events("the job's row was gone");
     assert_eq!(errors.len(), 1, "reported once");
     assert_eq!(errors[0].level, tracing::Level::ERROR);

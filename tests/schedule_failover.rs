@@ -11,18 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
+use common::schedules::{Body, ManualSchedule};
 use common::*;
 use pg_elector::schedule::{CatchUp, Job, JobRun, Schedule, ScheduleError};
 use pg_elector::{Elector, LockKey};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
-
-type Body = Arc<
-    dyn Fn(JobRun) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
-        + Send
-        + Sync,
->;
 
 /// Which replica started a run of which due, and when.
 type Starts = Arc<Mutex<Vec<(&'static str, SystemTime, Instant)>>>;
@@ -287,30 +282,21 @@ async fn f5_a_run_cut_off_at_the_end_of_this_process_s_term_is_abandoned_at_once
             false => later(run),
         }
     };
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(Duration::from_millis(50))
-            .job(Job::every("long", Duration::from_millis(200)), body)
-            .run(shutdown.clone())
-            .with_subscriber(capture.dispatch()),
-    );
-    control.promote();
-    wait_for(Duration::from_secs(2), || {
-        !starts.lock().unwrap().is_empty()
-    })
-    .await
-    .expect("a first run");
-    let due = starts.lock().unwrap()[0].1;
-    control.demote();
-    wait_for(Duration::from_secs(5), || {
-        !capture
-            .events("job runs still going after the term ended")
-            .is_empty()
-    })
-    .await
-    .expect("the run is aborted after its grace");
-    control.promote();
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::from_millis(50))
+        .job(Job::every("long", Duration::from_millis(200)), body);
+    let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
+    let due = sched
+        .cut_off_first_run(
+            &starts,
+            &capture,
+            Duration::from_secs(2),
+            "a first run",
+            "the run is aborted after its grace",
+        )
+        .await
+        .1;
+    sched.control.promote();
     let abandoned = || async {
         stored_runs(&db, "long")
             .await
@@ -320,8 +306,7 @@ async fn f5_a_run_cut_off_at_the_end_of_this_process_s_term_is_abandoned_at_once
     let took = wait_for_async(Duration::from_secs(5), abandoned)
         .await
         .expect("the cut-off run is called abandoned");
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
     let runs = stored_runs(&db, "long").await;
     eprintln!("abandoned {took:?} after the next term began; runs: {runs:?}");
     assert!(
@@ -353,9 +338,7 @@ async fn f5_a_deposed_leaders_claims_are_refused_by_the_epoch_and_each_due_runs_
     log_table(&db).await;
     let key = LockKey::new(0xf5, 0xfe);
     let period = Duration::from_millis(100);
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let starts: Starts = Arc::default();
     let (capture_a, capture_b) = (Capture::default(), Capture::default());
     let replica = |name: &'static str, pool, interval, capture: &Capture| {

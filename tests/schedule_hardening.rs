@@ -12,24 +12,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
 use common::roles::{drop_role, limited_role, pool_as};
+use common::schedules::{Body, BoxedRun, ManualSchedule, first_start};
 use common::*;
 use pg_elector::Elector;
 use pg_elector::schedule::{Job, JobRun, RunKind, Schedule, ScheduleError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
 
 /// One run as its body saw it: the replica, the due, the attempt, the kind, when it started.
 type Started = (&'static str, SystemTime, u32, RunKind, Instant);
 
 /// The runs started so far, in order.
 type Starts = Arc<Mutex<Vec<Started>>>;
-
-type Body = Arc<
-    dyn Fn(JobRun) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
-        + Send
-        + Sync,
->;
 
 /// A job body that says when it starts and then works for `lasts(n)`, `n` counting the runs
 /// started so far on every replica.
@@ -53,41 +47,61 @@ fn working(
     })
 }
 
-/// A schedule of one job on a manual elector, as its own task, its events in `capture`.
-struct Sched {
-    control: pg_elector::ManualControl,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), ScheduleError>>,
+/// How long run `n` works: the first for 30 s, well past the grace a term's end gives it, the
+/// later ones for 10 ms.
+fn first_outlasts_its_grace(n: usize) -> Duration {
+    match n {
+        0 => Duration::from_secs(30),
+        _ => Duration::from_millis(10),
+    }
 }
 
+/// `(replica, attempt, kind)` of every run of `due` started so far, in order.
+fn started_for(starts: &Starts, due: SystemTime) -> Vec<(&'static str, u32, RunKind)> {
+    starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.1 == due)
+        .map(|s| (s.0, s.2, s.3))
+        .collect()
+}
+
+/// A schedule of one job on a manual elector (not leading yet), polling every `poll`, as its
+/// own task, its events in `capture`.
 fn schedule(
     pool: deadpool_postgres::Pool,
     poll: Duration,
     job: Job,
     body: Body,
     capture: &Capture,
-) -> Sched {
+) -> ManualSchedule {
     let (elector, control) = Elector::manual();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Schedule::new(&elector, pool)
-            .poll_interval(poll)
-            .job(job, move |run| body(run))
-            .run(shutdown.clone())
-            .with_subscriber(capture.dispatch()),
-    );
-    Sched {
-        control,
-        shutdown,
-        task,
-    }
+    let schedule = Schedule::new(&elector, pool)
+        .poll_interval(poll)
+        .job(job, move |run| body(run));
+    ManualSchedule::spawn_captured(control, schedule, capture)
 }
 
-impl Sched {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
-    }
+/// A schedule of `job` on `pool` as [`schedule`] makes it, polling every 50 ms, on an elector
+/// it promotes at once, whose runs (on replica `m`) take `lasts` each: the runs it starts, its
+/// events, and the schedule.
+fn leading_schedule(
+    pool: deadpool_postgres::Pool,
+    job: Job,
+    lasts: Duration,
+) -> (Starts, Capture, ManualSchedule) {
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let sched = schedule(
+        pool,
+        Duration::from_millis(50),
+        job,
+        working("m", &starts, move |_| lasts),
+        &capture,
+    );
+    sched.control.promote();
+    (starts, capture, sched)
 }
 
 /// `(due, attempt, kind, outcome, claimed_by)` of every stored run of `job`, oldest first.
@@ -109,14 +123,7 @@ async fn stored_runs(
 }
 
 /// A job body that counts its runs.
-fn counting(
-    runs: &Arc<AtomicUsize>,
-) -> impl Fn(
-    pg_elector::schedule::JobRun,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>
-+ Send
-+ Sync
-+ 'static {
+fn counting(runs: &Arc<AtomicUsize>) -> impl Fn(JobRun) -> BoxedRun + Send + Sync + 'static {
     let runs = runs.clone();
     move |_run| {
         runs.fetch_add(1, Ordering::SeqCst);
@@ -134,19 +141,16 @@ async fn h6_a_poll_interval_of_duration_max_is_bounded_and_dues_still_run_on_tim
     let (elector, control) = Elector::manual();
     control.promote();
     let runs = Arc::new(AtomicUsize::new(0));
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(Duration::MAX)
-            .job(
-                Job::every("tick", Duration::from_millis(200)).max_catch_up(usize::MAX),
-                counting(&runs),
-            )
-            .run(shutdown.clone()),
-    );
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::MAX)
+        .job(
+            Job::every("tick", Duration::from_millis(200)).max_catch_up(usize::MAX),
+            counting(&runs),
+        );
+    let sched = ManualSchedule::spawn(control, schedule);
     let ran = wait_for(Duration::from_secs(3), || runs.load(Ordering::SeqCst) >= 3).await;
-    shutdown.cancel();
-    let stopped = tokio::time::timeout(Duration::from_secs(5), task)
+    sched.shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(5), sched.task)
         .await
         .expect("the schedule stops within 5 s of its shutdown");
     assert!(
@@ -157,6 +161,26 @@ async fn h6_a_poll_interval_of_duration_max_is_bounded_and_dues_still_run_on_tim
         ran.is_some(),
         "three dues of a 200 ms job ran within 3 s: {}",
         runs.load(Ordering::SeqCst)
+    );
+}
+
+/// Runs `call`, a handle's call behind a partition, within ten times `wait` (or panics saying
+/// `hangs`), and asserts that it said `Timeout(wait)` when the handle's wait of 1 s was over.
+async fn times_out_after_the_wait(
+    wait: Duration,
+    call: impl Future<Output = Result<(), ScheduleError>>,
+    hangs: &str,
+) {
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(10 * wait, call).await.expect(hangs);
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(pg_elector::schedule::ScheduleError::Timeout(w)) if w == wait),
+        "{outcome:?}"
+    );
+    assert!(
+        took >= wait && took < wait + Duration::from_millis(1500),
+        "bounded by the handle's wait of 1 s: {took:?}"
     );
 }
 
@@ -172,13 +196,10 @@ async fn h7_trigger_and_reschedule_behind_a_partition_return_timeout_within_the_
     control.promote();
     let runs = Arc::new(AtomicUsize::new(0));
     let job = || Job::every("report", Duration::from_secs(3600));
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(Duration::from_millis(50))
-            .job(job(), counting(&runs))
-            .run(shutdown.clone()),
-    );
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::from_millis(50))
+        .job(job(), counting(&runs));
+    let sched = ManualSchedule::spawn(control, schedule);
     let admin = db.connect().await.unwrap();
     wait_for_async(Duration::from_secs(3), || async {
         admin
@@ -190,9 +211,7 @@ async fn h7_trigger_and_reschedule_behind_a_partition_return_timeout_within_the_
     .expect("the leader registers the job");
 
     // Another replica's handle, through a proxy, on a pool of one that holds its connection.
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let handle = Schedule::new(&Elector::manual().0, db.pool_via(proxy.addr(), 1))
         .poll_interval(Duration::from_millis(50))
         .handle();
@@ -206,39 +225,21 @@ async fn h7_trigger_and_reschedule_behind_a_partition_return_timeout_within_the_
 
     proxy.blackhole();
     let wait = Duration::from_secs(1);
-    let started = std::time::Instant::now();
-    let triggered = tokio::time::timeout(10 * wait, handle.trigger("report"))
-        .await
-        .expect("trigger returns through a partition, rather than hanging");
-    let took = started.elapsed();
-    assert!(
-        matches!(triggered, Err(pg_elector::schedule::ScheduleError::Timeout(w)) if w == wait),
-        "{triggered:?}"
-    );
-    assert!(
-        took >= wait && took < wait + Duration::from_millis(1500),
-        "bounded by the handle's wait of 1 s: {took:?}"
-    );
-    let started = std::time::Instant::now();
-    let rescheduled = tokio::time::timeout(
-        10 * wait,
-        handle.reschedule("report", &Job::every("report", Duration::from_secs(60))),
+    times_out_after_the_wait(
+        wait,
+        handle.trigger("report"),
+        "trigger returns through a partition, rather than hanging",
     )
-    .await
-    .expect("reschedule returns through a partition, rather than hanging");
-    let took = started.elapsed();
-    assert!(
-        matches!(rescheduled, Err(pg_elector::schedule::ScheduleError::Timeout(w)) if w == wait),
-        "{rescheduled:?}"
-    );
-    assert!(
-        took >= wait && took < wait + Duration::from_millis(1500),
-        "bounded by the handle's wait of 1 s: {took:?}"
-    );
+    .await;
+    times_out_after_the_wait(
+        wait,
+        handle.reschedule("report", &Job::every("report", Duration::from_secs(60))),
+        "reschedule returns through a partition, rather than hanging",
+    )
+    .await;
 
     proxy.pass();
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
 }
 
 /// Item 8: a live run taken for dead. The stale threshold was the reading replica's own poll
@@ -268,12 +269,8 @@ async fn h8_a_long_poll_replicas_live_run_is_not_abandoned_by_a_short_poll_repli
         &capture_a,
     );
     a.control.promote();
-    wait_for(Duration::from_secs(5), || {
-        !starts.lock().unwrap().is_empty()
-    })
-    .await
-    .expect("a starts a run");
-    let (_, due, _, _, started) = starts.lock().unwrap()[0];
+    let (_, due, _, _, started) =
+        first_start(&starts, Duration::from_secs(5), "a starts a run").await;
     let b_body = working("b", &starts, |_| Duration::from_millis(10));
     let b = schedule(
         db.pool(2),
@@ -291,13 +288,7 @@ async fn h8_a_long_poll_replicas_live_run_is_not_abandoned_by_a_short_poll_repli
 
     let runs = stored_runs(&db.connect().await.unwrap(), "long").await;
     let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
-    let bodies: Vec<_> = starts
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.1 == due)
-        .map(|s| (s.0, s.2, s.3))
-        .collect();
+    let bodies = started_for(&starts, due);
     eprintln!("the due's runs: {of_due:?}; started: {bodies:?}");
     assert_eq!(
         bodies,
@@ -373,16 +364,11 @@ async fn h8_tables_an_earlier_version_made_get_the_new_columns_and_the_jobs_run(
         )
         .await
         .unwrap();
-    let starts: Starts = Arc::default();
-    let capture = Capture::default();
-    let sched = schedule(
+    let (starts, capture, sched) = leading_schedule(
         db.pool(2),
-        Duration::from_millis(50),
         Job::every("count", Duration::from_millis(100)),
-        working("m", &starts, |_| Duration::ZERO),
-        &capture,
+        Duration::ZERO,
     );
-    sched.control.promote();
     wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
         .await
         .expect("the jobs run on the upgraded tables");
@@ -453,20 +439,14 @@ async fn h8_a_role_that_may_not_add_the_new_columns_is_told_the_statement_and_jo
         .await
         .unwrap();
     let pool = pool_as(&db, &role, 2);
-    let starts: Starts = Arc::default();
-    let capture = Capture::default();
-    let sched = schedule(
+    let (starts, capture, sched) = leading_schedule(
         pool.clone(),
-        Duration::from_millis(50),
         Job::every("count", Duration::from_millis(100)),
-        working("m", &starts, |_| Duration::ZERO),
-        &capture,
+        Duration::ZERO,
     );
-    sched.control.promote();
-    let said = wait_for(Duration::from_secs(3), || {
-        !capture.events("the job tables are not ready").is_empty()
-    })
-    .await;
+    let said = capture
+        .logged("the job tables are not ready", Duration::from_secs(3))
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(said.is_some(), "the refusal is logged");
     assert!(starts.lock().unwrap().is_empty(), "no job runs meanwhile");
@@ -518,32 +498,18 @@ async fn a_rerun_whose_abandon_lost_its_answer(by: Rerunner) {
     let (capture_a, capture_b) = (Capture::default(), Capture::default());
     let poll = Duration::from_millis(50);
     let job = || Job::every("rerun", Duration::from_millis(300)).rerun_abandoned(true);
-    let lasts = |n| match n {
-        0 => Duration::from_secs(30),
-        _ => Duration::from_millis(10),
-    };
-    let a = schedule(
-        db.pool(2),
-        poll,
-        job(),
-        working("a", &starts, lasts),
-        &capture_a,
-    );
-    a.control.promote();
-    wait_for(Duration::from_secs(3), || {
-        !starts.lock().unwrap().is_empty()
-    })
-    .await
-    .expect("a's first run starts");
-    let due = starts.lock().unwrap()[0].1;
-    a.control.demote();
-    wait_for(Duration::from_secs(5), || {
-        !capture_a
-            .events("job runs still going after the term ended")
-            .is_empty()
-    })
-    .await
-    .expect("the run is cut off after its grace");
+    let a_body = working("a", &starts, first_outlasts_its_grace);
+    let a = schedule(db.pool(2), poll, job(), a_body, &capture_a);
+    let due = a
+        .cut_off_first_run(
+            &starts,
+            &capture_a,
+            Duration::from_secs(3),
+            "a's first run starts",
+            "the run is cut off after its grace",
+        )
+        .await
+        .1;
 
     let mut locker = db.connect().await.unwrap();
     let lock = locker.transaction().await.unwrap();
@@ -557,13 +523,10 @@ async fn a_rerun_whose_abandon_lost_its_answer(by: Rerunner) {
         .unwrap();
     assert_eq!(held.len(), 1, "the cut-off run's row, locked");
     a.control.promote();
-    wait_for(Duration::from_secs(5), || {
-        !capture_a
-            .events("cannot look for abandoned runs")
-            .is_empty()
-    })
-    .await
-    .expect("a's abandon times out behind the lock");
+    capture_a
+        .logged("cannot look for abandoned runs", Duration::from_secs(5))
+        .await
+        .expect("a's abandon times out behind the lock");
     let b = match by {
         Rerunner::SameLeader => None,
         Rerunner::NextLeader => {
@@ -597,13 +560,7 @@ async fn a_rerun_whose_abandon_lost_its_answer(by: Rerunner) {
         .filter(|r| r.0 == due)
         .map(|r| (r.1, r.2.as_str(), r.3.as_str()))
         .collect();
-    let started: Vec<_> = starts
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.1 == due)
-        .map(|s| (s.0, s.2, s.3))
-        .collect();
+    let started = started_for(&starts, due);
     eprintln!("{by:?}: the due's runs {of_due:?}, started {started:?}");
     assert_eq!(
         of_due,
@@ -681,19 +638,12 @@ async fn a_claim_whose_commit_is_slow(lost: LostCommit) {
     let db = fresh_db().await;
     let admin = db.connect().await.unwrap();
     slow_commits(&db, &admin, 3.0).await;
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
-    let starts: Starts = Arc::default();
-    let capture = Capture::default();
-    let sched = schedule(
+    let proxy = shared_server_proxy().await;
+    let (starts, capture, sched) = leading_schedule(
         db.pool_via(proxy.addr(), 2),
-        Duration::from_millis(50),
         Job::every("slow", Duration::from_millis(500)),
-        working("m", &starts, |_| Duration::ZERO),
-        &capture,
+        Duration::ZERO,
     );
-    sched.control.promote();
     wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 2)
         .await
         .expect("the job runs");
@@ -746,12 +696,9 @@ async fn a_claim_whose_commit_is_slow(lost: LostCommit) {
         .filter(|r| r.0 == due)
         .map(|r| (r.1, r.3.as_str()))
         .collect();
-    let started: Vec<_> = starts
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.1 == due)
-        .map(|s| (s.2, s.3))
+    let started: Vec<_> = started_for(&starts, due)
+        .into_iter()
+        .map(|(_, attempt, kind)| (attempt, kind))
         .collect();
     eprintln!(
         "{lost:?}: the slowed due's runs {of_due:?}, started {started:?}; warnings {:?}",
@@ -801,22 +748,13 @@ async fn sleep_until(at: SystemTime) {
 async fn h4_with_skip_a_due_whose_claim_waited_on_a_row_lock_still_runs_and_so_does_the_next() {
     let _serial = serial();
     let db = fresh_db().await;
-    let starts: Starts = Arc::default();
-    let capture = Capture::default();
     let period = Duration::from_secs(2);
-    let sched = schedule(
+    let (starts, capture, sched) = leading_schedule(
         db.pool(2),
-        Duration::from_millis(50),
         Job::every("locked", period).catch_up(pg_elector::schedule::CatchUp::Skip),
-        working("m", &starts, |_| Duration::from_millis(10)),
-        &capture,
+        Duration::from_millis(10),
     );
-    sched.control.promote();
-    wait_for(Duration::from_secs(4), || {
-        !starts.lock().unwrap().is_empty()
-    })
-    .await
-    .expect("the job runs");
+    first_start(&starts, Duration::from_secs(4), "the job runs").await;
     let due = next_grid_point(period, Duration::from_millis(700));
     sleep_until(due - Duration::from_millis(500)).await;
     let mut locker = db.connect().await.unwrap();
@@ -933,16 +871,14 @@ async fn h10_dues_dropped_by_the_catch_up_policy_are_counted_in_the_table_and_th
         let body = working(name, &starts, |_| Duration::ZERO);
         schedule = schedule.job(job, move |run| body(run));
     }
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(schedule.run(shutdown.clone()));
-    control.promote();
+    let sched = ManualSchedule::spawn(control, schedule);
+    sched.control.promote();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    control.demote();
+    sched.control.demote();
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    control.promote();
+    sched.control.promote();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
 
     let admin = db.connect().await.unwrap();
     for (job, reason) in [
@@ -1011,37 +947,25 @@ async fn h10_an_abandoned_run_that_is_not_rerun_is_counted_as_skipped() {
     let starts: Starts = Arc::default();
     let capture = Capture::default();
     let (elector, control) = Elector::manual();
-    let body = working("m", &starts, |n| match n {
-        0 => Duration::from_secs(30),
-        _ => Duration::from_millis(10),
-    });
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(Duration::from_millis(50))
-            .registry(&registry)
-            .job(Job::every("cut", Duration::from_millis(300)), move |run| {
-                body(run)
-            })
-            .run(shutdown.clone())
-            .with_subscriber(capture.dispatch()),
-    );
-    control.promote();
-    wait_for(Duration::from_secs(3), || {
-        !starts.lock().unwrap().is_empty()
-    })
-    .await
-    .expect("a first run");
-    let due = starts.lock().unwrap()[0].1;
-    control.demote();
-    wait_for(Duration::from_secs(5), || {
-        !capture
-            .events("job runs still going after the term ended")
-            .is_empty()
-    })
-    .await
-    .expect("the run is cut off after its grace");
-    control.promote();
+    let body = working("m", &starts, first_outlasts_its_grace);
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::from_millis(50))
+        .registry(&registry)
+        .job(Job::every("cut", Duration::from_millis(300)), move |run| {
+            body(run)
+        });
+    let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
+    let due = sched
+        .cut_off_first_run(
+            &starts,
+            &capture,
+            Duration::from_secs(3),
+            "a first run",
+            "the run is cut off after its grace",
+        )
+        .await
+        .1;
+    sched.control.promote();
     let admin = db.connect().await.unwrap();
     wait_for_async(Duration::from_secs(3), || async {
         stored_runs(&admin, "cut")
@@ -1052,8 +976,7 @@ async fn h10_an_abandoned_run_that_is_not_rerun_is_counted_as_skipped() {
     .await
     .expect("the cut-off run is called abandoned");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
 
     assert_eq!(skipped_total(&registry, "cut", "abandoned"), 1);
     let of_due: Vec<_> = stored_runs(&admin, "cut")
@@ -1084,16 +1007,13 @@ async fn h10_dues_of_a_halted_job_are_counted_as_skipped() {
     let runs = Arc::new(AtomicUsize::new(0));
     let (elector, control) = Elector::manual();
     control.promote();
-    let shutdown = CancellationToken::new();
     let period = Duration::from_millis(100);
-    let task = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(Duration::from_millis(50))
-            .registry(&registry)
-            .on_lost_state(pg_elector::schedule::LostState::Halt)
-            .job(Job::every("halt", period), counting(&runs))
-            .run(shutdown.clone()),
-    );
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(Duration::from_millis(50))
+        .registry(&registry)
+        .on_lost_state(pg_elector::schedule::LostState::Halt)
+        .job(Job::every("halt", period), counting(&runs));
+    let sched = ManualSchedule::spawn(control, schedule);
     wait_for(Duration::from_secs(3), || runs.load(Ordering::SeqCst) >= 3)
         .await
         .expect("runs");
@@ -1110,8 +1030,7 @@ async fn h10_dues_of_a_halted_job_are_counted_as_skipped() {
     .expect("the halted job's dues are counted");
     let ran = runs.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    sched.stop().await;
     let stopped = SystemTime::now();
 
     assert_eq!(runs.load(Ordering::SeqCst), ran, "halted: no more runs");

@@ -12,12 +12,10 @@ use std::time::Duration;
 
 use common::capture::{Capture, Event};
 use common::roles::{drop_role, limited_role, pool_as};
+use common::schedules::ManualSchedule;
 use common::*;
 use pg_elector::Elector;
-use pg_elector::schedule::{Job, LostState, Schedule, ScheduleError};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-use tracing::instrument::WithSubscriber;
+use pg_elector::schedule::{Job, LostState, Schedule};
 
 const POLL: Duration = Duration::from_millis(50);
 
@@ -80,10 +78,8 @@ fn logged_at(capture: &Capture, level: tracing::Level) -> Vec<Event> {
 /// events in `capture`.
 struct Running {
     runs: Arc<AtomicUsize>,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), ScheduleError>>,
     probe: pg_elector::background::Probe,
-    control: pg_elector::ManualControl,
+    sched: ManualSchedule,
 }
 
 fn start(schedule: impl FnOnce(&Elector) -> Schedule, capture: &Capture) -> Running {
@@ -101,29 +97,22 @@ fn start(schedule: impl FnOnce(&Elector) -> Schedule, capture: &Capture) -> Runn
         },
     );
     let probe = schedule.probes().remove(0);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        schedule
-            .run(shutdown.clone())
-            .with_subscriber(capture.dispatch()),
-    );
     Running {
         runs,
-        shutdown,
-        task,
         probe,
-        control,
+        sched: ManualSchedule::spawn_captured(control, schedule, capture),
     }
 }
 
 impl Running {
+    /// The job's runs so far.
     fn runs(&self) -> usize {
         self.runs.load(Ordering::SeqCst)
     }
 
+    /// Cancels the schedule's shutdown and waits for it to return `Ok`.
     async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.unwrap().unwrap();
+        self.sched.stop().await;
     }
 }
 
@@ -322,9 +311,9 @@ async fn f5_with_halt_lost_job_state_fails_the_probe_and_the_job_runs_no_more_in
     );
 
     // Not even in a later term of this process.
-    running.control.demote();
+    running.sched.control.demote();
     tokio::time::sleep(2 * POLL).await;
-    running.control.promote();
+    running.sched.control.promote();
     tokio::time::sleep(10 * POLL).await;
     assert_eq!(running.runs(), runs, "halted until the process restarts");
     assert!(!running.probe.status().is_pass(), "still failing");

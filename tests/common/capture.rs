@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pg_elector::LockKey;
 use tracing::Dispatch;
@@ -44,6 +45,12 @@ impl Capture {
             .filter(|e| e.message().starts_with(message))
             .cloned()
             .collect()
+    }
+
+    /// Waits up to `limit` for an event whose message starts with `message`; returns how long
+    /// it took.
+    pub async fn logged(&self, message: &str, limit: Duration) -> Option<Duration> {
+        super::wait_for(limit, || !self.events(message).is_empty()).await
     }
 
     /// A dispatcher that records every event here and also prints `pg_elector` events to the

@@ -5,6 +5,7 @@ pub mod background;
 pub mod capture;
 pub mod handover;
 pub mod roles;
+pub mod schedules;
 
 use std::future::Future;
 use std::sync::{Arc, Once};
@@ -107,6 +108,22 @@ impl Replica {
         self.shutdown.cancel();
         self.task.await.expect("run does not panic")
     }
+}
+
+/// A fault proxy in front of the process's shared server.
+pub async fn shared_server_proxy() -> FaultProxy {
+    FaultProxy::start(PgServer::shared().unwrap().addr())
+        .await
+        .unwrap()
+}
+
+/// Waits up to 3·I for `leader` to lead (or panics saying "a leader"), then starts the fault
+/// proxy the replicas beside it are to reach the shared server through.
+pub async fn proxy_beside(leader: &Replica) -> FaultProxy {
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("a leader");
+    shared_server_proxy().await
 }
 
 /// An elector with fencing on `pool`, checking every `interval`, named `identity`.
