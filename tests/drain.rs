@@ -247,6 +247,20 @@ fn fast_pair_elector(db: &TestDb, key: LockKey, name: &str) -> Elector {
 const SLOW_WRITE: &str =
     "INSERT INTO writes (replica, at) SELECT 'a', clock_timestamp() FROM pg_sleep(0.3)";
 
+/// One step of the old leader's work, on `client`: says it has started (to `started`), then runs
+/// the [`SLOW_WRITE`].
+async fn slow_write(
+    client: &tokio_postgres::Client,
+    started: &tokio::sync::Notify,
+) -> Result<(), String> {
+    started.notify_one();
+    client
+        .execute(SLOW_WRITE, &[])
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// The quick start's wiring with fast takeover: the election and the leader's work as workers
 /// of one supervisor, whose shutdown cancels both at once. Starts `a`'s supervisor (built by
 /// `with_work` on top of its election), waits until `a`
@@ -315,11 +329,7 @@ async fn drain_a_supervised_tick_in_flight_at_shutdown_lands_before_the_next_lea
             let (pool, started) = (pool.clone(), started.clone());
             async move {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
-                started.notify_one();
-                client
-                    .execute(SLOW_WRITE, &[])
-                    .await
-                    .map_err(|e| e.to_string())?;
+                slow_write(&client, &started).await?;
                 Ok::<_, String>(())
             }
         })
@@ -338,11 +348,7 @@ async fn drain_a_supervised_while_leader_loop_mid_statement_at_shutdown_lands_be
                 let client = pool.get().await.map_err(|e| e.to_string())?;
                 // One slow write after another until the term ends.
                 while term.is_leader() {
-                    started.notify_one();
-                    client
-                        .execute(SLOW_WRITE, &[])
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    slow_write(&client, &started).await?;
                 }
                 Ok::<_, String>(())
             }
