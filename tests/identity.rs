@@ -490,12 +490,7 @@ async fn current_leader_behind_a_partition_fails_within_two_intervals_and_works_
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 9);
     let leader = replica_named(&db, key, Some("the-leader"));
-    wait_for(3 * I, || leader.elector.is_leader())
-        .await
-        .expect("a leader");
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = proxy_beside(&leader).await;
     // A standby whose pool goes through the proxy; its tries keep a connection idle there.
     let watcher = Elector::builder(db.pool_via(proxy.addr(), 1), key)
         .check_interval(I)

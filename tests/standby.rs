@@ -36,15 +36,9 @@ async fn e3_ten_thousand_refused_tries_open_no_new_backend() {
     let db = fresh_db().await;
     let key = LockKey::new(3, 10_000);
     let leader = Replica::start(db.pool(1), key, I);
-    wait_for(3 * I, || leader.elector.is_leader())
-        .await
-        .expect("a leader");
-
     // Forty standbys at the smallest interval share one pool of eight connections, and
     // every connection they use goes through the proxy, which counts them.
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = proxy_beside(&leader).await;
     let pool = db.pool_via(proxy.addr(), 8);
     // Open the pool's eight connections first: a connection still being opened when a try's
     // 10 ms wait runs out is dropped half-made, which is churn of the pool, not of the tries.
@@ -98,16 +92,10 @@ async fn e3_a_pool_that_recycles_with_discard_all_opens_no_backend_in_a_thousand
     let db = fresh_db().await;
     let key = LockKey::new(3, 1_000);
     let leader = Replica::start(db.pool(1), key, I);
-    wait_for(3 * I, || leader.elector.is_leader())
-        .await
-        .expect("a leader");
-
     // DISCARD ALL on every return to the pool forgets any prepared statement on the session:
     // a try that relied on one would fail on every other borrow, and each failure closes its
     // connection (its lock state is unknown), so the pool would open a backend per failure.
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = proxy_beside(&leader).await;
     let manager = deadpool_postgres::Manager::from_config(
         db.config_via(proxy.addr()),
         tokio_postgres::NoTls,
@@ -160,9 +148,7 @@ async fn e3_a_pool_that_recycles_with_discard_all_opens_no_backend_in_a_thousand
 async fn e3_an_unreachable_server_leaves_the_replica_standby_and_it_leads_once_back() {
     let _serial = serial();
     let db = fresh_db().await;
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     proxy.blackhole();
     let replica = Replica::start(db.pool_via(proxy.addr(), 2), LockKey::new(3, 1), I);
 
@@ -290,9 +276,7 @@ async fn e3_a_server_answering_in_three_and_a_half_intervals_costs_a_backend_per
     let _serial = serial();
     let db = fresh_db().await;
     let interval = Duration::from_millis(100);
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     // Every answer of the server, the connection's start-up included, comes 3.5·I late.
     proxy.delay(interval * 7 / 2);
     let replica = Replica::start(db.pool_via(proxy.addr(), 2), LockKey::new(3, 35), interval);
@@ -315,9 +299,7 @@ async fn e3_a_grant_answered_between_two_and_three_intervals_is_checked_at_once_
 {
     let _serial = serial();
     let db = fresh_db().await;
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let pool = db.pool_via(proxy.addr(), 2);
     drop(pool.get().await.unwrap()); // a warm connection: only the try is slow
     proxy.delay(Duration::from_secs(60));
@@ -353,9 +335,7 @@ async fn e3_an_answer_the_try_does_not_know_closes_the_connection_and_frees_the_
     let db = fresh_db().await;
     let key = LockKey::new(3, 7);
     let admin = db.connect().await.unwrap();
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let pool = db.pool_via(proxy.addr(), 2);
     drop(pool.get().await.unwrap()); // the pool's one connection, idle
     assert_eq!((proxy.accepted(), pool.status().size), (1, 1));
