@@ -7,8 +7,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pg_elector::ManualControl;
 use pg_elector::schedule::{JobRun, Schedule, ScheduleError};
+use pg_elector::{Elector, ManualControl};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
@@ -84,8 +84,11 @@ impl ManualSchedule {
         self.control.promote();
         let started = first_start(starts, within, first).await;
         self.control.demote();
+        // The schedule waits for its runs at least the elector's drain timeout after a term
+        // ends (a local elector's: 5 s) before it cuts them off; 3 s of slack on top.
+        let grace = Elector::manual().0.drain_timeout();
         capture
-            .logged(CUT_OFF, Duration::from_secs(5))
+            .logged(CUT_OFF, grace + Duration::from_secs(3))
             .await
             .expect(cut_off);
         started
