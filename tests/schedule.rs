@@ -284,12 +284,21 @@ async fn f5_a_failed_or_panicking_run_is_recorded_the_probe_fails_and_the_next_d
         .await
         .unwrap()
         .query(
-            "SELECT outcome, coalesce(error, '') FROM pg_elector_job_runs WHERE job = 'flaky' ORDER BY due",
+            "SELECT outcome, coalesce(error, reason, '') FROM pg_elector_job_runs \
+             WHERE job = 'flaky' ORDER BY due",
             &[],
         )
         .await
         .unwrap();
-    let got: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let all: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    // A run that overran the next due (a panic's backtrace on a loaded machine can take
+    // longer than the 200 ms period) makes that due a `skipped` row of reason `catch_up`,
+    // as the schedule documents; the runs themselves stay in order around it.
+    let (skipped, got): (Vec<_>, Vec<_>) = all.iter().cloned().partition(|(o, _)| o == "skipped");
+    assert!(
+        skipped.iter().all(|(_, reason)| reason == "catch_up"),
+        "only dues overrun by a run are skipped: {all:?}"
+    );
     assert_eq!(got[0], ("failed".to_owned(), "disk full".to_owned()));
     assert_eq!(got[1].0, "failed");
     assert!(
