@@ -17,7 +17,8 @@ use crate::lease::Lease;
 use crate::local::ManualControl;
 use crate::metrics::{Change, Metrics};
 use crate::postgres::FenceTable;
-use crate::term::{Born, FenceTarget, Leadership, Term, TermEnd, lock};
+use crate::sync::lock;
+use crate::term::{Born, FenceTarget, Leadership, Term, TermEnd};
 use crate::{Error, LockKey};
 
 /// One replica's part in the election: a cheap, cloneable handle.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
-use crate::term::lock;
+use crate::sync::lock;
 
 /// The work running now, by name.
 #[derive(Debug, Default)]

@@ -11,6 +11,7 @@ mod local;
 mod metrics;
 mod postgres;
 pub mod schedule;
+mod sync;
 mod term;
 
 pub use builder::LocalBuilder;

@@ -8,6 +8,7 @@ use crate::LockKey;
 use crate::error::Fenced;
 use crate::lease::Lease;
 use crate::postgres::FenceTable;
+use crate::sync::lock;
 
 /// Why a [`Term`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -413,13 +414,6 @@ fn finish(inner: &TermInner, end: TermEnd, cause: Option<LossCause>) {
         finish(&child, end, cause);
     }
     inner.token.cancel();
-}
-
-/// Locks a mutex that guards no invariant a panic could break.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl std::fmt::Debug for Term {

@@ -135,7 +135,7 @@ impl Probe {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        crate::term::lock(&self.inner.state)
+        crate::sync::lock(&self.inner.state)
     }
 }
 

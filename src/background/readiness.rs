@@ -37,7 +37,7 @@ impl Readiness {
 
     /// Adds a probe (a clone of it: the set sees every later record).
     pub fn add(&self, probe: &Probe) {
-        crate::term::lock(&self.probes).push(probe.clone());
+        crate::sync::lock(&self.probes).push(probe.clone());
     }
 
     /// Makes a probe named `name`, adds it and returns it.
@@ -49,7 +49,7 @@ impl Readiness {
 
     /// Asks every probe, in the order they were added.
     pub fn check(&self) -> ReadinessReport {
-        let probes = crate::term::lock(&self.probes).clone();
+        let probes = crate::sync::lock(&self.probes).clone();
         let mut failing = Vec::new();
         for probe in &probes {
             if let ProbeStatus::Fail(error) = probe.status() {
@@ -69,7 +69,7 @@ impl Readiness {
 impl fmt::Debug for Readiness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Readiness")
-            .field("probes", &*crate::term::lock(&self.probes))
+            .field("probes", &*crate::sync::lock(&self.probes))
             .finish()
     }
 }

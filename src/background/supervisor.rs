@@ -396,7 +396,7 @@ struct Watch {
 impl Watch {
     fn give_up(&self, error: &str) {
         tracing::error!(worker = %self.name, error = %error, "worker stopped: restart budget spent");
-        let mut stopped = crate::term::lock(&self.stopped);
+        let mut stopped = crate::sync::lock(&self.stopped);
         stopped.push(format!(
             "worker {:?} stopped after its restart budget ({} within {:?}); last error: {error}",
             &*self.name, self.policy.budget, self.policy.window

@@ -99,7 +99,7 @@ pub use plan::SkipReason;
 
 use crate::background::panic::catch_panic;
 use crate::background::{Probe, Readiness, TickOutcome};
-use crate::term::lock;
+use crate::sync::lock;
 use crate::{Elector, Term};
 use job::Spec;
 use store::{ClaimStatus, Claimant, Claimed, Ensured, Store};
