@@ -6,9 +6,10 @@ use deadpool_postgres::Pool;
 #[cfg(feature = "prometheus")]
 use prometheus::Registry;
 
-use crate::elector::{Elector, LocalKind, Mode, PgSettings};
-use crate::local::{ManualControl, promote};
+use crate::elector::{Elector, ManualControl, Mode};
+use crate::local::{LocalKind, promote};
 use crate::metrics::MetricsSpec;
+use crate::postgres::settings::PgSettings;
 use crate::postgres::{DEFAULT_FENCING_TABLE, FenceTable};
 use crate::{Error, LockKey};
 

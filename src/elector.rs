@@ -1,9 +1,7 @@
 //! The elector handle: who leads, terms, and gated work.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -12,14 +10,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::builder::{ElectorBuilder, LocalBuilder};
-use crate::in_flight::InFlight;
-use crate::lease::Lease;
-use crate::local::ManualControl;
+use crate::error::Error;
+use crate::key::LockKey;
+use crate::local::LocalKind;
 use crate::metrics::{Change, Metrics};
-use crate::postgres::FenceTable;
-use crate::sync::lock;
-use crate::term::{Born, FenceTarget, Leadership, Term, TermEnd};
-use crate::{Error, LockKey};
+use crate::postgres::settings::PgSettings;
+use crate::state::Shared;
+use crate::term::{Leadership, Term, TermEnd};
 
 /// One replica's part in the election: a cheap, cloneable handle.
 ///
@@ -61,6 +58,7 @@ use crate::{Error, LockKey};
 #[derive(Clone)]
 pub struct Elector {
     pub(crate) shared: Arc<Shared>,
+    mode: Arc<Mode>,
 }
 
 /// Who decides leadership.
@@ -69,60 +67,6 @@ pub(crate) enum Mode {
     Postgres(PgSettings),
     /// Local modes: leader from the start, or promoted and demoted by hand.
     Local(LocalKind),
-}
-
-/// Which local elector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LocalKind {
-    /// Leads from the start, and again whenever `run` is started.
-    AlwaysLeader,
-    /// Promoted and demoted by hand.
-    Manual,
-}
-
-/// What the election on PostgreSQL runs with.
-pub(crate) struct PgSettings {
-    pub(crate) pool: Pool,
-    pub(crate) key: LockKey,
-    pub(crate) interval: Duration,
-    /// The lock session's `application_name`, and the epoch row's holder.
-    pub(crate) identity: String,
-    /// The epoch table, with fencing on.
-    pub(crate) fencing: Option<Arc<FenceTable>>,
-    /// How long a graceful handover waits for work still running.
-    pub(crate) drain_timeout: Duration,
-    /// A standby keeps a session waiting for the lock.
-    pub(crate) fast_takeover: bool,
-}
-
-/// The state every clone of an elector shares.
-pub(crate) struct Shared {
-    pub(crate) mode: Mode,
-    metrics: Option<Metrics>,
-    /// Leading and not expired.
-    lease: Arc<Lease>,
-    /// The current term; a standby's ended term while not leading.
-    term: Mutex<Term>,
-    /// The one ended term every standby call hands out.
-    standby_term: Term,
-    /// Bumped at every promotion and demotion, for [`Elector::wait_for_leadership`].
-    changes: watch::Sender<Leadership>,
-    /// How many promotions and demotions there were; bumped under the term lock.
-    change_count: AtomicU64,
-    /// One `run` at a time.
-    running: AtomicBool,
-    /// The missing `idle_session_timeout` has been warned about.
-    warned_no_idle_session_timeout: AtomicBool,
-    /// `do_work` calls and while-leader loops running now, for the drain.
-    in_flight: InFlight,
-    /// The local electors' epoch counter.
-    local_epoch: AtomicU64,
-    /// Bumped by [`Elector::resign`]; the running election answers on `resigned`.
-    pub(crate) resign: watch::Sender<u64>,
-    /// Bumped by the running election once it has handled a resign.
-    pub(crate) resigned: watch::Sender<u64>,
-    /// No new term before this instant (a resign's cooldown).
-    not_before: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Elector {
@@ -175,39 +119,33 @@ impl Elector {
 
     pub(crate) fn from_mode(mode: Mode, metrics: Option<Metrics>) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                mode,
-                metrics,
-                lease: Arc::new(Lease::default()),
-                term: Mutex::new(Term::not_leader()),
-                standby_term: Term::not_leader(),
-                changes: watch::Sender::new(Leadership::default()),
-                change_count: AtomicU64::new(0),
-                running: AtomicBool::new(false),
-                warned_no_idle_session_timeout: AtomicBool::new(false),
-                in_flight: InFlight::default(),
-                local_epoch: AtomicU64::new(0),
-                resign: watch::Sender::new(0),
-                resigned: watch::Sender::new(0),
-                not_before: Mutex::new(None),
-            }),
+            shared: Arc::new(Shared::new(metrics)),
+            mode: Arc::new(mode),
+        }
+    }
+
+    /// The election's settings; `None` for a local elector.
+    fn pg(&self) -> Option<&PgSettings> {
+        match &*self.mode {
+            Mode::Postgres(pg) => Some(pg),
+            Mode::Local(_) => None,
         }
     }
 
     /// The key this elector competes for; `None` for a local elector.
     pub fn key(&self) -> Option<LockKey> {
-        self.shared.pg().map(|pg| pg.key)
+        self.pg().map(|pg| pg.key)
     }
 
     /// This replica's identity (see [`ElectorBuilder::identity`]); `None` for a local
     /// elector.
     pub fn identity(&self) -> Option<&str> {
-        self.shared.pg().map(|pg| pg.identity.as_str())
+        self.pg().map(|pg| pg.identity.as_str())
     }
 
     /// The check interval I; `None` for a local elector.
     pub fn check_interval(&self) -> Option<Duration> {
-        self.shared.pg().map(|pg| pg.interval)
+        self.pg().map(|pg| pg.interval)
     }
 
     /// How long a graceful handover waits for the work still running (see
@@ -218,8 +156,7 @@ impl Elector {
     ///
     /// [`DEFAULT_CHECK_INTERVAL`]: crate::DEFAULT_CHECK_INTERVAL
     pub fn drain_timeout(&self) -> Duration {
-        self.shared
-            .pg()
+        self.pg()
             .map_or(crate::DEFAULT_CHECK_INTERVAL, |pg| pg.drain_timeout)
     }
 
@@ -234,24 +171,18 @@ impl Elector {
     /// [`Leadership::changes`] from [`subscribe`](Self::subscribe).
     #[inline]
     pub fn is_leader(&self) -> bool {
-        self.shared.lease.is_live()
+        self.shared.lease().is_live()
     }
 
     /// The current term: live on the leader, ended with [`TermEnd::NotLeader`] on a standby.
     pub fn term(&self) -> Term {
-        if !self.is_leader() {
-            return self.shared.standby_term.clone();
-        }
-        lock(&self.shared.term).handle()
+        self.shared.term()
     }
 
     /// Like [`term`](Self::term), but the returned term also ends (with
     /// [`TermEnd::ParentCancelled`]) when `parent` is cancelled.
     pub fn term_with(&self, parent: &CancellationToken) -> Term {
-        if !self.is_leader() {
-            return self.shared.standby_term.clone();
-        }
-        lock(&self.shared.term).linked_to(parent)
+        self.shared.term_with(parent)
     }
 
     /// Waits until this replica leads, and returns the live term; at once when it leads now.
@@ -263,7 +194,7 @@ impl Elector {
     ///
     /// Cancel safe: dropping the future has no effect.
     pub async fn wait_for_leadership(&self) -> Term {
-        let mut changes = self.shared.changes.subscribe();
+        let mut changes = self.shared.subscribe();
         loop {
             let term = self.term();
             if term.is_leader() {
@@ -307,7 +238,7 @@ impl Elector {
     /// # }
     /// ```
     pub fn subscribe(&self) -> watch::Receiver<Leadership> {
-        self.shared.changes.subscribe()
+        self.shared.subscribe()
     }
 
     /// Runs one unit of background work on the leader only.
@@ -356,7 +287,7 @@ impl Elector {
         if !self.is_leader() {
             return Ok(None);
         }
-        let running = self.shared.in_flight.enter(name.clone());
+        let running = self.shared.in_flight().enter(name.clone());
         let term = self.term();
         if !term.is_leader() {
             return Ok(None);
@@ -397,15 +328,12 @@ impl Elector {
         let until = now
             .checked_add(cooldown)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
-        {
-            let mut not_before = lock(&self.shared.not_before);
-            *not_before = Some(not_before.map_or(until, |t| t.max(until)));
-        }
+        self.shared.cool_down_until(until);
         let was_leader = self.is_leader();
-        match &self.shared.mode {
+        match &*self.mode {
             Mode::Local(_) => {
                 self.shared.demote(TermEnd::Resigned, Change::Resigned);
-                self.shared.resign.send_modify(|n| *n += 1);
+                self.shared.ask_resign();
                 was_leader
             }
             Mode::Postgres(pg) => {
@@ -415,19 +343,15 @@ impl Elector {
                 if !was_leader {
                     // A standby's `run` hears of it at once, not at its next try: with fast
                     // takeover it closes its waiting session.
-                    self.shared.resign.send_modify(|n| *n += 1);
+                    self.shared.ask_resign();
                     return false;
                 }
                 let mut resigned = self.shared.resigned.subscribe();
                 resigned.borrow_and_update();
-                self.shared.resign.send_modify(|n| *n += 1);
+                self.shared.ask_resign();
                 // Bounded, should `run` stop meanwhile: the handover takes at most the drain,
                 // one check while draining, and the unlock.
-                let bound = pg
-                    .drain_timeout
-                    .saturating_add(2 * pg.interval)
-                    .saturating_add(crate::postgres::RELEASE_BOUND);
-                let _ = tokio::time::timeout(bound, resigned.changed()).await;
+                let _ = tokio::time::timeout(pg.handover_bound(), resigned.changed()).await;
                 true
             }
         }
@@ -451,7 +375,7 @@ impl Elector {
     ///
     /// Cancel safe: it only reads.
     pub async fn current_leader(&self) -> Result<Option<crate::LeaderInfo>, Error> {
-        let Mode::Postgres(pg) = &self.shared.mode else {
+        let Mode::Postgres(pg) = &*self.mode else {
             return Ok(None);
         };
         crate::postgres::leader_via(&pg.pool, pg.key, pg.fencing.as_deref(), pg.interval).await
@@ -461,7 +385,7 @@ impl Elector {
     /// …`), for a migration run by a role that may create tables; `None` without fencing.
     /// The elector's own role then needs `SELECT, INSERT, UPDATE` on it.
     pub fn fencing_ddl(&self) -> Option<String> {
-        match &self.shared.mode {
+        match &*self.mode {
             Mode::Postgres(pg) => pg.fencing.as_ref().map(|t| t.ddl().to_owned()),
             Mode::Local(_) => None,
         }
@@ -495,7 +419,7 @@ impl Elector {
     /// [`TermEnd::LeadershipLost`] and closes the lock connection without unlocking; the server
     /// frees the lock with the session. `run` may be called again afterwards.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
-        match &self.shared.mode {
+        match &*self.mode {
             Mode::Postgres(pg) => {
                 let span = tracing::info_span!(
                     "election",
@@ -512,170 +436,6 @@ impl Elector {
     }
 }
 
-impl Shared {
-    fn pg(&self) -> Option<&PgSettings> {
-        match &self.mode {
-            Mode::Postgres(pg) => Some(pg),
-            Mode::Local(_) => None,
-        }
-    }
-
-    /// Claims the single `run` slot; the returned guard frees it.
-    pub(crate) fn claim_run(&self) -> Result<RunSlot<'_>, Error> {
-        if self.running.swap(true, Ordering::AcqRel) {
-            return Err(Error::AlreadyRunning);
-        }
-        Ok(RunSlot(self))
-    }
-
-    /// PostgreSQL 13 and older have no `idle_session_timeout`: said once per elector.
-    pub(crate) fn warn_no_idle_session_timeout(&self, key: LockKey) {
-        if !self
-            .warned_no_idle_session_timeout
-            .swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!(
-                key = %key,
-                "the server has no idle_session_timeout (PostgreSQL 13 or older): a leader whose host vanishes keeps the lock until the server's TCP keepalives drop its session (about 5 intervals), and a frozen leader process keeps it until the process resumes"
-            );
-        }
-    }
-
-    fn set_gauge(&self, leading: bool) {
-        if let Some(metrics) = &self.metrics {
-            metrics.set_leading(leading);
-        }
-    }
-
-    /// The elector's metrics, if it has a registry.
-    pub(crate) fn metrics(&self) -> Option<&Metrics> {
-        self.metrics.as_ref()
-    }
-
-    pub(crate) fn lease(&self) -> &Lease {
-        &self.lease
-    }
-
-    pub(crate) fn in_flight(&self) -> &InFlight {
-        &self.in_flight
-    }
-
-    /// The next epoch of a local elector.
-    pub(crate) fn next_local_epoch(&self) -> u64 {
-        self.local_epoch.fetch_add(1, Ordering::AcqRel) + 1
-    }
-
-    /// Whether a resign's cooldown still keeps this replica from leading.
-    pub(crate) fn cooling_down(&self) -> bool {
-        lock(&self.not_before).is_some_and(|until| tokio::time::Instant::now() < until)
-    }
-
-    /// When the cooldown ends, if one was set.
-    pub(crate) fn cooldown_end(&self) -> Option<tokio::time::Instant> {
-        *lock(&self.not_before)
-    }
-
-    /// Whether a `run` is in progress.
-    pub(crate) fn is_running(&self) -> bool {
-        self.running.load(Ordering::Acquire)
-    }
-
-    /// Starts a new term holding the lease `hold` sets, with `epoch` and, for fenced writes,
-    /// `fence`, unless a term is live. The term lock makes promotions and demotions atomic with
-    /// respect to each other.
-    pub(crate) fn promote(
-        &self,
-        hold: impl FnOnce(&Lease),
-        epoch: Option<u64>,
-        fence: Option<FenceTarget>,
-    ) {
-        let changes = {
-            let mut current = lock(&self.term);
-            if current.end().is_none() {
-                return;
-            }
-            hold(&self.lease);
-            *current = Term::leading(Born {
-                lease: Some(self.lease.clone()),
-                epoch,
-                fence,
-                ..Born::default()
-            });
-            // Under the term lock, so that a racing demotion cannot leave the gauge at 1.
-            self.set_gauge(true);
-            if let (Some(metrics), Some(epoch)) = (&self.metrics, epoch) {
-                metrics.set_epoch(epoch);
-            }
-            self.count_change(Change::Acquired)
-        };
-        self.publish(Leadership {
-            is_leader: true,
-            changes,
-            last_end: None,
-            loss_cause: None,
-            epoch,
-        });
-    }
-
-    /// Counts a promotion or demotion and returns its number; called under the term lock.
-    fn count_change(&self, change: Change) -> u64 {
-        if let Some(metrics) = &self.metrics {
-            metrics.count(change);
-        }
-        self.change_count.fetch_add(1, Ordering::AcqRel) + 1
-    }
-
-    /// Tells subscribers, unless a later change was told already (two changes racing on two
-    /// threads may publish in either order; the later one stays).
-    fn publish(&self, next: Leadership) {
-        self.changes.send_if_modified(|current| {
-            let newer = next.changes > current.changes;
-            if newer {
-                *current = next;
-            }
-            newer
-        });
-    }
-
-    /// Ends the current term, if one is live, with `end`. The lease goes first, so that
-    /// whoever is woken by the term's token already reads `is_leader() == false`.
-    pub(crate) fn demote(&self, end: TermEnd, change: Change) {
-        let (term, changes) = {
-            let mut current = lock(&self.term);
-            if current.end().is_some() {
-                return;
-            }
-            self.lease.clear();
-            self.set_gauge(false);
-            let ended = std::mem::replace(&mut *current, self.standby_term.clone());
-            (ended, self.count_change(change))
-        };
-        let loss_cause = (end == TermEnd::LeadershipLost)
-            .then(|| change.loss_cause())
-            .flatten();
-        match end {
-            TermEnd::LeadershipLost => term.finish_lost(loss_cause),
-            _ => term.finish(end),
-        }
-        self.publish(Leadership {
-            is_leader: false,
-            changes,
-            last_end: Some(end),
-            loss_cause,
-            epoch: None,
-        });
-    }
-}
-
-/// The claim on `run`; dropping it lets `run` be called again.
-pub(crate) struct RunSlot<'a>(&'a Shared);
-
-impl Drop for RunSlot<'_> {
-    fn drop(&mut self) {
-        self.0.running.store(false, Ordering::Release);
-    }
-}
-
 impl std::fmt::Debug for Elector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Elector")
@@ -683,5 +443,31 @@ impl std::fmt::Debug for Elector {
             .field("check_interval", &self.check_interval())
             .field("is_leader", &self.is_leader())
             .finish_non_exhaustive()
+    }
+}
+
+/// Promotes and demotes a manual elector by hand; made by [`Elector::manual`].
+#[derive(Clone, Debug)]
+pub struct ManualControl {
+    pub(crate) elector: Elector,
+}
+
+impl ManualControl {
+    /// The elector this controls.
+    pub fn elector(&self) -> &Elector {
+        &self.elector
+    }
+
+    /// Makes the elector lead, starting a new term unless one is live; returns the term.
+    pub fn promote(&self) -> Term {
+        crate::local::promote(&self.elector.shared);
+        self.elector.term()
+    }
+
+    /// Ends the live term, if any, with [`TermEnd::LeadershipLost`], as a lost lock would.
+    pub fn demote(&self) {
+        self.elector
+            .shared
+            .demote(TermEnd::LeadershipLost, Change::Demoted);
     }
 }

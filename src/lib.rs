@@ -11,15 +11,15 @@ mod local;
 mod metrics;
 mod postgres;
 pub mod schedule;
+mod state;
 mod sync;
 mod term;
 
 pub use builder::LocalBuilder;
 pub use builder::{DEFAULT_CHECK_INTERVAL, ElectorBuilder, MAX_CHECK_INTERVAL, MIN_CHECK_INTERVAL};
-pub use elector::Elector;
+pub use elector::{Elector, ManualControl};
 pub use error::{Error, Fenced};
 pub use key::LockKey;
-pub use local::ManualControl;
 pub use metrics::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME};
 pub use postgres::{LeaderInfo, current_leader};
 pub use term::{Leadership, LossCause, Term, TermEnd};

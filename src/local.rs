@@ -1,38 +1,21 @@
-//! What the local electors run on: the manual control and the local `run`. They are
-//! made by [`Elector::always_leader`], [`Elector::manual`] and [`Elector::local_builder`].
+//! What the local electors run on: their promotion and their `run`, over the shared state.
+//! They are made by `Elector::always_leader`, `Elector::manual` and `Elector::local_builder`.
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
-use crate::elector::{Elector, LocalKind, Shared};
+use crate::error::Error;
 use crate::lease::Lease;
 use crate::metrics::Change;
-use crate::term::{Term, TermEnd};
+use crate::state::Shared;
+use crate::term::TermEnd;
 
-/// Promotes and demotes a manual elector by hand; made by [`Elector::manual`].
-#[derive(Clone, Debug)]
-pub struct ManualControl {
-    pub(crate) elector: Elector,
-}
-
-impl ManualControl {
-    /// The elector this controls.
-    pub fn elector(&self) -> &Elector {
-        &self.elector
-    }
-
-    /// Makes the elector lead, starting a new term unless one is live; returns the term.
-    pub fn promote(&self) -> Term {
-        promote(&self.elector.shared);
-        self.elector.term()
-    }
-
-    /// Ends the live term, if any, with [`TermEnd::LeadershipLost`], as a lost lock would.
-    pub fn demote(&self) {
-        self.elector
-            .shared
-            .demote(TermEnd::LeadershipLost, Change::Demoted);
-    }
+/// Which local elector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LocalKind {
+    /// Leads from the start, and again whenever `run` is started.
+    AlwaysLeader,
+    /// Promoted and demoted by hand.
+    Manual,
 }
 
 pub(crate) fn promote(shared: &Shared) {
@@ -91,6 +74,7 @@ async fn wait_out_cooldown(shared: &Shared, shutdown: &CancellationToken) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Elector;
     use prometheus::Registry;
 
     /// The leader gauge's value for the local electors' `key` label.

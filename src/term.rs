@@ -4,10 +4,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::LockKey;
 use crate::error::Fenced;
 use crate::lease::Lease;
-use crate::postgres::FenceTable;
+use crate::postgres::fence::FenceTarget;
 use crate::sync::lock;
 
 /// Why a [`Term`] ended.
@@ -185,13 +184,6 @@ pub(crate) struct Born {
     pub(crate) fence: Option<FenceTarget>,
 }
 
-/// Where a term's fenced writes check its epoch.
-#[derive(Clone, Debug)]
-pub(crate) struct FenceTarget {
-    pub(crate) table: Arc<FenceTable>,
-    pub(crate) key: LockKey,
-}
-
 impl Term {
     /// A new live leadership term.
     pub(crate) fn leading(born: Born) -> Self {
@@ -336,7 +328,7 @@ impl Term {
             return Err(Fenced::not_fenced());
         };
         if let Some(target) = &born.fence {
-            target.table.check(tx, target.key, ours).await?;
+            target.check(tx, ours).await?;
         }
         // The row was current; the term must still be live too (the lock may have gone while
         // the check ran, before any new term could bump the row).

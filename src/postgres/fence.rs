@@ -209,6 +209,24 @@ impl FenceTable {
     }
 }
 
+/// Where a term's fenced writes check its epoch: the table, and the key whose row it is.
+#[derive(Clone, Debug)]
+pub(crate) struct FenceTarget {
+    pub(crate) table: Arc<FenceTable>,
+    pub(crate) key: LockKey,
+}
+
+impl FenceTarget {
+    /// The fence of a term of epoch `ours`, in `tx` (see [`FenceTable::check`]).
+    pub(crate) async fn check(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        ours: u64,
+    ) -> Result<(), Fenced> {
+        self.table.check(tx, self.key, ours).await
+    }
+}
+
 /// Why a bump failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BumpError {

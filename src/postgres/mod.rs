@@ -8,22 +8,24 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::Error;
-use crate::elector::{PgSettings, Shared};
 use crate::lease::{Lease, deadline_after, now_ms};
 use crate::metrics::Change;
-use crate::term::{FenceTarget, TermEnd};
+use crate::state::Shared;
+use crate::term::TermEnd;
 use fence::BumpError;
 use session::{
     AppliedBounds, Attempt, Borrower, Check, LockSession, SessionBounds, SessionError, WATCH_POLL,
     try_acquire,
 };
+use settings::{PgSettings, RELEASE_BOUND};
 use tokio::sync::watch;
 use waiter::{WaitSpec, Waiter};
 
-mod fence;
+pub(crate) mod fence;
 mod handover;
 mod leader;
 mod session;
+pub(crate) mod settings;
 mod waiter;
 
 pub(crate) use leader::leader_via;
@@ -37,9 +39,6 @@ const POOLER: &str = "the connection goes through a transaction-mode pooler (suc
 const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
 
 const SHARED_TRY: &str = "this try ran on a server session that another elector holds the lock on; this replica stays standby";
-
-/// How long the unlock at shutdown may take.
-pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
 
 /// The least time a standby's try query is given. A try that times out costs a backend: its
 /// connection must be closed, since the lock may have been granted unseen. So a standby with
@@ -153,11 +152,7 @@ pub(crate) async fn run(
             tracing::warn!(key = %pg.key, "the grant was confirmed after the lease it would start had expired; its session is closed");
             continue;
         }
-        let fence = pg.fencing.as_ref().map(|table| FenceTarget {
-            table: table.clone(),
-            key: pg.key,
-        });
-        shared.promote(|lease| lease.hold_until(deadline), epoch, fence);
+        shared.promote(|lease| lease.hold_until(deadline), epoch, pg.fence_target());
         // One span per term, inside the election's: every line of the term carries its epoch.
         let term_span = tracing::info_span!("term", epoch);
         let end = async {
@@ -191,7 +186,7 @@ pub(crate) async fn run(
             Some(TermEnd::Shutdown) => return Ok(()),
             Some(_) => {}
         }
-        shared.resigned.send_modify(|n| *n += 1);
+        shared.resign_handled();
     }
 }
 
@@ -298,7 +293,7 @@ async fn standby(
                 // No session may wait for the lock during the cooldown the resign set.
                 waiter = None;
                 borrower.let_go();
-                shared.resigned.send_modify(|n| *n += 1);
+                shared.resign_handled();
                 continue;
             }
             outcome = wait_for(&mut waiter) => Some(outcome),

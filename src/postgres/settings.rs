@@ -1,0 +1,45 @@
+//! What an election on PostgreSQL runs with, and the bounds that follow from it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+
+use super::fence::{FenceTable, FenceTarget};
+use crate::key::LockKey;
+
+/// How long the unlock at shutdown may take.
+pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(2);
+
+/// What the election on PostgreSQL runs with.
+pub(crate) struct PgSettings {
+    pub(crate) pool: Pool,
+    pub(crate) key: LockKey,
+    pub(crate) interval: Duration,
+    /// The lock session's `application_name`, and the epoch row's holder.
+    pub(crate) identity: String,
+    /// The epoch table, with fencing on.
+    pub(crate) fencing: Option<Arc<FenceTable>>,
+    /// How long a graceful handover waits for work still running.
+    pub(crate) drain_timeout: Duration,
+    /// A standby keeps a session waiting for the lock.
+    pub(crate) fast_takeover: bool,
+}
+
+impl PgSettings {
+    /// The longest a graceful handover takes: the drain, one check while draining (and one
+    /// interval for the loop to notice), and the unlock.
+    pub(crate) fn handover_bound(&self) -> Duration {
+        self.drain_timeout
+            .saturating_add(2 * self.interval)
+            .saturating_add(RELEASE_BOUND)
+    }
+
+    /// Where a term's fenced writes check its epoch; `None` without fencing.
+    pub(crate) fn fence_target(&self) -> Option<FenceTarget> {
+        self.fencing.as_ref().map(|table| FenceTarget {
+            table: table.clone(),
+            key: self.key,
+        })
+    }
+}
