@@ -16,7 +16,7 @@ use crate::local::LocalKind;
 use crate::metrics::{Change, Metrics};
 use crate::postgres::settings::PgSettings;
 use crate::state::Shared;
-use crate::term::{Leadership, Term, TermEnd};
+use crate::term::{Leadership, LossCause, Term, TermEnd};
 
 /// One replica's part in the election: a cheap, cloneable handle.
 ///
@@ -468,6 +468,6 @@ impl ManualControl {
     pub fn demote(&self) {
         self.elector
             .shared
-            .demote(TermEnd::LeadershipLost, Change::Demoted);
+            .demote(TermEnd::LeadershipLost, Change::Lost(LossCause::Demoted));
     }
 }

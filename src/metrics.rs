@@ -14,7 +14,7 @@ pub const CHECK_DURATION_NAME: &str = "pg_elector_check_duration_seconds";
 /// The gauge of the current term's fencing epoch, labelled by `key`.
 pub const EPOCH_NAME: &str = "pg_elector_epoch";
 
-use crate::LossCause;
+use crate::term::LossCause;
 
 /// Why leadership changed, as the `cause` label of the changes counter says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,54 +25,27 @@ pub(crate) enum Change {
     Released,
     /// It gave the lock up through a resign.
     Resigned,
-    /// A local elector was demoted by hand.
-    Demoted,
-    /// `run` was dropped or panicked while leading.
-    Abandoned,
-    /// The lock connection closed.
-    ConnectionClosed,
-    /// The local lease ran out.
-    LeaseExpired,
-    /// A check found the lock gone.
-    LockGone,
-    /// A check found a pooler sharing the session.
-    Pooler,
-    /// A check got no answer in time.
-    CheckTimeout,
-    /// A check failed.
-    CheckFailed,
+    /// The term was lost, for this cause.
+    Lost(LossCause),
 }
 
 impl Change {
-    /// The public cause of a lost term, for the changes that end one that way.
+    /// The public cause of a lost term; `None` for the changes that do not lose one.
     pub(crate) fn loss_cause(self) -> Option<LossCause> {
-        Some(match self {
-            Self::Acquired | Self::Released | Self::Resigned => return None,
-            Self::Demoted => LossCause::Demoted,
-            Self::Abandoned => LossCause::Abandoned,
-            Self::ConnectionClosed => LossCause::ConnectionClosed,
-            Self::LeaseExpired => LossCause::LeaseExpired,
-            Self::LockGone => LossCause::LockGone,
-            Self::Pooler => LossCause::Pooler,
-            Self::CheckTimeout => LossCause::CheckTimeout,
-            Self::CheckFailed => LossCause::CheckFailed,
-        })
+        match self {
+            Self::Lost(cause) => Some(cause),
+            Self::Acquired | Self::Released | Self::Resigned => None,
+        }
     }
 
+    /// The counter's `cause` label: a lost term's is its [`LossCause::as_str`].
     #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
     pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Acquired => "acquired",
             Self::Released => "released",
             Self::Resigned => "resigned",
-            Self::Demoted => "demoted",
-            Self::Abandoned => "abandoned",
-            Self::ConnectionClosed => "connection_closed",
-            Self::LeaseExpired => "lease_expired",
-            Self::LockGone => "lock_gone",
-            Self::Pooler => "pooler",
-            Self::CheckTimeout => "check_timeout",
-            Self::CheckFailed => "check_failed",
+            Self::Lost(cause) => cause.as_str(),
         }
     }
 }
@@ -555,31 +528,34 @@ mod enabled {
 #[cfg(test)]
 mod cause_tests {
     use super::Change;
+    use crate::LossCause;
 
     #[test]
-    fn a_lost_terms_cause_is_named_as_the_counter_labels_it() {
-        let all = [
-            Change::Acquired,
-            Change::Released,
-            Change::Resigned,
-            Change::Demoted,
-            Change::Abandoned,
-            Change::ConnectionClosed,
-            Change::LeaseExpired,
-            Change::LockGone,
-            Change::Pooler,
-            Change::CheckTimeout,
-            Change::CheckFailed,
+    fn the_counter_labels_each_change_once() {
+        let causes = [
+            LossCause::ConnectionClosed,
+            LossCause::LockGone,
+            LossCause::Pooler,
+            LossCause::CheckTimeout,
+            LossCause::CheckFailed,
+            LossCause::LeaseExpired,
+            LossCause::Abandoned,
+            LossCause::Demoted,
         ];
-        for change in all {
-            let graceful = matches!(
-                change,
-                Change::Acquired | Change::Released | Change::Resigned
-            );
-            match change.loss_cause() {
-                Some(cause) => assert_eq!(cause.as_str(), change.label(), "{change:?}"),
-                None => assert!(graceful, "{change:?} ends a term without a cause"),
-            }
+        let mut labels: Vec<&str> = [Change::Acquired, Change::Released, Change::Resigned]
+            .into_iter()
+            .chain(causes.into_iter().map(Change::Lost))
+            .map(Change::label)
+            .collect();
+        assert_eq!(
+            &labels[..4],
+            ["acquired", "released", "resigned", "connection_closed"]
+        );
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), 3 + causes.len(), "{labels:?}");
+        for cause in causes {
+            assert_eq!(Change::Lost(cause).loss_cause(), Some(cause));
         }
     }
 }

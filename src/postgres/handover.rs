@@ -1,7 +1,7 @@
 //! The handover marker: how a new leader tells a lock handed over by a graceful unlock (whose
 //! leader stepped down before it let go) from a lock freed by a session that ended under a
 //! leader that may not have noticed yet. Only the second kind makes the new term wait
-//! ([`super::SETTLE`]).
+//! ([`super::standby::SETTLE`]).
 //!
 //! Two kinds of bigint advisory lock, both held shared by the unlocking session:
 //! - the key's *unlocking* lock ([`LockKey::handover_marker`]), held only while the unlock

@@ -71,7 +71,7 @@ const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
 /// How often the leader looks at its connection and its lease between checks, in both modes: a
 /// closed socket, or a lease that expired while the process was frozen, is noticed within this
 /// time rather than at the next check. A grant that was not handed over gracefully waits
-/// [`super::SETTLE`], five times this, before its term starts, so that an old leader whose
+/// [`super::standby::SETTLE`], five times this, before its term starts, so that an old leader whose
 /// session was ended under it has stepped down first, whichever mode either of them runs in.
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(1);
 

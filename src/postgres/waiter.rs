@@ -177,6 +177,45 @@ pub(super) async fn wait(
     // read replica, a shared session), or is closed on any other outcome: it may hold a slot.
     let borrowed = Borrowed(Some(object));
     let mark = session_mark();
+    let slot = match arm(
+        &borrowed,
+        key,
+        &identity,
+        &mark,
+        bounds,
+        interval,
+        setup_bound,
+    )
+    .await?
+    {
+        Armed::Slot(slot) => slot,
+        Armed::Refused(attempt) => {
+            borrowed.give_back();
+            return Ok(attempt);
+        }
+    };
+    // Out of the pool for good: the pool's size does not count it, and no outcome gives it
+    // back. Dropped, it is closed (and the server frees its slot).
+    wait_on(Object::take(borrowed.keep()), key, mark, slot).await
+}
+
+/// What arming a session came to: the waiting slot it took, or a refusal (the connection then
+/// goes back to the pool unchanged).
+enum Armed {
+    Slot(i64),
+    Refused(Attempt),
+}
+
+/// The first statement ([`ARM`]), within `setup_bound`.
+async fn arm(
+    borrowed: &Borrowed,
+    key: LockKey,
+    identity: &str,
+    mark: &str,
+    bounds: SessionBounds,
+    interval: Duration,
+    setup_bound: Duration,
+) -> Result<Armed, SessionError> {
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
     let check = client_check_ms(interval).to_string();
     let slots: Vec<i64> = (0..WAITING_SLOTS).map(|n| key.waiting_slot(n)).collect();
@@ -199,25 +238,25 @@ pub(super) async fn wait(
             .map(Option::flatten)
     })
     .await?;
-    let slot = match Answer::parse(armed.as_deref()) {
-        Some(Answer::Armed(slot)) if slot < WAITING_SLOTS => slots[usize::from(slot)],
-        Some(Answer::Full) => {
-            borrowed.give_back();
-            return Ok(Attempt::QueueFull);
+    match Answer::parse(armed.as_deref()) {
+        Some(Answer::Armed(slot)) if slot < WAITING_SLOTS => {
+            Ok(Armed::Slot(slots[usize::from(slot)]))
         }
-        Some(Answer::Recovery) => {
-            borrowed.give_back();
-            return Ok(Attempt::InRecovery);
-        }
-        Some(Answer::Marked) => {
-            borrowed.give_back();
-            return Ok(Attempt::SharedSession);
-        }
-        _ => return Err(SessionError::Unexpected(armed)),
-    };
-    // Out of the pool for good: the pool's size does not count it, and no outcome gives it
-    // back. Dropped, it is closed (and the server frees its slot).
-    let client = Object::take(borrowed.keep());
+        Some(Answer::Full) => Ok(Armed::Refused(Attempt::QueueFull)),
+        Some(Answer::Recovery) => Ok(Armed::Refused(Attempt::InRecovery)),
+        Some(Answer::Marked) => Ok(Armed::Refused(Attempt::SharedSession)),
+        _ => Err(SessionError::Unexpected(armed)),
+    }
+}
+
+/// The second statement ([`WAIT`]) on the armed session, out of the pool: waits for the lock
+/// in `slot`, then marks the session and reads its bounds back.
+async fn wait_on(
+    client: deadpool_postgres::ClientWrapper,
+    key: LockKey,
+    mark: String,
+    slot: i64,
+) -> Outcome {
     let marker = key.handover_marker();
     let (marker_class, marker_object) = handover::halves(marker);
     let sent_at = now_ms();

@@ -1,0 +1,158 @@
+//! What stands between a grant and the term: a cooldown, a late grant's check, the epoch
+//! bump with fencing, the settle wait, and the lease the term starts with.
+
+use tokio::time::timeout;
+use tokio_util::sync::CancellationToken;
+
+use super::fence::BumpError;
+use super::loss::Loss;
+use super::repeats::{Repeats, loud_or_debug};
+use super::session::{AppliedBounds, Check, LockSession};
+use super::settings::PgSettings;
+use super::standby::Grant;
+use super::{Held, lease_length, millis};
+use crate::lease::{deadline_after, now_ms};
+use crate::state::Shared;
+
+/// What became of a grant.
+pub(super) enum Start {
+    /// The term began, with this epoch (with fencing).
+    Leading(Option<u64>),
+    /// No term: the lock was given back, or its session closed; the standby goes on.
+    GaveUp,
+    /// Shutdown came before the term began; the lock was given back.
+    Stopped,
+}
+
+/// Starts a term on `grant`, whose session `held` guards from here on (a drop or a panic
+/// closes it, E7), unless something stands in the way.
+pub(super) async fn start_term(
+    shared: &Shared,
+    pg: &PgSettings,
+    shutdown: &CancellationToken,
+    grant: Grant,
+    held: &mut Held<'_>,
+    repeats: &mut Repeats,
+) -> Start {
+    if grant.unbounded {
+        shared.warn_no_idle_session_timeout(pg.key);
+    }
+    held.session = Some(grant.session);
+    // A resign asked while the try was on the wire: its cooldown holds, and no epoch is
+    // bumped for a term that will not start.
+    if shared.cooling_down() {
+        held.give_back().await;
+        return Start::GaveUp;
+    }
+    let Some(session) = held.session.as_deref() else {
+        return Start::GaveUp;
+    };
+    log_bounds(pg, &grant.applied, grant.from_wait, grant.handed_over);
+    let prepared = tokio::select! {
+        biased;
+        () = shutdown.cancelled() => None,
+        prepared = prepare(pg, session, grant.sent_at, repeats) => Some(prepared),
+    };
+    let (held_since, epoch) = match prepared {
+        Some(Ok(ready)) => ready,
+        Some(Err(())) => {
+            held.give_back().await;
+            return Start::GaveUp;
+        }
+        None => {
+            held.give_back().await;
+            return Start::Stopped;
+        }
+    };
+    // A resign asked while the try was on the wire: its cooldown holds.
+    if shared.cooling_down() {
+        held.give_back().await;
+        return Start::GaveUp;
+    }
+    if let Some(until) = grant.settle_until {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => {
+                held.give_back().await;
+                return Start::Stopped;
+            }
+            () = tokio::time::sleep_until(until) => {}
+        }
+    }
+    let deadline = deadline_after(held_since, lease_length(pg.interval));
+    if now_ms() >= deadline {
+        held.close();
+        tracing::warn!(key = %pg.key, "the grant was confirmed after the lease it would start had expired; its session is closed");
+        return Start::GaveUp;
+    }
+    shared.promote(|lease| lease.hold_until(deadline), epoch, pg.fence_target());
+    Start::Leading(epoch)
+}
+
+/// The server's bounds on the granted session, at DEBUG.
+fn log_bounds(pg: &PgSettings, applied: &AppliedBounds, waited: bool, handed_over: bool) {
+    tracing::debug!(
+        key = %pg.key,
+        idle_session_timeout = applied.idle_session_timeout.as_deref().unwrap_or("(none)"),
+        tcp_user_timeout = applied.tcp_user_timeout.as_deref().unwrap_or("(none)"),
+        tcp_keepalives_idle = applied.keepalives_idle.as_deref().unwrap_or("(none)"),
+        tcp_keepalives_interval = applied.keepalives_interval.as_deref().unwrap_or("(none)"),
+        tcp_keepalives_count = applied.keepalives_count.as_deref().unwrap_or("(none)"),
+        waited,
+        handed_over,
+        "lock granted; the server's bounds on the lock session"
+    );
+}
+
+/// A grant that took longer than one interval to answer is checked once more (it would start
+/// a lease that runs out before, or soon after, the first check), and with fencing the epoch
+/// is bumped. Returns when the lock was last seen held (for the lease) and the epoch, or
+/// `Err` when the lock should be given back.
+async fn prepare(
+    pg: &PgSettings,
+    session: &LockSession,
+    granted_at: u64,
+    repeats: &mut Repeats,
+) -> Result<(u64, Option<u64>), ()> {
+    let mut held_since = granted_at;
+    if now_ms().saturating_sub(granted_at) > millis(pg.interval) {
+        let sent_at = now_ms();
+        match session.check(pg.interval).await {
+            Ok(Check::Holds) => held_since = sent_at,
+            other => {
+                tracing::warn!(
+                    key = %pg.key,
+                    cause = %Loss::from_check(other),
+                    "a late grant failed its first check; the lock is given back"
+                );
+                return Err(());
+            }
+        }
+    }
+    let Some(table) = &pg.fencing else {
+        return Ok((held_since, None));
+    };
+    let sent_at = now_ms();
+    // The server gives up the row lock after I (lock_timeout); one more I covers the round trip.
+    let bumped = timeout(
+        2 * pg.interval,
+        table.bump(session.client(), pg.key, &pg.identity, pg.interval),
+    )
+    .await;
+    match bumped {
+        Ok(Ok(epoch)) => Ok((sent_at.max(held_since), Some(epoch))),
+        Ok(Err(e)) => {
+            let loud = repeats.loud("bump");
+            if let BumpError::CannotCreate { .. } = &e {
+                loud_or_debug!(loud, error, key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back");
+            } else {
+                loud_or_debug!(loud, warn, key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back");
+            }
+            Err(())
+        }
+        Err(_) => {
+            tracing::warn!(key = %pg.key, table = table.name(), bound = ?2 * pg.interval, "the fencing epoch bump got no answer in time; the lock is given back");
+            Err(())
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Giving the lock back: the graceful handover at a term's end (drain, then unlock), and the
+//! bounded unlock itself.
+
+use std::time::Duration;
+
+use tokio::time::{Instant, timeout};
+
+use super::handover;
+use super::loss::Loss;
+use super::session::{Check, LockSession};
+use super::settings::{PgSettings, RELEASE_BOUND};
+use crate::metrics::Change;
+use crate::state::Shared;
+use crate::term::TermEnd;
+
+/// A bound too long for the clock: a century stands for "however long".
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Gives the lock up gracefully (shutdown or resign). The term ends first, so that no
+/// instant has two leaders; then the work still running here drains, up to the drain
+/// timeout, while the session keeps being checked; only then the unlock.
+pub(super) async fn hand_over(
+    shared: &Shared,
+    pg: &PgSettings,
+    session: Box<LockSession>,
+    end: TermEnd,
+    change: Change,
+) {
+    shared.demote(end, change);
+    if drain(shared, pg, &session).await {
+        unlock(pg, session, true).await;
+    }
+}
+
+/// Waits for the work still running on this replica, at most the drain timeout; `false` when
+/// the lock was lost meanwhile (there is nothing left to unlock).
+async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool {
+    // A drain timeout too long for the clock waits for the work, however long.
+    let deadline = Instant::now()
+        .checked_add(pg.drain_timeout)
+        .unwrap_or_else(|| Instant::now() + CENTURY);
+    loop {
+        let names = shared.in_flight().names();
+        if names.is_empty() {
+            return true;
+        }
+        tracing::debug!(key = %pg.key, running = ?names, "draining before the lock is given up");
+        tokio::select! {
+            biased;
+            () = shared.in_flight().drained() => return true,
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(
+                    key = %pg.key,
+                    running = ?shared.in_flight().names(),
+                    drain_timeout = ?pg.drain_timeout,
+                    "work still running at the drain timeout; the lock is given up anyway"
+                );
+                return true;
+            }
+            // The session stays checked while the work drains, so that the server's bound on
+            // a silent session never ends it, and a lost lock is seen.
+            () = tokio::time::sleep(pg.interval) => {
+                match session.check(pg.interval).await {
+                    Ok(Check::Holds) => {}
+                    other => {
+                        tracing::warn!(key = %pg.key, cause = %Loss::from_check(other), "the lock was lost while draining");
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Unlocks, bounded, and closes the session; `led` says whether a term was held on it.
+pub(super) async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
+    // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
+    match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
+        Ok(Ok(unlocked)) if unlocked.held => {
+            if led {
+                tracing::info!(key = %pg.key, "leadership released");
+            } else {
+                tracing::debug!(key = %pg.key, "the lock was given back before a term began");
+            }
+            // The session the lock went to looks for its marker right after its grant: this
+            // session, which holds it, stays open a moment. In place, not in a task: a process
+            // that exits after `run` returns would otherwise close it at once.
+            if unlocked.named {
+                tokio::time::sleep(handover::LINGER).await;
+            }
+        }
+        Ok(Ok(_)) => {
+            tracing::warn!(key = %pg.key, "the unlock found the lock not held")
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(key = %pg.key, error = %e, "the unlock failed; closing the session frees the lock")
+        }
+        Err(_) => {
+            tracing::warn!(key = %pg.key, "the unlock timed out; closing the session frees the lock")
+        }
+    }
+    drop(session);
+}

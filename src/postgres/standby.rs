@@ -1,0 +1,249 @@
+//! The standby: tries the lock every tick (and, with fast takeover, keeps a session waiting
+//! for it) until it is granted.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, Interval};
+use tokio_util::sync::CancellationToken;
+
+use super::loss::POOLER;
+use super::repeats::{Repeats, loud_or_debug};
+use super::session::{
+    AppliedBounds, Attempt, Borrower, LockSession, SessionBounds, SessionError, try_acquire,
+};
+use super::settings::PgSettings;
+use super::waiter::{self, WaitSpec, Waiter};
+use crate::state::Shared;
+
+const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
+
+const SHARED_TRY: &str = "this try ran on a server session that another elector holds the lock on; this replica stays standby";
+
+/// The least time a standby's try query is given. A try that times out costs a backend: its
+/// connection must be closed, since the lock may have been granted unseen. So a standby with
+/// a very short interval does not give up on a merely slow answer; this is far above any
+/// healthy round trip, and the try still waits at most I for a pool connection.
+const MIN_TRY_BOUND: Duration = Duration::from_secs(1);
+
+/// How long a term whose lock was not handed over gracefully waits before it starts, counted
+/// from the grant. Such a lock was freed by a session that ended: its leader may be alive and
+/// not know yet (`pg_terminate_backend`, a proxy reset), and a leader notices its closed
+/// connection within [`WATCH_POLL`](super::session::WATCH_POLL) in either mode; this gives it five times that to step down
+/// first, so that no instant has two leaders, whether the new leader was granted the lock by its
+/// waiting session at once or by a try that happened to land right after the session ended.
+/// A lock handed over by a graceful unlock needs no wait: that leader stepped down before it
+/// unlocked (see [`handover`](super::handover)).
+pub(super) const SETTLE: Duration = Duration::from_millis(5);
+
+/// A granted try.
+pub(super) struct Grant {
+    pub(super) session: Box<LockSession>,
+    /// When the try was sent ([`now_ms`](crate::lease::now_ms)).
+    pub(super) sent_at: u64,
+    /// The server has no `idle_session_timeout`.
+    pub(super) unbounded: bool,
+    pub(super) applied: AppliedBounds,
+    /// A grant that was not handed over gracefully: the term starts no earlier than this.
+    pub(super) settle_until: Option<Instant>,
+    /// The grant came from a graceful unlock.
+    pub(super) handed_over: bool,
+    /// The grant came to the waiting session.
+    pub(super) from_wait: bool,
+}
+
+/// What a standby runs with, for as long as `run` runs.
+pub(super) struct Standby<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) pg: &'a PgSettings,
+    pub(super) bounds: SessionBounds,
+    pub(super) shutdown: &'a CancellationToken,
+    pub(super) borrower: Borrower,
+}
+
+/// The standby's failures, for [`Repeats`]: the tries', and the waiting session's apart (a
+/// refused try clears the tries' record, and would make a waiting session's failure loud
+/// every interval).
+#[derive(Default)]
+struct Records {
+    tries: Repeats,
+    wait: Repeats,
+}
+
+/// The waiting session of fast takeover, and what starts one.
+struct Waiting {
+    spec: Option<WaitSpec>,
+    waiter: Option<Waiter>,
+}
+
+impl Waiting {
+    /// The outcome of the waiting session, if there is one; pending forever otherwise.
+    async fn outcome(&mut self) -> waiter::Outcome {
+        match &mut self.waiter {
+            Some(waiter) => waiter.outcome().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// After a try that the lock refused: a waiting session, unless one waits already.
+    fn start_after(&mut self, attempt: &Result<Attempt, SessionError>) {
+        if let (Ok(Attempt::Refused), Some(spec), None) = (attempt, &self.spec, &self.waiter) {
+            self.waiter = Some(Waiter::start(spec));
+        }
+    }
+}
+
+impl Standby<'_> {
+    /// Tries the lock every tick until it is granted (`Some`) or shutdown comes (`None`).
+    /// During a resign's cooldown it does not try; a resign asked of a standby is answered at
+    /// once.
+    ///
+    /// With fast takeover, a try refused because another session holds the lock also starts a
+    /// waiting session, unless one is waiting already; the tries go on every tick all the same,
+    /// so a waiting session that breaks only leaves the standby trying as without it until the
+    /// next refused try starts another. Whichever is granted first wins; the other is closed.
+    pub(super) async fn wait_for_grant(
+        &mut self,
+        ticks: &mut Interval,
+        resigns: &mut watch::Receiver<u64>,
+    ) -> Option<Grant> {
+        let pg = self.pg;
+        let mut waiting = Waiting {
+            spec: pg.fast_takeover.then(|| WaitSpec {
+                pool: pg.pool.clone(),
+                key: pg.key,
+                identity: pg.identity.clone(),
+                bounds: self.bounds,
+                interval: pg.interval,
+                setup_bound: pg.interval.max(MIN_TRY_BOUND),
+            }),
+            waiter: None,
+        };
+        let mut records = Records::default();
+        // With fast takeover the first try is at once, not at the next tick: a replica that has
+        // just stopped leading gets its waiting session within a round trip rather than within
+        // I, so that a second failover soon after the first still finds a session waiting.
+        let mut try_now = waiting.spec.is_some();
+        loop {
+            let waited = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return None,
+                () = std::future::ready(()), if std::mem::take(&mut try_now) => None,
+                Ok(()) = resigns.changed() => {
+                    // No session may wait for the lock during the cooldown the resign set.
+                    waiting.waiter = None;
+                    self.borrower.let_go();
+                    self.shared.resign_handled();
+                    continue;
+                }
+                outcome = waiting.outcome() => Some(outcome),
+                _ = ticks.tick() => None,
+            };
+            let (attempt, from_wait) = match waited {
+                Some(outcome) => {
+                    waiting.waiter = None;
+                    (outcome, true)
+                }
+                None if self.shared.cooling_down() => {
+                    // No session may wait for the lock while this replica stays away from it,
+                    // and no borrow of an earlier try may hold a pool connection meanwhile.
+                    waiting.waiter = None;
+                    self.borrower.let_go();
+                    continue;
+                }
+                None => self.try_once(&mut waiting).await?,
+            };
+            match attempt {
+                Ok(Attempt::Granted {
+                    session,
+                    sent_at,
+                    unbounded,
+                    applied,
+                    handed_over,
+                }) => {
+                    // The waiting session, if the try won, is closed with the waiter; a borrow
+                    // of a try that the waiting session beat gives its connection back.
+                    self.borrower.let_go();
+                    return Some(Grant {
+                        session,
+                        sent_at,
+                        unbounded,
+                        applied,
+                        // A graceful unlock came after the old leader stepped down: no wait.
+                        settle_until: (!handed_over).then(|| Instant::now() + SETTLE),
+                        from_wait,
+                        handed_over,
+                    });
+                }
+                other => self.report(other, from_wait, &mut records),
+            }
+        }
+    }
+
+    /// One try, unless the waiting session is granted first; `None` at shutdown. Says whether
+    /// the outcome is the waiting session's.
+    async fn try_once(
+        &mut self,
+        waiting: &mut Waiting,
+    ) -> Option<(Result<Attempt, SessionError>, bool)> {
+        let pg = self.pg;
+        let tried = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return None,
+            // A grant to the waiting session while the try is under way: the try, which the
+            // lock now refuses, is dropped (its connection closed).
+            outcome = waiting.outcome() => {
+                waiting.waiter = None;
+                return Some((outcome, true));
+            }
+            attempt = try_acquire(
+                &mut self.borrower,
+                pg.key,
+                &pg.identity,
+                &self.bounds,
+                pg.interval,
+                pg.interval.max(MIN_TRY_BOUND),
+            ) => attempt,
+        };
+        waiting.start_after(&tried);
+        Some((tried, false))
+    }
+
+    /// Logs an attempt that was not granted; a repeated failure at DEBUG in between.
+    fn report(
+        &self,
+        attempt: Result<Attempt, SessionError>,
+        from_wait: bool,
+        records: &mut Records,
+    ) {
+        let key = self.pg.key;
+        let repeats = &mut records.tries;
+        match attempt {
+            Ok(Attempt::Granted { .. }) => {}
+            Ok(Attempt::Refused) => {
+                repeats.clear();
+                tracing::trace!(key = %key, "lock held by another session")
+            }
+            Ok(Attempt::QueueFull) => {
+                tracing::trace!(key = %key, "every waiting slot is taken; this standby only tries")
+            }
+            Ok(Attempt::InRecovery) => {
+                loud_or_debug!(repeats.loud("recovery"), error, key = %key, "{RECOVERY}")
+            }
+            Ok(Attempt::SharedSession) => {
+                loud_or_debug!(repeats.loud("pooler"), error, key = %key, "{POOLER}: {SHARED_TRY}")
+            }
+            // A waiting session that could not get a pool connection: the tries, which use the
+            // same pool, say so at their level.
+            Err(e @ SessionError::PoolTimeout(_)) if from_wait => {
+                tracing::debug!(key = %key, error = %e, "no pool connection for a waiting session; this standby only tries meanwhile")
+            }
+            Err(e) if from_wait => {
+                loud_or_debug!(records.wait.loud("wait"), warn, key = %key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
+            }
+            Err(e) => {
+                loud_or_debug!(repeats.loud("acquire"), warn, key = %key, error = %e, "acquire lock connection")
+            }
+        }
+    }
+}
