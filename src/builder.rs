@@ -203,9 +203,7 @@ impl ElectorBuilder {
         if interval > MAX_CHECK_INTERVAL {
             return Err(Error::IntervalTooLarge { interval });
         }
-        let metrics =
-            self.metrics
-                .register(&format!("{}:{}", self.key.class(), self.key.object()))?;
+        let metrics = self.metrics.register(&self.key.to_string())?;
         let identity = self.identity.unwrap_or_else(default_identity);
         if identity.contains('\0') {
             return Err(Error::InvalidIdentity { identity });
@@ -233,6 +231,13 @@ impl ElectorBuilder {
 }
 
 /// Configures a local elector; made by [`Elector::local_builder`].
+///
+/// A registry that refuses the gauge (a clash with a metric of the same name) is handled one
+/// way by every local elector: [`always_leader`](Self::always_leader) and
+/// [`manual`](Self::manual) log it at ERROR and build the elector without metrics, as
+/// [`Elector::always_leader`] and [`Elector::manual`] do, since a test or a one-process
+/// deployment should not stop over a gauge; [`try_always_leader`](Self::try_always_leader) and
+/// [`try_manual`](Self::try_manual) return the error instead.
 #[must_use = "a builder does nothing until it builds"]
 #[derive(Debug, Default)]
 pub struct LocalBuilder {
@@ -280,12 +285,30 @@ impl LocalBuilder {
     }
 
     /// A standby elector with a [`ManualControl`]; see [`Elector::manual`].
+    ///
+    /// # Panics
+    ///
+    /// Never; use [`try_manual`](Self::try_manual) to see a registry's refusal, which this
+    /// method logs and ignores (the elector then has no metrics).
     pub fn manual(self) -> (Elector, ManualControl) {
         let elector = self.build_or_log(LocalKind::Manual);
         let control = ManualControl {
             elector: elector.clone(),
         };
         (elector, control)
+    }
+
+    /// Like [`manual`](Self::manual), with the registry's refusal as an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    pub fn try_manual(self) -> Result<(Elector, ManualControl), Error> {
+        let elector = self.build(LocalKind::Manual)?;
+        let control = ManualControl {
+            elector: elector.clone(),
+        };
+        Ok((elector, control))
     }
 
     fn build(self, kind: LocalKind) -> Result<Elector, Error> {

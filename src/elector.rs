@@ -325,9 +325,7 @@ impl Elector {
     pub async fn resign(&self, cooldown: Duration) -> bool {
         let now = tokio::time::Instant::now();
         // A cooldown too long for the clock ("never again") is a century.
-        let until = now
-            .checked_add(cooldown)
-            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let until = crate::lease::instant_after(now, cooldown);
         self.shared.cool_down_until(until);
         let was_leader = self.is_leader();
         match &*self.mode {

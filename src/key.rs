@@ -165,9 +165,15 @@ const HANDOVER_GRANTEE_MASK: u32 = 0x7067_686f;
 /// See [`LockKey::waiting_slot`]: `pg_waits` as bytes.
 const WAITING_SLOT_MASK: u64 = 0x7067_5f77_6169_7473;
 
+/// `class:object`, as the logs, the metrics' `key` label and a schedule's default namespace
+/// all write the key.
+///
+/// ```
+/// assert_eq!(pg_elector::LockKey::new(7, -1).to_string(), "7:-1");
+/// ```
 impl std::fmt::Display for LockKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "({}, {})", self.class, self.object)
+        write!(f, "{}:{}", self.class, self.object)
     }
 }
 

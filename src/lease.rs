@@ -48,6 +48,16 @@ impl Lease {
     }
 }
 
+/// The stand-in for "however long": a bound or a cooldown too long for the clock is a
+/// century, which no process outlives.
+pub(crate) const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The tokio instant `after` from `now`, or a century from it when that is past the clock's
+/// range (`Duration::MAX`: "wait however long").
+pub(crate) fn instant_after(now: tokio::time::Instant, after: Duration) -> tokio::time::Instant {
+    now.checked_add(after).unwrap_or(now + CENTURY)
+}
+
 /// The deadline `after` from `start` (a reading of [`now_ms`]).
 pub(crate) fn deadline_after(start: u64, after: Duration) -> u64 {
     start.saturating_add(after.as_millis().try_into().unwrap_or(u64::MAX))

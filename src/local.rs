@@ -253,4 +253,25 @@ mod tests {
         );
         drop(again);
     }
+
+    #[test]
+    fn a_refused_gauge_is_an_error_of_the_try_forms_and_no_metrics_otherwise() {
+        let registry = Registry::new();
+        let taken = prometheus::IntCounter::new("pg_elector_leader", "not ours").unwrap();
+        registry.register(Box::new(taken)).unwrap();
+        let builder = || Elector::local_builder().registry(&registry);
+        assert!(matches!(
+            builder().try_always_leader(),
+            Err(Error::MetricClash { .. })
+        ));
+        assert!(matches!(
+            builder().try_manual(),
+            Err(Error::MetricClash { .. })
+        ));
+        let leader = builder().always_leader();
+        let (standby, control) = builder().manual();
+        assert!(leader.is_leader() && !standby.is_leader());
+        control.promote();
+        assert!(standby.is_leader(), "built without metrics, and working");
+    }
 }

@@ -1,20 +1,16 @@
 //! Giving the lock back: the graceful handover at a term's end (drain, then unlock), and the
 //! bounded unlock itself.
 
-use std::time::Duration;
-
 use tokio::time::{Instant, timeout};
 
 use super::handover;
 use super::loss::Loss;
 use super::session::{Check, LockSession};
 use super::settings::{PgSettings, RELEASE_BOUND};
+use crate::lease::instant_after;
 use crate::metrics::Change;
 use crate::state::Shared;
 use crate::term::TermEnd;
-
-/// A bound too long for the clock: a century stands for "however long".
-const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Gives the lock up gracefully (shutdown or resign). The term ends first, so that no
 /// instant has two leaders; then the work still running here drains, up to the drain
@@ -36,9 +32,7 @@ pub(super) async fn hand_over(
 /// the lock was lost meanwhile (there is nothing left to unlock).
 async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool {
     // A drain timeout too long for the clock waits for the work, however long.
-    let deadline = Instant::now()
-        .checked_add(pg.drain_timeout)
-        .unwrap_or_else(|| Instant::now() + CENTURY);
+    let deadline = instant_after(Instant::now(), pg.drain_timeout);
     loop {
         let names = shared.in_flight().names();
         if names.is_empty() {
