@@ -15,82 +15,123 @@ fn pool() -> Pool {
         .unwrap()
 }
 
-#[test]
-fn e17_an_interval_whose_four_times_overflows_idle_session_timeout_is_rejected() {
-    // 4 × 536 870 912 ms = 2^31 ms, one more than idle_session_timeout's maximum.
-    let interval = Duration::from_millis(536_870_912);
-    match Elector::builder(pool(), KEY)
-        .check_interval(interval)
-        .build()
-    {
-        Err(Error::IntervalTooLarge { interval: got }) => assert_eq!(got, interval),
-        other => panic!("expected IntervalTooLarge, got {other:?}"),
+mod e17 {
+    use super::*;
+
+    /// An interval whose four times overflows `idle_session_timeout` is rejected.
+    #[test]
+    fn an_interval_overflowing_idle_session_timeout_is_rejected() {
+        // 4 × 536 870 912 ms = 2^31 ms, one more than idle_session_timeout's maximum.
+        let interval = Duration::from_millis(536_870_912);
+        match Elector::builder(pool(), KEY)
+            .check_interval(interval)
+            .build()
+        {
+            Err(Error::IntervalTooLarge { interval: got }) => assert_eq!(got, interval),
+            other => panic!("expected IntervalTooLarge, got {other:?}"),
+        }
+        let err = Elector::builder(pool(), KEY)
+            .check_interval(Duration::from_secs(u64::MAX))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("idle_session_timeout"), "{err}");
     }
-    let err = Elector::builder(pool(), KEY)
-        .check_interval(Duration::from_secs(u64::MAX))
-        .build()
-        .unwrap_err();
-    assert!(err.to_string().contains("idle_session_timeout"), "{err}");
-}
 
-#[test]
-fn e17_the_largest_interval_that_fits_is_accepted() {
-    assert_eq!(MAX_CHECK_INTERVAL, Duration::from_millis(536_870_911));
-    let elector = Elector::builder(pool(), KEY)
-        .check_interval(MAX_CHECK_INTERVAL)
-        .build()
-        .unwrap();
-    assert_eq!(elector.check_interval(), Some(MAX_CHECK_INTERVAL));
-}
+    #[test]
+    fn the_largest_interval_that_fits_is_accepted() {
+        assert_eq!(MAX_CHECK_INTERVAL, Duration::from_millis(536_870_911));
+        let elector = Elector::builder(pool(), KEY)
+            .check_interval(MAX_CHECK_INTERVAL)
+            .build()
+            .unwrap();
+        assert_eq!(elector.check_interval(), Some(MAX_CHECK_INTERVAL));
+    }
 
-#[test]
-fn e17_zero_means_the_default_interval() {
-    let elector = Elector::builder(pool(), KEY)
-        .check_interval(Duration::ZERO)
-        .build()
-        .unwrap();
-    assert_eq!(elector.check_interval(), Some(DEFAULT_CHECK_INTERVAL));
-    assert_eq!(DEFAULT_CHECK_INTERVAL, Duration::from_secs(5));
-    let elector = Elector::builder(pool(), KEY).build().unwrap();
-    assert_eq!(elector.check_interval(), Some(Duration::from_secs(5)));
-}
+    #[test]
+    fn zero_means_the_default_interval() {
+        let elector = Elector::builder(pool(), KEY)
+            .check_interval(Duration::ZERO)
+            .build()
+            .unwrap();
+        assert_eq!(elector.check_interval(), Some(DEFAULT_CHECK_INTERVAL));
+        assert_eq!(DEFAULT_CHECK_INTERVAL, Duration::from_secs(5));
+        let elector = Elector::builder(pool(), KEY).build().unwrap();
+        assert_eq!(elector.check_interval(), Some(Duration::from_secs(5)));
+    }
 
-#[test]
-fn e17_an_interval_below_ten_milliseconds_is_rejected() {
-    match Elector::builder(pool(), KEY)
-        .check_interval(Duration::from_micros(9_999))
-        .build()
-    {
-        Err(Error::IntervalTooSmall { .. }) => {}
-        other => panic!("expected IntervalTooSmall, got {other:?}"),
+    #[test]
+    fn an_interval_below_ten_milliseconds_is_rejected() {
+        match Elector::builder(pool(), KEY)
+            .check_interval(Duration::from_micros(9_999))
+            .build()
+        {
+            Err(Error::IntervalTooSmall { .. }) => {}
+            other => panic!("expected IntervalTooSmall, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_metric_name_taken_by_another_collector_type_is_rejected() {
+        let registry = prometheus::Registry::new();
+        let counter = prometheus::IntCounter::new("pg_elector_leader", "a counter").unwrap();
+        registry.register(Box::new(counter)).unwrap();
+        match Elector::builder(pool(), KEY).registry(&registry).build() {
+            Err(Error::MetricClash { name }) => assert_eq!(name, "pg_elector_leader"),
+            other => panic!("expected MetricClash, got {other:?}"),
+        }
+        // Under another name it is fine.
+        Elector::builder(pool(), KEY)
+            .registry(&registry)
+            .gauge_name("sweeper_leader")
+            .build()
+            .unwrap();
     }
 }
 
 #[test]
-fn e17_a_metric_name_taken_by_another_collector_type_is_rejected() {
-    let registry = prometheus::Registry::new();
-    let counter = prometheus::IntCounter::new("pg_elector_leader", "a counter").unwrap();
-    registry.register(Box::new(counter)).unwrap();
-    match Elector::builder(pool(), KEY).registry(&registry).build() {
-        Err(Error::MetricClash { name }) => assert_eq!(name, "pg_elector_leader"),
-        other => panic!("expected MetricClash, got {other:?}"),
-    }
-    // Under another name it is fine.
-    Elector::builder(pool(), KEY)
-        .registry(&registry)
-        .gauge_name("sweeper_leader")
-        .build()
-        .unwrap();
-}
+fn every_public_type_is_send_and_sync() {
+    use pg_elector::background::*;
+    use pg_elector::schedule::*;
+    use pg_elector::*;
 
-#[test]
-fn public_handles_are_send_sync_clone_and_static() {
     fn check<T: Send + Sync + Clone + 'static>() {}
     check::<Elector>();
-    check::<pg_elector::Term>();
+    check::<Term>();
     check::<LockKey>();
+    check::<ManualControl>();
+    check::<LeaderInfo>();
+    check::<Leadership>();
+    check::<LossCause>();
+    check::<TermEnd>();
+    check::<Gate>();
+    check::<LeaderTicker>();
+    check::<WhileLeader>();
+    check::<Probe>();
+    check::<ProbeStatus>();
+    check::<TickOutcome>();
+    check::<Readiness>();
+    check::<ReadinessReport>();
+    check::<FailingProbe>();
+    check::<RestartPolicy>();
+    check::<ScheduleHandle>();
+    check::<Job>();
+    check::<JobRun>();
+    check::<CatchUp>();
+    check::<RunKind>();
+    check::<LostState>();
+    check::<SkipReason>();
+    // Not Clone: the builders, a schedule before it runs, the errors.
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<ElectorBuilder>();
+    send_sync::<LocalBuilder>();
+    send_sync::<Schedule>();
+    // The supervisor holds its workers' `FnMut`s: Send, moved into its task, not Sync.
+    fn send<T: Send + 'static>() {}
+    send::<Supervisor>();
     fn error<T: std::error::Error + Send + Sync + 'static>() {}
     error::<Error>();
+    error::<Fenced>();
+    error::<ScheduleError>();
 }
 
 /// Every duration a user hands the elector and the background plane, at its extremes, is an

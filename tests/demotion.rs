@@ -7,85 +7,92 @@ use std::time::{Duration, Instant};
 use common::*;
 use pg_elector::{LockKey, TermEnd};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e5_a_terminated_lock_session_demotes_within_two_intervals_and_another_leads() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(5, 1);
-    let (a, a_metrics) = replica_with_gauge(db.pool(2), key);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
-    let (b, _) = replica_with_gauge(db.pool(2), key);
-    let term = a.elector.term();
-    assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(1));
+mod e5 {
+    use super::*;
 
-    let admin = db.connect().await.unwrap();
-    let pid = holders(&admin, key).await[0];
-    let killed = Instant::now();
-    admin
-        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap();
+    /// A terminated lock session demotes the leader within two intervals, and another leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminated_session_demotes_within_two_intervals() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(5, 1);
+        let (a, a_metrics) = replica_with_gauge(db.pool(2), key);
+        wait_for(3 * I, || a.elector.is_leader())
+            .await
+            .expect("a leads");
+        let (b, _) = replica_with_gauge(db.pool(2), key);
+        let term = a.elector.term();
+        assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(1));
 
-    let demoted = wait_for(2 * I + I / 2, || !a.elector.is_leader())
-        .await
-        .expect("demoted within 2·I");
-    assert_eq!(term_end(&term).await, Some(TermEnd::LeadershipLost));
-    assert!(term.token().is_cancelled());
-    assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(0));
-    wait_for(2 * I, || a.elector.is_leader() || b.elector.is_leader())
-        .await
-        .expect("another term starts within one I of the demotion, plus slack");
-    eprintln!(
-        "terminate: demoted after {demoted:?}, new leader {:?} after the kill",
-        killed.elapsed()
-    );
-    a.stop().await.unwrap();
-    b.stop().await.unwrap();
-}
+        let admin = db.connect().await.unwrap();
+        let pid = holders(&admin, key).await[0];
+        let killed = Instant::now();
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e5_a_blackholed_leader_demotes_within_two_intervals_and_another_leads() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(5, 2);
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
-    let (a, a_metrics) = replica_with_gauge(db.pool_via(proxy.addr(), 2), key);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
-    let (b, _) = replica_with_gauge(db.pool(2), key);
-    let term = a.elector.term();
-
-    let cut = Instant::now();
-    proxy.blackhole();
-    let demoted = wait_for(2 * I + I / 2, || !a.elector.is_leader())
-        .await
-        .expect("demoted within 2·I: the check is bounded by I");
-    assert_eq!(term_end(&term).await, Some(TermEnd::LeadershipLost));
-    assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(0));
-    if !has_idle_session_timeout(&db).await {
-        tokio::time::sleep(6 * I).await;
-        assert!(!b.elector.is_leader() && !a.elector.is_leader());
-        return;
+        let demoted = wait_for(2 * I + I / 2, || !a.elector.is_leader())
+            .await
+            .expect("demoted within 2·I");
+        assert_eq!(term_end(&term).await, Some(TermEnd::LeadershipLost));
+        assert!(term.token().is_cancelled());
+        assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(0));
+        wait_for(2 * I, || a.elector.is_leader() || b.elector.is_leader())
+            .await
+            .expect("another term starts within one I of the demotion, plus slack");
+        eprintln!(
+            "terminate: demoted after {demoted:?}, new leader {:?} after the kill",
+            killed.elapsed()
+        );
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
     }
-    // The server frees the lock once the session has been silent for 4·I (E13).
-    wait_for(5 * I + I / 2, || b.elector.is_leader())
-        .await
-        .expect("the standby leads within 5·I of the partition");
-    eprintln!(
-        "blackhole: demoted after {demoted:?}, new leader after {:?}",
-        cut.elapsed()
-    );
-    a.stop().await.unwrap();
-    b.stop().await.unwrap();
+
+    /// A blackholed leader demotes within two intervals, and another leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_blackholed_leader_demotes_within_two_intervals() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(5, 2);
+        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+            .await
+            .unwrap();
+        let (a, a_metrics) = replica_with_gauge(db.pool_via(proxy.addr(), 2), key);
+        wait_for(3 * I, || a.elector.is_leader())
+            .await
+            .expect("a leads");
+        let (b, _) = replica_with_gauge(db.pool(2), key);
+        let term = a.elector.term();
+
+        let cut = Instant::now();
+        proxy.blackhole();
+        let demoted = wait_for(2 * I + I / 2, || !a.elector.is_leader())
+            .await
+            .expect("demoted within 2·I: the check is bounded by I");
+        assert_eq!(term_end(&term).await, Some(TermEnd::LeadershipLost));
+        assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(0));
+        if !has_idle_session_timeout(&db).await {
+            tokio::time::sleep(6 * I).await;
+            assert!(!b.elector.is_leader() && !a.elector.is_leader());
+            return;
+        }
+        // The server frees the lock once the session has been silent for 4·I (E13).
+        wait_for(5 * I + I / 2, || b.elector.is_leader())
+            .await
+            .expect("the standby leads within 5·I of the partition");
+        eprintln!(
+            "blackhole: demoted after {demoted:?}, new leader after {:?}",
+            cut.elapsed()
+        );
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+    }
 }
 
+/// The server ends a silent lock session after four intervals, and never do two replicas lead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e13_the_server_ends_a_silent_lock_session_after_four_intervals_and_never_two_lead() {
+async fn e13_a_silent_session_ends_after_four_intervals() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(13, 1);

@@ -15,9 +15,9 @@ use pg_elector::background::{LeaderTicker, Supervisor, WhileLeader};
 use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
 
+/// A tick still writing 300 ms into the shutdown lands before the next leader's first write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_next_leaders_first_write()
- {
+async fn a_tick_writing_300_ms_into_the_shutdown_lands_first() {
     let _serial = serial();
     let db = fresh_db().await;
     writes_table(&db).await;
@@ -63,9 +63,10 @@ async fn drain_a_tick_still_writing_300_ms_into_the_shutdown_lands_before_the_ne
     b.stop().await.unwrap();
 }
 
+/// A while-leader loop finishing in its stop grace holds the unlock, and writes before the next
+/// leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_a_while_leader_loop_finishing_in_its_stop_grace_holds_the_unlock_and_writes_before_the_next_leader()
- {
+async fn a_loop_finishing_in_its_stop_grace_holds_the_unlock() {
     let _serial = serial();
     let db = fresh_db().await;
     writes_table(&db).await;
@@ -148,8 +149,9 @@ async fn captured_leader(db: &TestDb, key: LockKey, drain: Option<Duration>) -> 
     (replica, capture)
 }
 
+/// Work still running at the limit is named, and the lock is given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_work_still_running_at_the_limit_is_named_and_the_lock_is_given_up() {
+async fn work_running_at_the_limit_is_named_and_the_lock_given_up() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0xd7, 2);
@@ -223,7 +225,7 @@ async fn drain_timeout_defaults_to_one_check_interval() {
     // The drain (I), then one unlock round trip: a whole interval is ample for that query.
     assert!(
         took >= I && took < 2 * I,
-        "run returned {took:?} after the shutdown began"
+        "run returned {took:?} after the shutdown began; the default drain is one interval, {I:?}"
     );
     let admin = db.connect().await.unwrap();
     assert!(holders(&admin, key).await.is_empty(), "unlocked");
@@ -321,8 +323,9 @@ async fn supervised_handover(
     b_run.await.unwrap();
 }
 
+/// A supervised tick in flight at shutdown lands before the next leader's first write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_a_supervised_tick_in_flight_at_shutdown_lands_before_the_next_leaders_first_write() {
+async fn a_supervised_tick_in_flight_at_shutdown_lands_first() {
     supervised_handover(LockKey::new(0xd7, 10), |supervisor, a, pool, started| {
         let sweep = LeaderTicker::new("sweep", a, I);
         supervisor.ticker(sweep, move |_term| {
@@ -337,9 +340,10 @@ async fn drain_a_supervised_tick_in_flight_at_shutdown_lands_before_the_next_lea
     .await;
 }
 
+/// A supervised while-leader loop mid-statement at shutdown lands before the next leader's first
+/// write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_a_supervised_while_leader_loop_mid_statement_at_shutdown_lands_before_the_next_leaders_first_write()
- {
+async fn a_supervised_loop_mid_statement_at_shutdown_lands_first() {
     supervised_handover(LockKey::new(0xd7, 11), |supervisor, a, pool, started| {
         let writer = WhileLeader::new("writer", a);
         supervisor.while_leader(writer, move |term| {

@@ -92,8 +92,9 @@ async fn a_subscriber_sees_each_promotion_and_demotion_with_its_cause() {
     );
 }
 
+/// With fencing, the epoch gauge and the subscription carry the term's epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_fencing_the_epoch_gauge_and_the_subscription_carry_the_terms_epoch() {
+async fn the_epoch_gauge_and_the_watch_carry_the_terms_epoch() {
     let _serial = serial();
     let db = fresh_db().await;
     let registry = Registry::new();
@@ -128,8 +129,9 @@ fn checks(registry: &Registry) -> u64 {
         .map_or(0, |f| f.get_metric()[0].get_histogram().get_sample_count())
 }
 
+/// A session the server terminates is lost as a closed connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_the_server_terminates_is_lost_as_a_closed_connection() {
+async fn a_terminated_session_is_lost_as_a_closed_connection() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(11, 32);

@@ -81,8 +81,9 @@ async fn leads(replica: &Replica) {
         .expect("the replica leads within 3·I");
 }
 
+/// In `pg_stat_activity` the lock session is named by the identity given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lock_session_is_named_by_the_identity_given_in_pg_stat_activity() {
+async fn the_lock_session_is_named_by_the_identity_given() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 1);
@@ -97,7 +98,7 @@ async fn the_lock_session_is_named_by_the_identity_given_in_pg_stat_activity() {
 
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_an_identity_the_lock_session_is_named_hostname_dash_pid() {
+async fn without_an_identity_the_session_is_named_hostname_dash_pid() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 2);
@@ -117,8 +118,9 @@ async fn without_an_identity_the_lock_session_is_named_hostname_dash_pid() {
     replica.stop().await.unwrap();
 }
 
+/// `current_leader` names the holder, then the next leader after a handover, then nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn current_leader_names_the_holder_then_the_next_leader_after_a_handover_then_nobody() {
+async fn current_leader_names_the_holder_its_successor_then_nobody() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 3);
@@ -179,7 +181,7 @@ async fn current_leader_names_the_holder_then_the_next_leader_after_a_handover_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_fencing_current_leader_reports_the_leaders_epoch_and_since() {
+async fn with_fencing_current_leader_reports_epoch_and_since() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 4);
@@ -239,8 +241,9 @@ async fn with_fencing_current_leader_reports_the_leaders_epoch_and_since() {
     second.stop().await.unwrap();
 }
 
+/// An identity longer than 63 bytes still leads, and shows its 63-byte prefix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_identity_longer_than_63_bytes_still_leads_and_shows_its_63_byte_prefix() {
+async fn an_identity_over_63_bytes_leads_and_shows_its_prefix() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 5);
@@ -334,8 +337,9 @@ where
     }
 }
 
+/// The election's log lines carry key and identity, and a term's lines its epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_elections_log_lines_carry_key_and_identity_and_a_terms_lines_its_epoch() {
+async fn log_lines_carry_key_and_identity_and_a_terms_its_epoch() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 6);
@@ -421,8 +425,7 @@ async fn the_elections_log_lines_carry_key_and_identity_and_a_terms_lines_its_ep
 /// (the call reads it, and fails without the right), and `pg_read_all_stats` for the
 /// leader's address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg_read_all_stats_for_the_address()
- {
+async fn what_current_leader_needs_from_another_role() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 7);
@@ -485,7 +488,7 @@ async fn current_leader_from_another_role_needs_select_on_the_epoch_table_and_pg
 /// connection, one for the answer) instead of hanging, and the connection it gave up on is not
 /// given back to the pool (the next call opens a new one once the network is back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn current_leader_behind_a_partition_fails_within_two_intervals_and_works_again_after() {
+async fn current_leader_fails_within_two_intervals_in_a_partition() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x1d, 9);
@@ -508,7 +511,10 @@ async fn current_leader_behind_a_partition_fails_within_two_intervals_and_works_
         matches!(outcome, Err(pg_elector::Error::Timeout(bound)) if bound == I),
         "{outcome:?}"
     );
-    assert!(took < 2 * I + I / 2, "failed after {took:?}");
+    assert!(
+        took < 2 * I + I / 2,
+        "failed after {took:?}; bound about two intervals (2·I + I/2)"
+    );
     proxy.pass();
     let after = watcher.current_leader().await.unwrap().expect("a leader");
     assert_eq!(after.pid, before.pid);

@@ -179,21 +179,25 @@ async fn terminates_under_a_live_leader(fast: [bool; 2], runs: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e15_poll_to_poll_a_terminated_session_never_gives_two_leaders() {
-    terminates_under_a_live_leader([false, false], RUNS).await;
-}
+mod e15 {
+    use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e15_fast_to_fast_a_terminated_session_never_gives_two_leaders() {
-    terminates_under_a_live_leader([true, true], RUNS).await;
-}
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn poll_to_poll_a_terminated_session_never_gives_two_leaders() {
+        terminates_under_a_live_leader([false, false], RUNS).await;
+    }
 
-/// A mixed pair: RUNS terminates of a poll leader with a fast standby, and RUNS of a fast
-/// leader with a poll standby.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e15_poll_and_fast_mixed_a_terminated_session_never_gives_two_leaders() {
-    terminates_under_a_live_leader([false, true], 2 * RUNS).await;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fast_to_fast_a_terminated_session_never_gives_two_leaders() {
+        terminates_under_a_live_leader([true, true], RUNS).await;
+    }
+
+    /// A mixed pair: RUNS terminates of a poll leader with a fast standby, and RUNS of a fast
+    /// leader with a poll standby.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mixed_modes_a_terminated_session_never_gives_two_leaders() {
+        terminates_under_a_live_leader([false, true], 2 * RUNS).await;
+    }
 }
 
 /// The handover marker counts only for the grant the graceful unlock made. A leader hands over
@@ -202,7 +206,7 @@ async fn e15_poll_and_fast_mixed_a_terminated_session_never_gives_two_leaders() 
 /// not take that for a graceful handover: it waits before its term starts, and no instant has
 /// two leaders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1_a_terminate_right_after_a_graceful_handover_is_not_taken_for_one() {
+async fn f1_a_terminate_just_after_a_handover_is_not_taken_for_one() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x22, 0x9);

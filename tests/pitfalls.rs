@@ -20,8 +20,9 @@ async fn one_blackholed_connection(db: &TestDb) -> (FaultProxy, deadpool_postgre
     (proxy, pool)
 }
 
+/// A try cut off by shutdown closes its connection instead of returning it to the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pitfall_a_try_cut_off_by_shutdown_closes_its_connection_instead_of_returning_it() {
+async fn a_try_cut_off_by_shutdown_is_closed_not_returned() {
     let _serial = serial();
     let db = fresh_db().await;
     let (_proxy, pool) = one_blackholed_connection(&db).await;
@@ -32,8 +33,9 @@ async fn pitfall_a_try_cut_off_by_shutdown_closes_its_connection_instead_of_retu
     assert_eq!(pool.status().size, 0, "{:?}", pool.status());
 }
 
+/// A timed-out try closes its connection, and the next try uses a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pitfall_a_timed_out_try_closes_its_connection_and_the_next_try_uses_a_fresh_one() {
+async fn a_timed_out_try_is_closed_and_the_next_uses_a_fresh_one() {
     let _serial = serial();
     let db = fresh_db().await;
     let (proxy, pool) = one_blackholed_connection(&db).await;
@@ -52,8 +54,9 @@ async fn pitfall_a_timed_out_try_closes_its_connection_and_the_next_try_uses_a_f
     replica.stop().await.unwrap();
 }
 
+/// Draining and closing the pool leaves the lock connection alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pitfall_draining_and_closing_the_pool_leaves_the_lock_connection_alone() {
+async fn closing_the_pool_leaves_the_lock_connection_alone() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(70, 3);

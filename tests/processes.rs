@@ -158,9 +158,10 @@ async fn sigkill_leader_process_another_leads_within_one_interval() {
     assert_eq!(most, 1, "an instant with two leaders");
 }
 
+/// A SIGSTOPped leader: the server ends its session and another leads within five intervals; after
+/// SIGCONT the old leader never ticks as leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigstop_leader_server_ends_its_session_and_another_leads_within_five_intervals_and_after_sigcont_it_never_ticks_as_leader()
- {
+async fn a_sigstopped_leader_never_ticks_as_leader_after_sigcont() {
     let _serial = serial();
     let db = fresh_db().await;
     let fleet = three_replicas(&db, LockKey::new(0x5349_4753, 1));
@@ -261,68 +262,72 @@ async fn frozen_leader_without_idle_session_timeout(fleet: &Fleet, old: usize) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e14_a_partitioned_leader_process_demotes_within_two_intervals_before_another_leads_within_five()
- {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
-    let mut fleet = new_fleet(&db, LockKey::new(14, 1), I);
-    // The leader goes through the proxy; the standbys connect straight to the server.
-    let old = fleet.spawn(Some(proxy.addr()));
-    fleet.first_of(STARTUP, What::Leader, old, 0).await;
-    fleet.spawn(None);
-    fleet.spawn(None);
-    assert_eq!(fleet.one_leader().await, old);
-    fleet.settled(old).await;
+mod e14 {
+    use super::*;
 
-    let cut = unix_us();
-    proxy.blackhole();
-    // E14: its next check (at most I away) gets no answer within I.
-    let demoted = fleet.first_of(3 * I, What::Standby, old, cut).await;
-    if !has_idle_session_timeout(&db).await {
-        assert!(demoted.at - cut <= us(2 * I + I / 2));
-        tokio::time::sleep(6 * I).await;
-        assert_eq!(
-            leaders(&fleet.events(), 3),
-            Vec::<usize>::new(),
-            "no takeover on 13"
+    /// A partitioned leader process demotes within two intervals, before another leads within five.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partitioned_leader_demotes_before_another_leads() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
+            .await
+            .unwrap();
+        let mut fleet = new_fleet(&db, LockKey::new(14, 1), I);
+        // The leader goes through the proxy; the standbys connect straight to the server.
+        let old = fleet.spawn(Some(proxy.addr()));
+        fleet.first_of(STARTUP, What::Leader, old, 0).await;
+        fleet.spawn(None);
+        fleet.spawn(None);
+        assert_eq!(fleet.one_leader().await, old);
+        fleet.settled(old).await;
+
+        let cut = unix_us();
+        proxy.blackhole();
+        // E14: its next check (at most I away) gets no answer within I.
+        let demoted = fleet.first_of(3 * I, What::Standby, old, cut).await;
+        if !has_idle_session_timeout(&db).await {
+            assert!(demoted.at - cut <= us(2 * I + I / 2));
+            tokio::time::sleep(6 * I).await;
+            assert_eq!(
+                leaders(&fleet.events(), 3),
+                Vec::<usize>::new(),
+                "no takeover on 13"
+            );
+            return;
+        }
+        let new = fleet.first(7 * I, What::Leader, Some(old), cut).await;
+        let (most, both) = overlap(&fleet.events(), 3);
+        let (demoted_after, new_after) = (demoted.at - cut, new.at - cut);
+        eprintln!(
+            "partition: old leader demoted after {:.1} ms, replica-{} leads after {:.1} ms",
+            ms(demoted_after),
+            new.replica,
+            ms(new_after)
         );
-        return;
+        assert!(
+            demoted_after <= us(2 * I + I / 2),
+            "old leader demoted {:.1} ms after the cut; bound 2·I + I/2 = {:?}",
+            ms(demoted_after),
+            2 * I + I / 2
+        );
+        assert!(
+            new_after <= us(5 * I + I / 2),
+            "new leader {:.1} ms after the cut; bound 5·I + I/2 = {:?}",
+            ms(new_after),
+            5 * I + I / 2
+        );
+        assert!(
+            demoted.at < new.at,
+            "the new leader came before the old one demoted"
+        );
+        assert_eq!(
+            (most, both),
+            (1, 0),
+            "an instant with two leaders ({:.1} ms in all)",
+            ms(both)
+        );
     }
-    let new = fleet.first(7 * I, What::Leader, Some(old), cut).await;
-    let (most, both) = overlap(&fleet.events(), 3);
-    let (demoted_after, new_after) = (demoted.at - cut, new.at - cut);
-    eprintln!(
-        "partition: old leader demoted after {:.1} ms, replica-{} leads after {:.1} ms",
-        ms(demoted_after),
-        new.replica,
-        ms(new_after)
-    );
-    assert!(
-        demoted_after <= us(2 * I + I / 2),
-        "old leader demoted {:.1} ms after the cut; bound 2·I + I/2 = {:?}",
-        ms(demoted_after),
-        2 * I + I / 2
-    );
-    assert!(
-        new_after <= us(5 * I + I / 2),
-        "new leader {:.1} ms after the cut; bound 5·I + I/2 = {:?}",
-        ms(new_after),
-        5 * I + I / 2
-    );
-    assert!(
-        demoted.at < new.at,
-        "the new leader came before the old one demoted"
-    );
-    assert_eq!(
-        (most, both),
-        (1, 0),
-        "an instant with two leaders ({:.1} ms in all)",
-        ms(both)
-    );
 }
 
 /// The longest stretch (µs) any replica said it led, up to `until` for one still leading.
@@ -351,16 +356,22 @@ fn says_only_db_error(line: &str) -> bool {
         .any(|(at, text)| !line[at + text.len()..].starts_with(": "))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e16_two_replica_processes_behind_a_transaction_pooler_name_it_and_no_statement_collides() {
-    behind_a_transaction_pooler(false).await;
-}
+mod e16 {
+    use super::*;
 
-/// With fast takeover the waiting sessions go through the pooler too; what a replica may do
-/// there is the same as without it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1_fast_takeover_behind_a_transaction_pooler_is_refused_as_without_it() {
-    behind_a_transaction_pooler(true).await;
+    /// Two replica processes behind a transaction pooler name it, and no statement collides.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_processes_behind_a_transaction_pooler_name_it() {
+        behind_a_transaction_pooler(false).await;
+    }
+
+    /// With fast takeover the waiting sessions go through the pooler too; what a replica may do
+    /// there is the same as without it.
+    /// With fast takeover, a transaction pooler is refused as without it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fast_takeover_behind_a_transaction_pooler_is_refused() {
+        behind_a_transaction_pooler(true).await;
+    }
 }
 
 async fn behind_a_transaction_pooler(fast: bool) {
@@ -429,9 +440,9 @@ async fn behind_a_transaction_pooler(fast: bool) {
     drop(bouncer);
 }
 
+/// Three replica processes run each due once through a SIGKILL, a terminate and a handover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f5_three_replica_processes_run_each_due_once_through_a_sigkill_a_terminate_and_a_handover()
-{
+async fn f5_three_processes_run_each_due_once_through_failovers() {
     let _serial = serial();
     let db = fresh_db().await;
     let admin = db.connect().await.unwrap();
@@ -593,92 +604,97 @@ async fn leader_and_two_queued(db: &TestDb, key: LockKey) -> (Fleet, tokio_postg
     (fleet, admin, first)
 }
 
-/// F1: the lock granted to a waiting standby that is frozen (SIGSTOP) stays with it only until
-/// the server's bound on a silent session (4·I), which the waiting session carried before it
-/// waited; then the next standby leads; and the frozen one, resumed, never acts as leader.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1_a_wait_granted_to_a_frozen_standby_process_is_freed_within_four_intervals() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(0xf1, 0x57);
-    let (mut fleet, admin, frozen_pid) = leader_and_two_queued(&db, key).await;
-    let frozen_at = fleet.signal(1, Signal::STOP);
-    let released = unix_us();
-    fleet.stop(0).await.unwrap();
-    wait_for_async(2 * I, || async {
-        holders(&admin, key).await == vec![frozen_pid]
-    })
-    .await
-    .expect("the frozen standby's waiting session is granted the lock");
-    if !has_idle_session_timeout(&db).await {
-        // PostgreSQL 13 keeps the granted session until the frozen process resumes; then it
-        // leads, and no one led meanwhile.
-        tokio::time::sleep(6 * I).await;
-        assert_eq!(holders(&admin, key).await, vec![frozen_pid]);
-        fleet.signal(1, Signal::CONT);
-        let led = fleet.first(STARTUP, What::Leader, Some(0), frozen_at).await;
-        assert_eq!(led.replica, 1);
-        let (most, _) = overlap(&fleet.events(), 3);
-        assert_eq!(most, 1);
-        return;
-    }
-    let next = fleet.first(8 * I, What::Leader, Some(0), released).await;
-    assert_eq!(
-        next.replica, 2,
-        "the next standby leads, not the frozen one"
-    );
-    let took = next.at - released;
-    eprintln!(
-        "frozen standby granted the wait: the next one led {:.1} ms after the release (4·I = {:?})",
-        ms(took),
-        4 * I
-    );
-    assert!(
-        took >= us(4 * I - I / 4),
-        "led after {:.1} ms: before the server's bound",
-        ms(took)
-    );
-    assert!(
-        took <= us(6 * I),
-        "led after {:.1} ms; interval {I:?}",
-        ms(took)
-    );
-    let resumed = fleet.signal(1, Signal::CONT);
-    tokio::time::sleep(5 * I).await;
-    let events = fleet.events();
-    let (most, both) = overlap(&events, 3);
-    assert!(
-        !events
-            .iter()
-            .any(|e| e.replica == 1 && e.what == What::Leader),
-        "the frozen standby led after it resumed at {resumed}: {events:?}"
-    );
-    assert_eq!((most, both), (1, 0), "never two leaders");
-    assert_eq!(leaders(&events, 3), vec![2]);
-}
+mod f1 {
+    use super::*;
 
-/// F1: a waiting standby that is killed costs the one queued behind it no time: the server
-/// drops the dead session (it sees the closed connection while it waits, or when it hands it
-/// the lock), and the next waiting session is granted at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1_a_killed_waiting_standby_process_costs_the_next_one_no_time() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(0xf1, 0x5c);
-    let (mut fleet, _admin, _) = leader_and_two_queued(&db, key).await;
-    fleet.kill(1).await;
-    let released = unix_us();
-    fleet.stop(0).await.unwrap();
-    let next = fleet.first(4 * I, What::Leader, Some(0), released).await;
-    assert_eq!(next.replica, 2);
-    let took = next.at - released;
-    eprintln!(
-        "killed waiting standby: the next one led {:.1} ms after the release",
-        ms(took)
-    );
-    assert!(
-        took <= us(I / 2),
-        "led after {:.1} ms; interval {I:?}",
-        ms(took)
-    );
+    /// F1: the lock granted to a waiting standby that is frozen (SIGSTOP) stays with it only until
+    /// the server's bound on a silent session (4·I), which the waiting session carried before it
+    /// waited; then the next standby leads; and the frozen one, resumed, never acts as leader.
+    /// A wait granted to a frozen standby process is freed within four intervals.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frozen_standbys_grant_is_freed_within_four_intervals() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(0xf1, 0x57);
+        let (mut fleet, admin, frozen_pid) = leader_and_two_queued(&db, key).await;
+        let frozen_at = fleet.signal(1, Signal::STOP);
+        let released = unix_us();
+        fleet.stop(0).await.unwrap();
+        wait_for_async(2 * I, || async {
+            holders(&admin, key).await == vec![frozen_pid]
+        })
+        .await
+        .expect("the frozen standby's waiting session is granted the lock");
+        if !has_idle_session_timeout(&db).await {
+            // PostgreSQL 13 keeps the granted session until the frozen process resumes; then it
+            // leads, and no one led meanwhile.
+            tokio::time::sleep(6 * I).await;
+            assert_eq!(holders(&admin, key).await, vec![frozen_pid]);
+            fleet.signal(1, Signal::CONT);
+            let led = fleet.first(STARTUP, What::Leader, Some(0), frozen_at).await;
+            assert_eq!(led.replica, 1);
+            let (most, _) = overlap(&fleet.events(), 3);
+            assert_eq!(most, 1);
+            return;
+        }
+        let next = fleet.first(8 * I, What::Leader, Some(0), released).await;
+        assert_eq!(
+            next.replica, 2,
+            "the next standby leads, not the frozen one"
+        );
+        let took = next.at - released;
+        eprintln!(
+            "frozen standby granted the wait: the next one led {:.1} ms after the release (4·I = {:?})",
+            ms(took),
+            4 * I
+        );
+        assert!(
+            took >= us(4 * I - I / 4),
+            "led after {:.1} ms: before the server's bound of four intervals",
+            ms(took)
+        );
+        assert!(
+            took <= us(6 * I),
+            "led after {:.1} ms; bound four intervals and slack, 6·I; interval {I:?}",
+            ms(took)
+        );
+        let resumed = fleet.signal(1, Signal::CONT);
+        tokio::time::sleep(5 * I).await;
+        let events = fleet.events();
+        let (most, both) = overlap(&events, 3);
+        assert!(
+            !events
+                .iter()
+                .any(|e| e.replica == 1 && e.what == What::Leader),
+            "the frozen standby led after it resumed at {resumed}: {events:?}"
+        );
+        assert_eq!((most, both), (1, 0), "never two leaders");
+        assert_eq!(leaders(&events, 3), vec![2]);
+    }
+
+    /// F1: a waiting standby that is killed costs the one queued behind it no time: the server
+    /// drops the dead session (it sees the closed connection while it waits, or when it hands it
+    /// the lock), and the next waiting session is granted at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_killed_waiting_standby_costs_the_next_one_no_time() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(0xf1, 0x5c);
+        let (mut fleet, _admin, _) = leader_and_two_queued(&db, key).await;
+        fleet.kill(1).await;
+        let released = unix_us();
+        fleet.stop(0).await.unwrap();
+        let next = fleet.first(4 * I, What::Leader, Some(0), released).await;
+        assert_eq!(next.replica, 2);
+        let took = next.at - released;
+        eprintln!(
+            "killed waiting standby: the next one led {:.1} ms after the release",
+            ms(took)
+        );
+        assert!(
+            took <= us(I / 2),
+            "led after {:.1} ms, not in no time (bound I/2); interval {I:?}",
+            ms(took)
+        );
+    }
 }

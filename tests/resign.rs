@@ -54,9 +54,9 @@ async fn two_replicas(db: &TestDb, key: LockKey) -> (Replica, Replica) {
     (leader, standby)
 }
 
+/// A resigning leader hands over within one interval, and competes again only after its cooldown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resigning_leader_hands_over_within_one_interval_and_competes_again_only_after_its_cooldown()
- {
+async fn a_resigning_leader_hands_over_within_one_interval() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x2e, 1);
@@ -83,7 +83,8 @@ async fn a_resigning_leader_hands_over_within_one_interval_and_competes_again_on
     let since_called = called.elapsed();
     assert!(
         since_called <= TAKEOVER,
-        "the standby led {since_called:?} after resign was called"
+        "the standby led {since_called:?} after resign was called; bound one interval plus \
+         margin, {TAKEOVER:?}"
     );
     assert!(!resigner.elector.is_leader(), "never two leaders");
 
@@ -130,7 +131,7 @@ async fn a_resigning_leader_hands_over_within_one_interval_and_competes_again_on
 /// before the unlock, so `resign` returns after it, and its write lands before the next
 /// leader's first (by the server's clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resign_waits_for_a_do_work_call_in_flight_before_it_unlocks() {
+async fn a_resign_waits_for_do_work_in_flight_before_it_unlocks() {
     let _serial = serial();
     let db = fresh_db().await;
     writes_table(&db).await;
@@ -177,8 +178,9 @@ async fn a_resign_waits_for_a_do_work_call_in_flight_before_it_unlocks() {
     b.stop().await.unwrap();
 }
 
+/// `resign` on a standby returns false, and keeps it standby until its cooldown ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resign_on_a_standby_returns_false_and_keeps_it_standby_until_its_cooldown_ends() {
+async fn resign_on_a_standby_keeps_it_standby_for_the_cooldown() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x2e, 2);
@@ -310,7 +312,7 @@ async fn a_manual_elector_resigns_with_resigned_and_stays_standby() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_always_leader_with_run_running_leads_again_after_the_cooldown() {
+async fn a_running_always_leader_leads_again_after_the_cooldown() {
     let _serial = serial();
     let elector = Elector::always_leader();
     // Resign only once `run` is going: it is what leads again after the cooldown. To see when
@@ -363,7 +365,7 @@ async fn an_always_leader_with_run_running_leads_again_after_the_cooldown() {
 /// `resign` is called right after `spawn`, before the spawned task first runs) must wait for
 /// the cooldown's end like the PostgreSQL election does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_always_leader_whose_run_starts_during_a_cooldown_waits_for_its_end() {
+async fn an_always_leader_run_in_a_cooldown_waits_for_its_end() {
     let _serial = serial();
     let elector = Elector::always_leader();
     let cooldown = Duration::from_millis(500);
@@ -391,7 +393,7 @@ async fn an_always_leader_whose_run_starts_during_a_cooldown_waits_for_its_end()
 /// check and the leader's checks pass), which holds its first try on the wire while it
 /// resigns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_that_resigns_while_its_try_is_in_flight_does_not_lead_during_the_cooldown() {
+async fn a_standby_resigning_mid_try_does_not_lead_in_the_cooldown() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x2e, 6);
@@ -427,7 +429,7 @@ async fn a_standby_that_resigns_while_its_try_is_in_flight_does_not_lead_during_
 /// lead again") are bounds, not overflows: the resign drains the work in flight, unlocks, and
 /// the replica never competes again while a standby takes over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resign_with_an_endless_drain_and_cooldown_drains_unlocks_and_stays_away() {
+async fn a_resign_without_end_drains_unlocks_and_stays_away() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x4e, 0x99);

@@ -137,15 +137,17 @@ async fn restart_with_three_replicas(mode: ShutdownMode, fast: bool) {
     drop(db);
 }
 
+/// A fast restart demotes every replica, and one leads within one interval of the server's return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fast_restart_demotes_every_replica_and_one_leads_within_one_interval_of_the_return() {
+async fn after_a_fast_restart_one_leads_within_one_interval() {
     let _serial = serial();
     restart_with_three_replicas(ShutdownMode::Fast, false).await;
 }
 
+/// An immediate restart demotes every replica, and one leads within one interval of the server's
+/// return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_immediate_restart_demotes_every_replica_and_one_leads_within_one_interval_of_the_return()
- {
+async fn after_an_immediate_restart_one_leads_within_one_interval() {
     let _serial = serial();
     restart_with_three_replicas(ShutdownMode::Immediate, false).await;
 }
@@ -154,7 +156,7 @@ async fn an_immediate_restart_demotes_every_replica_and_one_leads_within_one_int
 /// trying every I, one leads within one I of the server's return as without fast takeover,
 /// and the others wait again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1_after_a_fast_restart_fast_takeover_standbys_lead_by_trying_then_wait_again() {
+async fn f1_after_a_fast_restart_standbys_try_then_wait_again() {
     let _serial = serial();
     restart_with_three_replicas(ShutdownMode::Fast, true).await;
 }

@@ -203,256 +203,258 @@ async fn crash_mid_run(
     (due, leader, runs, capture)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f5_a_run_cut_off_by_a_crash_is_reported_abandoned_once_though_the_job_is_due_every_200_ms()
-{
-    let _serial = serial();
-    let (due, crashed, runs, capture) = crash_mid_run(false).await;
-    let abandoned: Vec<_> = runs.iter().filter(|r| r.1 == "abandoned").collect();
-    let running: Vec<_> = runs.iter().filter(|r| r.1 == "running").collect();
-    eprintln!("{} runs stored: {runs:?}", runs.len());
-    assert!(running.is_empty(), "no run left running: {running:?}");
-    assert_eq!(
-        abandoned.len(),
-        1,
-        "exactly the crashed run is abandoned: {abandoned:?}"
-    );
-    assert_eq!(
-        (abandoned[0].0, abandoned[0].4.as_str()),
-        (due, crashed),
-        "the crashed leader's run"
-    );
-    let reported = capture.events("a run claimed by an earlier term never finished");
-    assert_eq!(reported.len(), 1, "reported once: {reported:?}");
-    assert_eq!(reported[0].level, tracing::Level::WARN);
-    assert!(
-        runs.iter().all(|r| r.2 != "rerun"),
-        "not rerun by default: {runs:?}"
-    );
-    assert!(
-        runs.iter().any(|r| r.0 > due && r.1 == "succeeded"),
-        "the survivor ran later dues: {runs:?}"
-    );
-}
+mod f5 {
+    use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f5_a_run_cut_off_by_a_crash_is_rerun_once_when_the_job_asks() {
-    let _serial = serial();
-    let (due, crashed, runs, _capture) = crash_mid_run(true).await;
-    eprintln!("{} runs stored: {runs:?}", runs.len());
-    let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
-    assert_eq!(of_due.len(), 2, "the crashed run and one rerun: {of_due:?}");
-    assert_eq!(
-        (of_due[0].1.as_str(), of_due[0].3, of_due[0].4.as_str()),
-        ("abandoned", 1, crashed)
-    );
-    assert_eq!(
-        (of_due[1].1.as_str(), of_due[1].2.as_str(), of_due[1].3),
-        ("succeeded", "rerun", 2),
-        "rerun once, by the survivor"
-    );
-    assert_ne!(of_due[1].4, crashed);
-    let reruns = runs.iter().filter(|r| r.2 == "rerun").count();
-    assert_eq!(reruns, 1, "one rerun in all: {runs:?}");
-    assert!(
-        runs.iter().all(|r| r.1 != "running"),
-        "no run left running: {runs:?}"
-    );
-}
-
-/// The same process's previous term: a run still going when the term ended is given a grace,
-/// then aborted. The process knows that run is over, so its next term calls it abandoned at
-/// once, rather than after the silence a run of another process is given.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f5_a_run_cut_off_at_the_end_of_this_process_s_term_is_abandoned_at_once_by_its_next_term()
-{
-    let _serial = serial();
-    let db = fresh_db().await;
-    log_table(&db).await;
-    let capture = Capture::default();
-    let (elector, control) = Elector::manual();
-    let starts: Starts = Arc::default();
-    // The first run outlasts the grace; the later ones are short.
-    let first = slow(db.pool(2), "m", Duration::from_secs(30), starts.clone());
-    let later = slow(db.pool(2), "m", Duration::from_millis(10), starts.clone());
-    let body = {
-        let starts = starts.clone();
-        move |run: JobRun| match starts.lock().unwrap().is_empty() {
-            true => first(run),
-            false => later(run),
-        }
-    };
-    let schedule = Schedule::new(&elector, db.pool(2))
-        .poll_interval(Duration::from_millis(50))
-        .job(Job::every("long", Duration::from_millis(200)), body);
-    let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
-    let due = sched
-        .cut_off_first_run(
-            &starts,
-            &capture,
-            Duration::from_secs(2),
-            "a first run",
-            "the run is aborted after its grace",
-        )
-        .await
-        .1;
-    sched.control.promote();
-    let abandoned = || async {
-        stored_runs(&db, "long")
-            .await
-            .iter()
-            .any(|r| r.0 == due && r.1 == "abandoned")
-    };
-    let took = wait_for_async(Duration::from_secs(5), abandoned)
-        .await
-        .expect("the cut-off run is called abandoned");
-    sched.stop().await;
-    let runs = stored_runs(&db, "long").await;
-    eprintln!("abandoned {took:?} after the next term began; runs: {runs:?}");
-    assert!(
-        took < Duration::from_secs(1),
-        "at once ({took:?}), not after the 3 s of silence a run of another process is given"
-    );
-    let abandoned: Vec<_> = runs.iter().filter(|r| r.1 == "abandoned").collect();
-    assert_eq!(abandoned.len(), 1, "{runs:?}");
-    assert!(runs.iter().all(|r| r.1 != "running"), "{runs:?}");
-    assert!(
-        runs.iter().any(|r| r.0 > due && r.1 == "succeeded"),
-        "the next term runs the job on: {runs:?}"
-    );
-    let reported = capture.events("a run claimed by an earlier term never finished");
-    assert_eq!(reported.len(), 1, "{reported:?}");
-}
-
-/// The case only the claim's fence catches: a leader deposed without noticing. a's lock
-/// connection goes through a proxy that is then blackholed, and the server ends a's lock
-/// session; b takes over and bumps the epoch. a checks every 20·I, so it goes on believing it
-/// leads for at least that long (its first check after the partition times out 20·I after it
-/// is sent), and its schedule (on a healthy pool) goes on claiming dues: each claim is refused
-/// by the epoch row. Every due runs once, and those after the bump on b.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f5_a_deposed_leaders_claims_are_refused_by_the_epoch_and_each_due_runs_once_by_the_new_leader()
- {
-    let _serial = serial();
-    let db = fresh_db().await;
-    log_table(&db).await;
-    let key = LockKey::new(0xf5, 0xfe);
-    let period = Duration::from_millis(100);
-    let proxy = shared_server_proxy().await;
-    let starts: Starts = Arc::default();
-    let (capture_a, capture_b) = (Capture::default(), Capture::default());
-    let replica = |name: &'static str, pool, interval, capture: &Capture| {
-        let elector = fenced_elector(pool, key, name, interval);
-        let shutdown = CancellationToken::new();
-        let election = elector.spawn(shutdown.clone());
-        let body = slow(db.pool(2), name, Duration::from_millis(5), starts.clone());
-        let schedule = tokio::spawn(
-            Schedule::new(&elector, db.pool(2))
-                .poll_interval(Duration::from_millis(50))
-                .job(
-                    Job::every("fenced", period).catch_up(CatchUp::All),
-                    move |run| body(run),
-                )
-                .run(shutdown.clone())
-                .with_subscriber(capture.dispatch()),
+    /// A run cut off by a crash is reported abandoned once, though the job is due every 200 ms.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashed_run_is_abandoned_once_though_due_every_200_ms() {
+        let _serial = serial();
+        let (due, crashed, runs, capture) = crash_mid_run(false).await;
+        let abandoned: Vec<_> = runs.iter().filter(|r| r.1 == "abandoned").collect();
+        let running: Vec<_> = runs.iter().filter(|r| r.1 == "running").collect();
+        eprintln!("{} runs stored: {runs:?}", runs.len());
+        assert!(running.is_empty(), "no run left running: {running:?}");
+        assert_eq!(
+            abandoned.len(),
+            1,
+            "exactly the crashed run is abandoned: {abandoned:?}"
         );
-        Node {
-            name,
-            elector,
-            shutdown,
-            election,
-            schedule,
-        }
-    };
-    let a = replica("a", db.pool_via(proxy.addr(), 2), 20 * I, &capture_a);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads at its first try");
-    let b = replica("b", db.pool(2), I, &capture_b);
-    wait_for(Duration::from_secs(2), || starts.lock().unwrap().len() >= 3)
-        .await
-        .expect("a runs the job");
-    let from = SystemTime::now();
-
-    proxy.blackhole();
-    terminate_holder(&db, key).await;
-    wait_for(5 * I, || b.elector.is_leader())
-        .await
-        .expect("b takes over within a few I");
-    let admin = db.connect().await.unwrap();
-    let bumped = epoch_since(&admin, key).await;
-    // Ten dues with two replicas that both believe they lead.
-    tokio::time::sleep(10 * period).await;
-    let overlap = a.elector.is_leader() && b.elector.is_leader();
-    let to = SystemTime::now() - period;
-    proxy.pass();
-    b.stop().await;
-    a.stop().await;
-
-    assert!(
-        overlap,
-        "a still believed it led at the end of the window (its check every 20·I has not \
-         timed out yet), so its claims passed its own look at its term"
-    );
-    let ran: Vec<(SystemTime, String)> = admin
-        .query("SELECT due, replica FROM job_log ORDER BY due", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let by_a_after: Vec<_> = ran
-        .iter()
-        .filter(|(due, who)| who == "a" && *due > bumped)
-        .collect();
-    assert!(
-        by_a_after.is_empty(),
-        "no due after b's epoch began ran on a: {by_a_after:?}"
-    );
-    let mut per_due = std::collections::BTreeMap::<SystemTime, Vec<&str>>::new();
-    for (due, who) in &ran {
-        per_due.entry(*due).or_default().push(who);
+        assert_eq!(
+            (abandoned[0].0, abandoned[0].4.as_str()),
+            (due, crashed),
+            "the crashed leader's run"
+        );
+        let reported = capture.events("a run claimed by an earlier term never finished");
+        assert_eq!(reported.len(), 1, "reported once: {reported:?}");
+        assert_eq!(reported[0].level, tracing::Level::WARN);
+        assert!(
+            runs.iter().all(|r| r.2 != "rerun"),
+            "not rerun by default: {runs:?}"
+        );
+        assert!(
+            runs.iter().any(|r| r.0 > due && r.1 == "succeeded"),
+            "the survivor ran later dues: {runs:?}"
+        );
     }
-    let twice: Vec<_> = per_due.iter().filter(|(_, w)| w.len() > 1).collect();
-    assert!(twice.is_empty(), "dues run twice: {twice:?}");
-    let window: Vec<SystemTime> = per_due
-        .keys()
-        .copied()
-        .filter(|d| *d >= from && *d <= to)
-        .collect();
-    let p = period.as_millis();
-    let first = from
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        .div_ceil(p)
-        * p;
-    let last = to
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    let expected: Vec<SystemTime> = (first..=last)
-        .step_by(p as usize)
-        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64))
-        .collect();
-    let fenced = capture_a.events("the due's claim was fenced");
-    assert!(
-        !fenced.is_empty(),
-        "a tried to claim dues while deposed, and the epoch row refused them"
-    );
-    assert!(
-        fenced[0].field("error").contains("is not the current one"),
-        "refused as superseded: {:?}",
-        fenced[0]
-    );
-    eprintln!(
-        "{} claims of a refused; {} dues in the window, each run once, {} after the bump on b",
-        fenced.len(),
-        expected.len(),
-        ran.iter().filter(|(due, _)| *due > bumped).count()
-    );
-    assert_eq!(
-        window, expected,
-        "every due of the window ran (once, as checked above)"
-    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_cut_off_by_a_crash_is_rerun_once_when_the_job_asks() {
+        let _serial = serial();
+        let (due, crashed, runs, _capture) = crash_mid_run(true).await;
+        eprintln!("{} runs stored: {runs:?}", runs.len());
+        let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
+        assert_eq!(of_due.len(), 2, "the crashed run and one rerun: {of_due:?}");
+        assert_eq!(
+            (of_due[0].1.as_str(), of_due[0].3, of_due[0].4.as_str()),
+            ("abandoned", 1, crashed)
+        );
+        assert_eq!(
+            (of_due[1].1.as_str(), of_due[1].2.as_str(), of_due[1].3),
+            ("succeeded", "rerun", 2),
+            "rerun once, by the survivor"
+        );
+        assert_ne!(of_due[1].4, crashed);
+        let reruns = runs.iter().filter(|r| r.2 == "rerun").count();
+        assert_eq!(reruns, 1, "one rerun in all: {runs:?}");
+        assert!(
+            runs.iter().all(|r| r.1 != "running"),
+            "no run left running: {runs:?}"
+        );
+    }
+
+    /// The same process's previous term: a run still going when the term ended is given a grace,
+    /// then aborted. The process knows that run is over, so its next term calls it abandoned at
+    /// once, rather than after the silence a run of another process is given.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_cut_off_at_its_terms_end_is_abandoned_at_once() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        log_table(&db).await;
+        let capture = Capture::default();
+        let (elector, control) = Elector::manual();
+        let starts: Starts = Arc::default();
+        // The first run outlasts the grace; the later ones are short.
+        let first = slow(db.pool(2), "m", Duration::from_secs(30), starts.clone());
+        let later = slow(db.pool(2), "m", Duration::from_millis(10), starts.clone());
+        let body = {
+            let starts = starts.clone();
+            move |run: JobRun| match starts.lock().unwrap().is_empty() {
+                true => first(run),
+                false => later(run),
+            }
+        };
+        let schedule = Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .job(Job::every("long", Duration::from_millis(200)), body);
+        let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
+        let due = sched
+            .cut_off_first_run(
+                &starts,
+                &capture,
+                Duration::from_secs(2),
+                "a first run",
+                "the run is aborted after its grace",
+            )
+            .await
+            .1;
+        sched.control.promote();
+        let abandoned = || async {
+            stored_runs(&db, "long")
+                .await
+                .iter()
+                .any(|r| r.0 == due && r.1 == "abandoned")
+        };
+        let took = wait_for_async(Duration::from_secs(5), abandoned)
+            .await
+            .expect("the cut-off run is called abandoned");
+        sched.stop().await;
+        let runs = stored_runs(&db, "long").await;
+        eprintln!("abandoned {took:?} after the next term began; runs: {runs:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "at once ({took:?}), not after the 3 s of silence a run of another process is given"
+        );
+        let abandoned: Vec<_> = runs.iter().filter(|r| r.1 == "abandoned").collect();
+        assert_eq!(abandoned.len(), 1, "{runs:?}");
+        assert!(runs.iter().all(|r| r.1 != "running"), "{runs:?}");
+        assert!(
+            runs.iter().any(|r| r.0 > due && r.1 == "succeeded"),
+            "the next term runs the job on: {runs:?}"
+        );
+        let reported = capture.events("a run claimed by an earlier term never finished");
+        assert_eq!(reported.len(), 1, "{reported:?}");
+    }
+
+    /// The case only the claim's fence catches: a leader deposed without noticing. a's lock
+    /// connection goes through a proxy that is then blackholed, and the server ends a's lock
+    /// session; b takes over and bumps the epoch. a checks every 20·I, so it goes on believing it
+    /// leads for at least that long (its first check after the partition times out 20·I after it
+    /// is sent), and its schedule (on a healthy pool) goes on claiming dues: each claim is refused
+    /// by the epoch row. Every due runs once, and those after the bump on b.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deposed_leaders_claims_are_refused_by_the_epoch() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        log_table(&db).await;
+        let key = LockKey::new(0xf5, 0xfe);
+        let period = Duration::from_millis(100);
+        let proxy = shared_server_proxy().await;
+        let starts: Starts = Arc::default();
+        let (capture_a, capture_b) = (Capture::default(), Capture::default());
+        let replica = |name: &'static str, pool, interval, capture: &Capture| {
+            let elector = fenced_elector(pool, key, name, interval);
+            let shutdown = CancellationToken::new();
+            let election = elector.spawn(shutdown.clone());
+            let body = slow(db.pool(2), name, Duration::from_millis(5), starts.clone());
+            let schedule = tokio::spawn(
+                Schedule::new(&elector, db.pool(2))
+                    .poll_interval(Duration::from_millis(50))
+                    .job(
+                        Job::every("fenced", period).catch_up(CatchUp::All),
+                        move |run| body(run),
+                    )
+                    .run(shutdown.clone())
+                    .with_subscriber(capture.dispatch()),
+            );
+            Node {
+                name,
+                elector,
+                shutdown,
+                election,
+                schedule,
+            }
+        };
+        let a = replica("a", db.pool_via(proxy.addr(), 2), 20 * I, &capture_a);
+        wait_for(3 * I, || a.elector.is_leader())
+            .await
+            .expect("a leads at its first try");
+        let b = replica("b", db.pool(2), I, &capture_b);
+        wait_for(Duration::from_secs(2), || starts.lock().unwrap().len() >= 3)
+            .await
+            .expect("a runs the job");
+        let from = SystemTime::now();
+
+        proxy.blackhole();
+        terminate_holder(&db, key).await;
+        wait_for(5 * I, || b.elector.is_leader())
+            .await
+            .expect("b takes over within a few I");
+        let admin = db.connect().await.unwrap();
+        let bumped = epoch_since(&admin, key).await;
+        // Ten dues with two replicas that both believe they lead.
+        tokio::time::sleep(10 * period).await;
+        let overlap = a.elector.is_leader() && b.elector.is_leader();
+        let to = SystemTime::now() - period;
+        proxy.pass();
+        b.stop().await;
+        a.stop().await;
+
+        assert!(
+            overlap,
+            "a still believed it led at the end of the window (its check every 20·I has not \
+         timed out yet), so its claims passed its own look at its term"
+        );
+        let ran: Vec<(SystemTime, String)> = admin
+            .query("SELECT due, replica FROM job_log ORDER BY due", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let by_a_after: Vec<_> = ran
+            .iter()
+            .filter(|(due, who)| who == "a" && *due > bumped)
+            .collect();
+        assert!(
+            by_a_after.is_empty(),
+            "no due after b's epoch began ran on a: {by_a_after:?}"
+        );
+        let mut per_due = std::collections::BTreeMap::<SystemTime, Vec<&str>>::new();
+        for (due, who) in &ran {
+            per_due.entry(*due).or_default().push(who);
+        }
+        let twice: Vec<_> = per_due.iter().filter(|(_, w)| w.len() > 1).collect();
+        assert!(twice.is_empty(), "dues run twice: {twice:?}");
+        let window: Vec<SystemTime> = per_due
+            .keys()
+            .copied()
+            .filter(|d| *d >= from && *d <= to)
+            .collect();
+        let p = period.as_millis();
+        let first = from
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            .div_ceil(p)
+            * p;
+        let last = to
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let expected: Vec<SystemTime> = (first..=last)
+            .step_by(p as usize)
+            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64))
+            .collect();
+        let fenced = capture_a.events("the due's claim was fenced");
+        assert!(
+            !fenced.is_empty(),
+            "a tried to claim dues while deposed, and the epoch row refused them"
+        );
+        assert!(
+            fenced[0].field("error").contains("is not the current one"),
+            "refused as superseded: {:?}",
+            fenced[0]
+        );
+        eprintln!(
+            "{} claims of a refused; {} dues in the window, each run once, {} after the bump on b",
+            fenced.len(),
+            expected.len(),
+            ran.iter().filter(|(due, _)| *due > bumped).count()
+        );
+        assert_eq!(
+            window, expected,
+            "every due of the window ran (once, as checked above)"
+        );
+    }
 }

@@ -135,7 +135,7 @@ fn counting(runs: &Arc<AtomicUsize>) -> impl Fn(JobRun) -> BoxedRun + Send + Syn
 /// first query of the term, panicking the schedule's task. Now it is bounded (at most an hour)
 /// and dues still run on time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h6_a_poll_interval_of_duration_max_is_bounded_and_dues_still_run_on_time() {
+async fn h6_a_poll_interval_of_duration_max_is_bounded() {
     let _serial = serial();
     let db = fresh_db().await;
     let (elector, control) = Elector::manual();
@@ -189,7 +189,7 @@ async fn times_out_after_the_wait(
 /// Each call is now bounded as a whole by the handle's wait (the poll interval, at least 1 s)
 /// and says `Timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h7_trigger_and_reschedule_behind_a_partition_return_timeout_within_the_handles_wait() {
+async fn h7_handle_calls_in_a_partition_time_out_within_its_wait() {
     let _serial = serial();
     let db = fresh_db().await;
     let (elector, control) = Elector::manual();
@@ -242,76 +242,79 @@ async fn h7_trigger_and_reschedule_behind_a_partition_return_timeout_within_the_
     sched.stop().await;
 }
 
-/// Item 8: a live run taken for dead. The stale threshold was the reading replica's own poll
-/// interval: b, polling every 50 ms, called a's run dead after 3 s, while a, polling (and so
-/// beating) every 4 s, was still running it, and reran it beside it. The run's row now
-/// carries the period its runner promised, and a run is stale after three of those (at least
-/// 3 s). The two replicas lead at once (manual electors), as in the overlap window of a
-/// failover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h8_a_long_poll_replicas_live_run_is_not_abandoned_by_a_short_poll_replica() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let starts: Starts = Arc::default();
-    let (capture_a, capture_b) = (Capture::default(), Capture::default());
-    let job = || Job::every("long", Duration::from_millis(200)).rerun_abandoned(true);
-    // a's first run lasts 9 s: two of its 4 s beats, and silent for 4 s at a time.
-    let first = Duration::from_secs(9);
-    let a_body = working("a", &starts, move |n| match n {
-        0 => first,
-        _ => Duration::from_millis(10),
-    });
-    let a = schedule(
-        db.pool(2),
-        Duration::from_secs(4),
-        job(),
-        a_body,
-        &capture_a,
-    );
-    a.control.promote();
-    let (_, due, _, _, started) =
-        first_start(&starts, Duration::from_secs(5), "a starts a run").await;
-    let b_body = working("b", &starts, |_| Duration::from_millis(10));
-    let b = schedule(
-        db.pool(2),
-        Duration::from_millis(50),
-        job(),
-        b_body,
-        &capture_b,
-    );
-    b.control.promote();
-    // Until a's run is over, and a little longer.
-    tokio::time::sleep((first + Duration::from_millis(500)).saturating_sub(started.elapsed()))
-        .await;
-    b.stop().await;
-    a.stop().await;
+mod h8 {
+    use super::*;
 
-    let runs = stored_runs(&db.connect().await.unwrap(), "long").await;
-    let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
-    let bodies = started_for(&starts, due);
-    eprintln!("the due's runs: {of_due:?}; started: {bodies:?}");
-    assert_eq!(
-        bodies,
-        [("a", 1, RunKind::Scheduled)],
-        "the due ran once, on a, never rerun beside it"
-    );
-    assert_eq!(
-        of_due
-            .iter()
-            .map(|r| (r.1, r.3.as_str(), r.4.as_str()))
-            .collect::<Vec<_>>(),
-        [(1, "succeeded", "local")],
-        "one stored run, which succeeded"
-    );
-    let abandoned = capture_b.events("a run claimed by an earlier term never finished");
-    assert!(
-        abandoned.is_empty(),
-        "b took a's live run for dead: {abandoned:?}"
-    );
-}
+    /// Item 8: a live run taken for dead. The stale threshold was the reading replica's own poll
+    /// interval: b, polling every 50 ms, called a's run dead after 3 s, while a, polling (and so
+    /// beating) every 4 s, was still running it, and reran it beside it. The run's row now
+    /// carries the period its runner promised, and a run is stale after three of those (at least
+    /// 3 s). The two replicas lead at once (manual electors), as in the overlap window of a
+    /// failover.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_poll_replicas_live_run_is_not_taken_for_dead() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let starts: Starts = Arc::default();
+        let (capture_a, capture_b) = (Capture::default(), Capture::default());
+        let job = || Job::every("long", Duration::from_millis(200)).rerun_abandoned(true);
+        // a's first run lasts 9 s: two of its 4 s beats, and silent for 4 s at a time.
+        let first = Duration::from_secs(9);
+        let a_body = working("a", &starts, move |n| match n {
+            0 => first,
+            _ => Duration::from_millis(10),
+        });
+        let a = schedule(
+            db.pool(2),
+            Duration::from_secs(4),
+            job(),
+            a_body,
+            &capture_a,
+        );
+        a.control.promote();
+        let (_, due, _, _, started) =
+            first_start(&starts, Duration::from_secs(5), "a starts a run").await;
+        let b_body = working("b", &starts, |_| Duration::from_millis(10));
+        let b = schedule(
+            db.pool(2),
+            Duration::from_millis(50),
+            job(),
+            b_body,
+            &capture_b,
+        );
+        b.control.promote();
+        // Until a's run is over, and a little longer.
+        tokio::time::sleep((first + Duration::from_millis(500)).saturating_sub(started.elapsed()))
+            .await;
+        b.stop().await;
+        a.stop().await;
 
-/// The job tables as the version before the heartbeat period made them.
-const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, job text NOT NULL, \
+        let runs = stored_runs(&db.connect().await.unwrap(), "long").await;
+        let of_due: Vec<_> = runs.iter().filter(|r| r.0 == due).collect();
+        let bodies = started_for(&starts, due);
+        eprintln!("the due's runs: {of_due:?}; started: {bodies:?}");
+        assert_eq!(
+            bodies,
+            [("a", 1, RunKind::Scheduled)],
+            "the due ran once, on a, never rerun beside it"
+        );
+        assert_eq!(
+            of_due
+                .iter()
+                .map(|r| (r.1, r.3.as_str(), r.4.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, "succeeded", "local")],
+            "one stored run, which succeeded"
+        );
+        let abandoned = capture_b.events("a run claimed by an earlier term never finished");
+        assert!(
+            abandoned.is_empty(),
+            "b took a's live run for dead: {abandoned:?}"
+        );
+    }
+
+    /// The job tables as the version before the heartbeat period made them.
+    const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, job text NOT NULL, \
      schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
      claimed_by text, claimed_term text, claimed_epoch bigint, \
      started_at timestamptz, finished_at timestamptz, outcome text, error text, \
@@ -325,154 +328,155 @@ const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, jo
      CREATE INDEX pg_elector_job_runs_running ON pg_elector_job_runs (namespace, job) \
      WHERE outcome = 'running'";
 
-/// The columns of `table`, in order.
-async fn columns(client: &tokio_postgres::Client, table: &str) -> Vec<String> {
-    client
-        .query(
-            "SELECT column_name::text FROM information_schema.columns \
+    /// The columns of `table`, in order.
+    async fn columns(client: &tokio_postgres::Client, table: &str) -> Vec<String> {
+        client
+            .query(
+                "SELECT column_name::text FROM information_schema.columns \
              WHERE table_name = $1 ORDER BY ordinal_position",
-            &[&table],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
 
-/// Item 8, older tables: tables an earlier version made (no heartbeat period) get the column
-/// at the next term, when the role may add it (here the owner), and the jobs run on them; a
-/// run such a version left running (it promised no period) is judged by the reader's poll.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h8_tables_an_earlier_version_made_get_the_new_columns_and_the_jobs_run() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let admin = db.connect().await.unwrap();
-    admin.batch_execute(OLD_DDL).await.unwrap();
-    let before = columns(&admin, "pg_elector_job_runs").await;
-    assert!(
-        !before.contains(&"heartbeat_period".to_owned()),
-        "{before:?}"
-    );
-    // A run the earlier version left running, silent for 10 s.
-    admin
-        .batch_execute(
-            "INSERT INTO pg_elector_job_runs (namespace, job, due, attempt, kind, claimed_by, \
+    /// Item 8, older tables: tables an earlier version made (no heartbeat period) get the column
+    /// at the next term, when the role may add it (here the owner), and the jobs run on them; a
+    /// run such a version left running (it promised no period) is judged by the reader's poll.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn older_tables_get_the_new_columns_and_the_jobs_run() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let admin = db.connect().await.unwrap();
+        admin.batch_execute(OLD_DDL).await.unwrap();
+        let before = columns(&admin, "pg_elector_job_runs").await;
+        assert!(
+            !before.contains(&"heartbeat_period".to_owned()),
+            "{before:?}"
+        );
+        // A run the earlier version left running, silent for 10 s.
+        admin
+            .batch_execute(
+                "INSERT INTO pg_elector_job_runs (namespace, job, due, attempt, kind, claimed_by, \
              claimed_term, started_at, heartbeat_at, outcome) VALUES ('local', 'count', \
              '2026-01-01T00:00:00Z', 1, 'scheduled', 'old', 'old/1/0/0', \
              now() - interval '20 s', now() - interval '10 s', 'running')",
-        )
-        .await
-        .unwrap();
-    let (starts, capture, sched) = leading_schedule(
-        db.pool(2),
-        Job::every("count", Duration::from_millis(100)),
-        Duration::ZERO,
-    );
-    wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
-        .await
-        .expect("the jobs run on the upgraded tables");
-    sched.stop().await;
-    let after = columns(&admin, "pg_elector_job_runs").await;
-    assert!(after.contains(&"heartbeat_period".to_owned()), "{after:?}");
-    let promised: Vec<f64> = admin
-        .query(
-            "SELECT extract(epoch FROM heartbeat_period)::float8 FROM pg_elector_job_runs \
+            )
+            .await
+            .unwrap();
+        let (starts, capture, sched) = leading_schedule(
+            db.pool(2),
+            Job::every("count", Duration::from_millis(100)),
+            Duration::ZERO,
+        );
+        wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
+            .await
+            .expect("the jobs run on the upgraded tables");
+        sched.stop().await;
+        let after = columns(&admin, "pg_elector_job_runs").await;
+        assert!(after.contains(&"heartbeat_period".to_owned()), "{after:?}");
+        let promised: Vec<f64> = admin
+            .query(
+                "SELECT extract(epoch FROM heartbeat_period)::float8 FROM pg_elector_job_runs \
              WHERE job = 'count' AND outcome = 'succeeded'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(promised.len() >= 3, "{promised:?}");
-    assert!(
-        promised.iter().all(|p| (*p - 0.05).abs() < 1e-9),
-        "each run promised the runner's poll, 50 ms: {promised:?}"
-    );
-    let problems: Vec<_> = capture
-        .events("")
-        .into_iter()
-        .filter(|e| e.level <= tracing::Level::WARN)
-        .collect();
-    let old: String = admin
-        .query_one(
-            "SELECT outcome FROM pg_elector_job_runs WHERE claimed_term = 'old/1/0/0'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        old, "abandoned",
-        "judged by the reader's poll (3 s at least)"
-    );
-    let warned: Vec<_> = problems
-        .iter()
-        .filter(|e| {
-            e.message()
-                .starts_with("a run claimed by an earlier term never finished")
-        })
-        .collect();
-    assert_eq!(warned.len(), 1, "{problems:?}");
-    assert_eq!(
-        problems.len(),
-        1,
-        "nothing else to complain about: {problems:?}"
-    );
-}
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(promised.len() >= 3, "{promised:?}");
+        assert!(
+            promised.iter().all(|p| (*p - 0.05).abs() < 1e-9),
+            "each run promised the runner's poll, 50 ms: {promised:?}"
+        );
+        let problems: Vec<_> = capture
+            .events("")
+            .into_iter()
+            .filter(|e| e.level <= tracing::Level::WARN)
+            .collect();
+        let old: String = admin
+            .query_one(
+                "SELECT outcome FROM pg_elector_job_runs WHERE claimed_term = 'old/1/0/0'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            old, "abandoned",
+            "judged by the reader's poll (3 s at least)"
+        );
+        let warned: Vec<_> = problems
+            .iter()
+            .filter(|e| {
+                e.message()
+                    .starts_with("a run claimed by an earlier term never finished")
+            })
+            .collect();
+        assert_eq!(warned.len(), 1, "{problems:?}");
+        assert_eq!(
+            problems.len(),
+            1,
+            "nothing else to complain about: {problems:?}"
+        );
+    }
 
-/// Item 8, older tables and a role that may not alter them: a clear ERROR naming the
-/// statement to run, and the jobs wait until an administrator ran it (`ddl()` has it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h8_a_role_that_may_not_add_the_new_columns_is_told_the_statement_and_jobs_wait() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let admin = db.connect().await.unwrap();
-    let role = limited_role(&db, &admin, "hb").await;
-    admin
-        .batch_execute(&format!(
-            "{OLD_DDL}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
+    /// Item 8, older tables and a role that may not alter them: a clear ERROR naming the
+    /// statement to run, and the jobs wait until an administrator ran it (`ddl()` has it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_role_that_may_not_add_the_columns_is_told_the_statement() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let admin = db.connect().await.unwrap();
+        let role = limited_role(&db, &admin, "hb").await;
+        admin
+            .batch_execute(&format!(
+                "{OLD_DDL}; GRANT SELECT, INSERT, UPDATE ON pg_elector_jobs, pg_elector_job_runs \
              TO \"{role}\""
-        ))
-        .await
-        .unwrap();
-    let pool = pool_as(&db, &role, 2);
-    let (starts, capture, sched) = leading_schedule(
-        pool.clone(),
-        Job::every("count", Duration::from_millis(100)),
-        Duration::ZERO,
-    );
-    let said = capture
-        .logged("the job tables are not ready", Duration::from_secs(3))
-        .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(said.is_some(), "the refusal is logged");
-    assert!(starts.lock().unwrap().is_empty(), "no job runs meanwhile");
-    let said = capture.events("the job tables are not ready");
-    assert_eq!(said[0].level, tracing::Level::ERROR);
-    let error = said[0].field("error");
-    assert!(
+            ))
+            .await
+            .unwrap();
+        let pool = pool_as(&db, &role, 2);
+        let (starts, capture, sched) = leading_schedule(
+            pool.clone(),
+            Job::every("count", Duration::from_millis(100)),
+            Duration::ZERO,
+        );
+        let said = capture
+            .logged("the job tables are not ready", Duration::from_secs(3))
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(said.is_some(), "the refusal is logged");
+        assert!(starts.lock().unwrap().is_empty(), "no job runs meanwhile");
+        let said = capture.events("the job tables are not ready");
+        assert_eq!(said[0].level, tracing::Level::ERROR);
+        let error = said[0].field("error");
+        assert!(
         error.contains(
             "ALTER TABLE \"pg_elector_job_runs\" ADD COLUMN IF NOT EXISTS heartbeat_period interval"
         ) && error.contains("must be owner of table"),
         "the statement to run and the server's refusal: {error}"
     );
-    let ddl = Schedule::new(&Elector::manual().0, pool.clone())
-        .ddl()
-        .unwrap();
-    assert!(
-        ddl.contains("ADD COLUMN IF NOT EXISTS heartbeat_period interval"),
-        "{ddl}"
-    );
-    admin.batch_execute(&ddl).await.unwrap();
-    wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
-        .await
-        .expect("the jobs run once the administrator ran the statements");
-    sched.stop().await;
-    drop(pool);
-    drop_role(&admin, &role).await;
+        let ddl = Schedule::new(&Elector::manual().0, pool.clone())
+            .ddl()
+            .unwrap();
+        assert!(
+            ddl.contains("ADD COLUMN IF NOT EXISTS heartbeat_period interval"),
+            "{ddl}"
+        );
+        admin.batch_execute(&ddl).await.unwrap();
+        wait_for(Duration::from_secs(3), || starts.lock().unwrap().len() >= 3)
+            .await
+            .expect("the jobs run once the administrator ran the statements");
+        sched.stop().await;
+        drop(pool);
+        drop_role(&admin, &role).await;
+    }
 }
 
 /// Which replica reruns the cut-off run in [`a_rerun_whose_abandon_lost_its_answer`].
@@ -580,16 +584,22 @@ async fn a_rerun_whose_abandon_lost_its_answer(by: Rerunner) {
     assert_eq!(reruns, 1, "one rerun in all: {runs:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_a_rerun_whose_abandon_lost_its_answer_is_still_run_once_at_a_later_pass() {
-    let _serial = serial();
-    a_rerun_whose_abandon_lost_its_answer(Rerunner::SameLeader).await;
-}
+mod h2 {
+    use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_a_rerun_whose_abandon_lost_its_answer_is_run_once_by_the_next_leader() {
-    let _serial = serial();
-    a_rerun_whose_abandon_lost_its_answer(Rerunner::NextLeader).await;
+    /// A rerun whose abandon lost its answer is still run once, at a later pass.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lost_abandon_answer_still_reruns_once_at_a_later_pass() {
+        let _serial = serial();
+        a_rerun_whose_abandon_lost_its_answer(Rerunner::SameLeader).await;
+    }
+
+    /// A rerun whose abandon lost its answer is run once, by the next leader.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lost_abandon_answer_reruns_once_on_the_next_leader() {
+        let _serial = serial();
+        a_rerun_whose_abandon_lost_its_answer(Rerunner::NextLeader).await;
+    }
 }
 
 /// Makes the job tables from `ddl()` and a deferred trigger that, once armed, makes the next
@@ -710,16 +720,22 @@ async fn a_claim_whose_commit_is_slow(lost: LostCommit) {
     assert!(later.is_some(), "the job runs on after it");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h3_a_claim_whose_commit_outlives_the_bound_is_read_back_and_run() {
-    let _serial = serial();
-    a_claim_whose_commit_is_slow(LostCommit::Timeout).await;
-}
+mod h3 {
+    use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h3_a_claim_whose_commit_answer_is_lost_with_its_connection_is_read_back_and_run() {
-    let _serial = serial();
-    a_claim_whose_commit_is_slow(LostCommit::Reset).await;
+    /// A claim whose commit outlives the bound is read back and run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_whose_commit_outlives_its_bound_is_read_back() {
+        let _serial = serial();
+        a_claim_whose_commit_is_slow(LostCommit::Timeout).await;
+    }
+
+    /// A claim whose commit answer is lost with its connection is read back and run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_whose_commit_answer_is_lost_is_read_back() {
+        let _serial = serial();
+        a_claim_whose_commit_is_slow(LostCommit::Reset).await;
+    }
 }
 
 /// The next instant of a `period` grid that is at least `ahead` from now.
@@ -745,7 +761,7 @@ async fn sleep_until(at: SystemTime) {
 /// 2 s later, which passed during the wait) for missed and skipped them. Skip is only for dues
 /// missed while nobody led: both run once the lock goes, and the one after on time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h4_with_skip_a_due_whose_claim_waited_on_a_row_lock_still_runs_and_so_does_the_next() {
+async fn h4_with_skip_a_claim_that_waited_on_a_row_lock_still_runs() {
     let _serial = serial();
     let db = fresh_db().await;
     let period = Duration::from_secs(2);
@@ -837,216 +853,220 @@ async fn skipped_rows(
         .collect()
 }
 
-/// Item 10, the catch-up policies: a due that is not run was visible only as an INFO line.
-/// After a leaderless gap of about ten dues, `Skip` and `Latest` record the dues they drop
-/// (reason `catch_up`), and `All` with `max_catch_up(3)` the ones past its limit
-/// (`catch_up_limit`): each as a `skipped` row saying how many dues it stands for (the latest
-/// of them its due), and on `pg_elector_job_skipped_total`. Every due of the window either ran
-/// or is counted as skipped, exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h10_dues_dropped_by_the_catch_up_policy_are_counted_in_the_table_and_the_metric() {
-    use pg_elector::schedule::CatchUp;
-    let _serial = serial();
-    let db = fresh_db().await;
-    let registry = prometheus::Registry::new();
-    let starts: Starts = Arc::default();
-    let period = Duration::from_millis(100);
-    let (elector, control) = Elector::manual();
-    let mut schedule = Schedule::new(&elector, db.pool(2))
-        .poll_interval(Duration::from_millis(50))
-        .registry(&registry);
-    for (name, job) in [
-        ("skip", Job::every("skip", period).catch_up(CatchUp::Skip)),
-        (
-            "latest",
-            Job::every("latest", period).catch_up(CatchUp::Latest),
-        ),
-        (
-            "all3",
-            Job::every("all3", period)
-                .catch_up(CatchUp::All)
-                .max_catch_up(3),
-        ),
-    ] {
-        let body = working(name, &starts, |_| Duration::ZERO);
-        schedule = schedule.job(job, move |run| body(run));
-    }
-    let sched = ManualSchedule::spawn(control, schedule);
-    sched.control.promote();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    sched.control.demote();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    sched.control.promote();
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    sched.stop().await;
+mod h10 {
+    use super::*;
 
-    let admin = db.connect().await.unwrap();
-    for (job, reason) in [
-        ("skip", "catch_up"),
-        ("latest", "catch_up"),
-        ("all3", "catch_up_limit"),
-    ] {
-        let counted = skipped_total(&registry, job, reason);
-        let rows = skipped_rows(&admin, job).await;
-        let ran: Vec<SystemTime> = starts
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.0 == job)
-            .map(|s| s.1)
+    /// Item 10, the catch-up policies: a due that is not run was visible only as an INFO line.
+    /// After a leaderless gap of about ten dues, `Skip` and `Latest` record the dues they drop
+    /// (reason `catch_up`), and `All` with `max_catch_up(3)` the ones past its limit
+    /// (`catch_up_limit`): each as a `skipped` row saying how many dues it stands for (the latest
+    /// of them its due), and on `pg_elector_job_skipped_total`. Every due of the window either ran
+    /// or is counted as skipped, exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dues_dropped_by_catch_up_are_counted_in_table_and_metric() {
+        use pg_elector::schedule::CatchUp;
+        let _serial = serial();
+        let db = fresh_db().await;
+        let registry = prometheus::Registry::new();
+        let starts: Starts = Arc::default();
+        let period = Duration::from_millis(100);
+        let (elector, control) = Elector::manual();
+        let mut schedule = Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .registry(&registry);
+        for (name, job) in [
+            ("skip", Job::every("skip", period).catch_up(CatchUp::Skip)),
+            (
+                "latest",
+                Job::every("latest", period).catch_up(CatchUp::Latest),
+            ),
+            (
+                "all3",
+                Job::every("all3", period)
+                    .catch_up(CatchUp::All)
+                    .max_catch_up(3),
+            ),
+        ] {
+            let body = working(name, &starts, |_| Duration::ZERO);
+            schedule = schedule.job(job, move |run| body(run));
+        }
+        let sched = ManualSchedule::spawn(control, schedule);
+        sched.control.promote();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sched.control.demote();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        sched.control.promote();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        sched.stop().await;
+
+        let admin = db.connect().await.unwrap();
+        for (job, reason) in [
+            ("skip", "catch_up"),
+            ("latest", "catch_up"),
+            ("all3", "catch_up_limit"),
+        ] {
+            let counted = skipped_total(&registry, job, reason);
+            let rows = skipped_rows(&admin, job).await;
+            let ran: Vec<SystemTime> = starts
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|s| s.0 == job)
+                .map(|s| s.1)
+                .collect();
+            eprintln!("{job}: {} runs, skipped {counted} ({rows:?})", ran.len());
+            assert!(
+                counted >= 7,
+                "{job}: about ten dues of the gap were not run: {counted}"
+            );
+            assert!(
+                rows.iter().all(|r| r.1 == reason),
+                "{job}: every skipped row says {reason}: {rows:?}"
+            );
+            let in_rows: i64 = rows.iter().map(|r| r.2).sum();
+            assert_eq!(
+                in_rows as u64, counted,
+                "{job}: the table and the metric agree"
+            );
+            let expected = match job {
+                "all3" => counted + 3,
+                "latest" => counted + 1,
+                _ => counted,
+            };
+            assert!(
+                (9..=13).contains(&expected),
+                "{job}: {counted} skipped for a gap of about 11 dues"
+            );
+            // Each row stands for the `n` dues of the grid that end at its due.
+            let mut covered = Vec::new();
+            for (latest, _, n) in &rows {
+                for k in 0..*n {
+                    covered.push(*latest - period * (k as u32));
+                }
+            }
+            let (first, last) = (ran[0], *ran.last().unwrap());
+            let mut due = first;
+            while due <= last {
+                let times = ran.iter().filter(|d| **d == due).count()
+                    + covered.iter().filter(|d| **d == due).count();
+                assert_eq!(times, 1, "{job}: {due:?} ran or was skipped, once");
+                due += period;
+            }
+        }
+    }
+
+    /// Item 10, an abandoned run that is not rerun (the default): its due did not run. It is
+    /// recorded as a `skipped` row (reason `abandoned`, the attempt after the abandoned one) and
+    /// counted, by the statement that calls the run abandoned.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_run_that_is_not_rerun_is_counted_as_skipped() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let registry = prometheus::Registry::new();
+        let starts: Starts = Arc::default();
+        let capture = Capture::default();
+        let (elector, control) = Elector::manual();
+        let body = working("m", &starts, first_outlasts_its_grace);
+        let schedule = Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .registry(&registry)
+            .job(Job::every("cut", Duration::from_millis(300)), move |run| {
+                body(run)
+            });
+        let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
+        let due = sched
+            .cut_off_first_run(
+                &starts,
+                &capture,
+                Duration::from_secs(3),
+                "a first run",
+                "the run is cut off after its grace",
+            )
+            .await
+            .1;
+        sched.control.promote();
+        let admin = db.connect().await.unwrap();
+        wait_for_async(Duration::from_secs(3), || async {
+            stored_runs(&admin, "cut")
+                .await
+                .iter()
+                .any(|r| r.0 == due && r.3 == "abandoned")
+        })
+        .await
+        .expect("the cut-off run is called abandoned");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sched.stop().await;
+
+        assert_eq!(skipped_total(&registry, "cut", "abandoned"), 1);
+        let of_due: Vec<_> = stored_runs(&admin, "cut")
+            .await
+            .into_iter()
+            .filter(|r| r.0 == due)
+            .map(|r| (r.1, r.3))
             .collect();
-        eprintln!("{job}: {} runs, skipped {counted} ({rows:?})", ran.len());
-        assert!(
-            counted >= 7,
-            "{job}: about ten dues of the gap were not run: {counted}"
+        assert_eq!(
+            of_due,
+            [(1, "abandoned".to_owned()), (2, "skipped".to_owned())],
+            "the abandoned run, and its due recorded as skipped"
         );
-        assert!(
-            rows.iter().all(|r| r.1 == reason),
-            "{job}: every skipped row says {reason}: {rows:?}"
-        );
+        // Besides it, only the dues missed while nobody led, dropped by `Latest`.
+        let rows = skipped_rows(&admin, "cut").await;
+        let (abandoned, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.1 == "abandoned");
+        assert_eq!(abandoned, [&(due, "abandoned".to_owned(), 1)], "{rows:?}");
+        assert!(others.iter().all(|r| r.1 == "catch_up"), "{rows:?}");
+    }
+
+    /// Item 10, a job halted by `LostState::Halt`: the dues that pass while this process leads and
+    /// will not run them are counted (reason `halted`), in the metric and in `skipped` rows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dues_of_a_halted_job_are_counted_as_skipped() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let registry = prometheus::Registry::new();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (elector, control) = Elector::manual();
+        control.promote();
+        let period = Duration::from_millis(100);
+        let schedule = Schedule::new(&elector, db.pool(2))
+            .poll_interval(Duration::from_millis(50))
+            .registry(&registry)
+            .on_lost_state(pg_elector::schedule::LostState::Halt)
+            .job(Job::every("halt", period), counting(&runs));
+        let sched = ManualSchedule::spawn(control, schedule);
+        wait_for(Duration::from_secs(3), || runs.load(Ordering::SeqCst) >= 3)
+            .await
+            .expect("runs");
+        let admin = db.connect().await.unwrap();
+        admin
+            .batch_execute("DELETE FROM pg_elector_jobs")
+            .await
+            .unwrap();
+        let lost = SystemTime::now();
+        wait_for(Duration::from_secs(3), || {
+            skipped_total(&registry, "halt", "halted") >= 5
+        })
+        .await
+        .expect("the halted job's dues are counted");
+        let ran = runs.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sched.stop().await;
+        let stopped = SystemTime::now();
+
+        assert_eq!(runs.load(Ordering::SeqCst), ran, "halted: no more runs");
+        let counted = skipped_total(&registry, "halt", "halted");
+        let rows = skipped_rows(&admin, "halt").await;
+        assert!(rows.iter().all(|r| r.1 == "halted"), "{rows:?}");
         let in_rows: i64 = rows.iter().map(|r| r.2).sum();
         assert_eq!(
             in_rows as u64, counted,
-            "{job}: the table and the metric agree"
+            "the table and the metric agree: {rows:?}"
         );
-        let expected = match job {
-            "all3" => counted + 3,
-            "latest" => counted + 1,
-            _ => counted,
-        };
+        let window = stopped.duration_since(lost).unwrap().as_millis() / period.as_millis() + 1;
         assert!(
-            (9..=13).contains(&expected),
-            "{job}: {counted} skipped for a gap of about 11 dues"
+            (counted as u128) <= window,
+            "only dues since the loss are counted: {counted} of at most {window}"
         );
-        // Each row stands for the `n` dues of the grid that end at its due.
-        let mut covered = Vec::new();
-        for (latest, _, n) in &rows {
-            for k in 0..*n {
-                covered.push(*latest - period * (k as u32));
-            }
-        }
-        let (first, last) = (ran[0], *ran.last().unwrap());
-        let mut due = first;
-        while due <= last {
-            let times = ran.iter().filter(|d| **d == due).count()
-                + covered.iter().filter(|d| **d == due).count();
-            assert_eq!(times, 1, "{job}: {due:?} ran or was skipped, once");
-            due += period;
-        }
     }
-}
-
-/// Item 10, an abandoned run that is not rerun (the default): its due did not run. It is
-/// recorded as a `skipped` row (reason `abandoned`, the attempt after the abandoned one) and
-/// counted, by the statement that calls the run abandoned.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h10_an_abandoned_run_that_is_not_rerun_is_counted_as_skipped() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let registry = prometheus::Registry::new();
-    let starts: Starts = Arc::default();
-    let capture = Capture::default();
-    let (elector, control) = Elector::manual();
-    let body = working("m", &starts, first_outlasts_its_grace);
-    let schedule = Schedule::new(&elector, db.pool(2))
-        .poll_interval(Duration::from_millis(50))
-        .registry(&registry)
-        .job(Job::every("cut", Duration::from_millis(300)), move |run| {
-            body(run)
-        });
-    let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
-    let due = sched
-        .cut_off_first_run(
-            &starts,
-            &capture,
-            Duration::from_secs(3),
-            "a first run",
-            "the run is cut off after its grace",
-        )
-        .await
-        .1;
-    sched.control.promote();
-    let admin = db.connect().await.unwrap();
-    wait_for_async(Duration::from_secs(3), || async {
-        stored_runs(&admin, "cut")
-            .await
-            .iter()
-            .any(|r| r.0 == due && r.3 == "abandoned")
-    })
-    .await
-    .expect("the cut-off run is called abandoned");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    sched.stop().await;
-
-    assert_eq!(skipped_total(&registry, "cut", "abandoned"), 1);
-    let of_due: Vec<_> = stored_runs(&admin, "cut")
-        .await
-        .into_iter()
-        .filter(|r| r.0 == due)
-        .map(|r| (r.1, r.3))
-        .collect();
-    assert_eq!(
-        of_due,
-        [(1, "abandoned".to_owned()), (2, "skipped".to_owned())],
-        "the abandoned run, and its due recorded as skipped"
-    );
-    // Besides it, only the dues missed while nobody led, dropped by `Latest`.
-    let rows = skipped_rows(&admin, "cut").await;
-    let (abandoned, others): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.1 == "abandoned");
-    assert_eq!(abandoned, [&(due, "abandoned".to_owned(), 1)], "{rows:?}");
-    assert!(others.iter().all(|r| r.1 == "catch_up"), "{rows:?}");
-}
-
-/// Item 10, a job halted by `LostState::Halt`: the dues that pass while this process leads and
-/// will not run them are counted (reason `halted`), in the metric and in `skipped` rows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h10_dues_of_a_halted_job_are_counted_as_skipped() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let registry = prometheus::Registry::new();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let (elector, control) = Elector::manual();
-    control.promote();
-    let period = Duration::from_millis(100);
-    let schedule = Schedule::new(&elector, db.pool(2))
-        .poll_interval(Duration::from_millis(50))
-        .registry(&registry)
-        .on_lost_state(pg_elector::schedule::LostState::Halt)
-        .job(Job::every("halt", period), counting(&runs));
-    let sched = ManualSchedule::spawn(control, schedule);
-    wait_for(Duration::from_secs(3), || runs.load(Ordering::SeqCst) >= 3)
-        .await
-        .expect("runs");
-    let admin = db.connect().await.unwrap();
-    admin
-        .batch_execute("DELETE FROM pg_elector_jobs")
-        .await
-        .unwrap();
-    let lost = SystemTime::now();
-    wait_for(Duration::from_secs(3), || {
-        skipped_total(&registry, "halt", "halted") >= 5
-    })
-    .await
-    .expect("the halted job's dues are counted");
-    let ran = runs.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    sched.stop().await;
-    let stopped = SystemTime::now();
-
-    assert_eq!(runs.load(Ordering::SeqCst), ran, "halted: no more runs");
-    let counted = skipped_total(&registry, "halt", "halted");
-    let rows = skipped_rows(&admin, "halt").await;
-    assert!(rows.iter().all(|r| r.1 == "halted"), "{rows:?}");
-    let in_rows: i64 = rows.iter().map(|r| r.2).sum();
-    assert_eq!(
-        in_rows as u64, counted,
-        "the table and the metric agree: {rows:?}"
-    );
-    let window = stopped.duration_since(lost).unwrap().as_millis() / period.as_millis() + 1;
-    assert!(
-        (counted as u128) <= window,
-        "only dues since the loss are counted: {counted} of at most {window}"
-    );
 }
 
 /// A replica as the README wires it: a supervisor running the election and the schedule, with
@@ -1160,30 +1180,34 @@ async fn a_run_in_flight_at_shutdown_is_drained(
     );
 }
 
-/// The README's wiring, a short run well within the drain timeout (a regression test: it
-/// passed before this change too).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_a_run_in_flight_at_a_graceful_shutdown_under_a_supervisor_is_drained() {
-    let _serial = serial();
-    a_run_in_flight_at_shutdown_is_drained(
-        pg_elector::LockKey::new(0x17, 1),
-        0.3,
-        Duration::from_secs(2),
-    )
-    .await;
-}
+mod h1 {
+    use super::*;
 
-/// A run longer than the schedule's own grace after the term ends (two polls, at least 2 s)
-/// but within the elector's drain timeout (6 s): the schedule cut it off at 2 s, the drain saw
-/// no work left and gave the lock up, and b led and wrote while a's statement was still
-/// running on the server. The grace is now at least the elector's drain timeout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_the_schedules_grace_does_not_cut_a_run_off_before_the_elector_s_drain_timeout() {
-    let _serial = serial();
-    a_run_in_flight_at_shutdown_is_drained(
-        pg_elector::LockKey::new(0x17, 2),
-        3.0,
-        Duration::from_secs(6),
-    )
-    .await;
+    /// The README's wiring, a short run well within the drain timeout (a regression test: it
+    /// passed before this change too).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_in_flight_at_a_supervised_shutdown_is_drained() {
+        let _serial = serial();
+        a_run_in_flight_at_shutdown_is_drained(
+            pg_elector::LockKey::new(0x17, 1),
+            0.3,
+            Duration::from_secs(2),
+        )
+        .await;
+    }
+
+    /// A run longer than the schedule's own grace after the term ends (two polls, at least 2 s)
+    /// but within the elector's drain timeout (6 s): the schedule cut it off at 2 s, the drain saw
+    /// no work left and gave the lock up, and b led and wrote while a's statement was still
+    /// running on the server. The grace is now at least the elector's drain timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_grace_does_not_cut_a_run_off_before_the_drain_timeout() {
+        let _serial = serial();
+        a_run_in_flight_at_shutdown_is_drained(
+            pg_elector::LockKey::new(0x17, 2),
+            3.0,
+            Duration::from_secs(6),
+        )
+        .await;
+    }
 }

@@ -42,8 +42,9 @@ fn runs(registry: &prometheus::Registry, outcome: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Job metrics count runs by outcome, time the last success, and the durations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f5_job_metrics_count_runs_by_outcome_time_the_last_success_and_the_durations() {
+async fn f5_job_metrics_count_outcomes_last_success_and_durations() {
     let _serial = serial();
     let db = fresh_db().await;
     let registry = prometheus::Registry::new();

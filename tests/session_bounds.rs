@@ -94,51 +94,57 @@ fn assert_no_bound_below_four_intervals(event: &Event, interval: Duration, has_i
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e14_the_lock_session_has_no_server_tcp_bound_shorter_than_four_intervals_small_and_large()
-{
-    let _serial = serial();
-    let db = fresh_db().await;
-    let has_idle_timeout = has_idle_session_timeout(&db).await;
-    // A short interval, and one long enough that 4·I passes the usual kernel keepalive time
-    // (2 h), the keepalive idle limit of the kernel (32 767 s) included.
-    for (object, interval) in [(1, I), (2, Duration::from_secs(3 * 3600))] {
-        let granted = bounds_of_a_grant(&db, LockKey::new(14, object), interval).await;
+mod e14 {
+    use super::*;
+
+    /// The lock session has no server TCP bound shorter than four intervals, at a small and a large
+    /// interval.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_server_tcp_bound_is_shorter_than_four_intervals() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let has_idle_timeout = has_idle_session_timeout(&db).await;
+        // A short interval, and one long enough that 4·I passes the usual kernel keepalive time
+        // (2 h), the keepalive idle limit of the kernel (32 767 s) included.
+        for (object, interval) in [(1, I), (2, Duration::from_secs(3 * 3600))] {
+            let granted = bounds_of_a_grant(&db, LockKey::new(14, object), interval).await;
+            assert_no_bound_below_four_intervals(&granted, interval, has_idle_timeout);
+        }
+    }
+
+    /// A server with short keepalives still gives the lock session four intervals.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn short_server_keepalives_still_give_four_intervals() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let has_idle_timeout = has_idle_session_timeout(&db).await;
+        // Every new session of this database starts with keepalives and a user timeout far below
+        // 4·I, as on a host tuned for fast dead-peer detection.
+        let admin = db.connect().await.unwrap();
+        for (setting, value) in [
+            ("tcp_keepalives_idle", "1"),
+            ("tcp_keepalives_interval", "1"),
+            ("tcp_keepalives_count", "1"),
+            ("tcp_user_timeout", "100"),
+        ] {
+            admin
+                .batch_execute(&format!(
+                    "ALTER DATABASE \"{}\" SET {setting} = {value}",
+                    db.name()
+                ))
+                .await
+                .unwrap();
+        }
+        let probe = db.connect().await.unwrap();
+        let short: String = probe
+            .query_one("SELECT current_setting('tcp_keepalives_idle')", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(short, "1", "new sessions start with the short setting");
+
+        let interval = Duration::from_secs(2);
+        let granted = bounds_of_a_grant(&db, LockKey::new(14, 3), interval).await;
         assert_no_bound_below_four_intervals(&granted, interval, has_idle_timeout);
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e14_a_server_with_short_keepalives_still_gives_the_lock_session_four_intervals() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let has_idle_timeout = has_idle_session_timeout(&db).await;
-    // Every new session of this database starts with keepalives and a user timeout far below
-    // 4·I, as on a host tuned for fast dead-peer detection.
-    let admin = db.connect().await.unwrap();
-    for (setting, value) in [
-        ("tcp_keepalives_idle", "1"),
-        ("tcp_keepalives_interval", "1"),
-        ("tcp_keepalives_count", "1"),
-        ("tcp_user_timeout", "100"),
-    ] {
-        admin
-            .batch_execute(&format!(
-                "ALTER DATABASE \"{}\" SET {setting} = {value}",
-                db.name()
-            ))
-            .await
-            .unwrap();
-    }
-    let probe = db.connect().await.unwrap();
-    let short: String = probe
-        .query_one("SELECT current_setting('tcp_keepalives_idle')", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(short, "1", "new sessions start with the short setting");
-
-    let interval = Duration::from_secs(2);
-    let granted = bounds_of_a_grant(&db, LockKey::new(14, 3), interval).await;
-    assert_no_bound_below_four_intervals(&granted, interval, has_idle_timeout);
 }

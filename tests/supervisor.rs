@@ -57,314 +57,322 @@ fn supervise_election_and_sweep(
         })
 }
 
-#[tokio::test(start_paused = true)]
-async fn b5_a_failed_worker_restarts_with_exponential_backoff() {
-    let starts = Arc::new(Mutex::new(Vec::new()));
-    let t0 = Instant::now();
-    let supervisor = Supervisor::new()
-        .restart_policy(fast_policy())
-        .worker("flaky", {
-            let starts = starts.clone();
-            move |token: CancellationToken| {
-                starts.lock().unwrap().push(t0.elapsed());
-                let n = starts.lock().unwrap().len();
-                async move {
-                    if n < 4 {
-                        Err("connection reset")
-                    } else {
-                        token.cancelled().await;
-                        Ok(())
+mod b5 {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_worker_restarts_with_exponential_backoff() {
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let t0 = Instant::now();
+        let supervisor = Supervisor::new()
+            .restart_policy(fast_policy())
+            .worker("flaky", {
+                let starts = starts.clone();
+                move |token: CancellationToken| {
+                    starts.lock().unwrap().push(t0.elapsed());
+                    let n = starts.lock().unwrap().len();
+                    async move {
+                        if n < 4 {
+                            Err("connection reset")
+                        } else {
+                            token.cancelled().await;
+                            Ok(())
+                        }
                     }
                 }
-            }
-        });
-    let shutdown = CancellationToken::new();
-    let stop = {
-        let shutdown = shutdown.clone();
-        async move {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            shutdown.cancel();
-        }
-    };
-    tokio::join!(supervisor.run(shutdown), stop);
-    let ms: Vec<_> = starts
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_millis())
-        .collect();
-    assert_eq!(ms, [0, 100, 300, 700], "waits of 100, 200, 400 ms");
-}
-
-#[tokio::test(start_paused = true)]
-async fn b5_a_worker_past_its_budget_stops_and_the_probe_names_it() {
-    let capture = Capture::default();
-    let _log = capture.install();
-    let readiness = Readiness::new();
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let healthy = Arc::new(AtomicBool::new(false));
-    let supervisor = Supervisor::new()
-        .restart_policy(fast_policy())
-        .worker("doomed", {
-            let attempts = attempts.clone();
-            move |_token| {
-                attempts.fetch_add(1, Ordering::SeqCst);
-                async { Err::<(), _>("schema mismatch") }
-            }
-        })
-        .worker("healthy", {
-            let healthy = healthy.clone();
-            move |token: CancellationToken| {
-                let healthy = healthy.clone();
-                async move {
-                    healthy.store(true, Ordering::SeqCst);
-                    token.cancelled().await;
-                    healthy.store(false, Ordering::SeqCst);
-                }
-            }
-        });
-    readiness.add(&supervisor.probe());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        attempts.load(Ordering::SeqCst),
-        5,
-        "the first run and 4 restarts"
-    );
-    let report = readiness.check();
-    assert_eq!(report.status_code(), 503);
-    assert_eq!(report.failing()[0].name, "workers");
-    assert!(
-        report.failing()[0]
-            .error
-            .contains("worker \"doomed\" stopped")
-            && report.failing()[0].error.contains("schema mismatch"),
-        "{report}"
-    );
-    assert!(healthy.load(Ordering::SeqCst), "the other worker runs on");
-    let gave_up = capture.events("worker stopped: restart budget spent");
-    assert_eq!(gave_up.len(), 1);
-    assert_eq!(gave_up[0].field("worker"), "doomed");
-    assert_eq!(capture.events("worker failed").len(), 4);
-    shutdown.cancel();
-    task.await.unwrap();
-    assert!(!healthy.load(Ordering::SeqCst));
-}
-
-#[tokio::test(start_paused = true)]
-async fn b5_a_panicking_worker_is_logged_and_restarted() {
-    let capture = Capture::default();
-    let _log = capture.install();
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let supervisor = Supervisor::new()
-        .restart_policy(fast_policy())
-        .worker("crashy", {
-            let attempts = attempts.clone();
-            move |token: CancellationToken| {
-                let n = attempts.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    if n == 0 {
-                        panic!("unwrap on None");
-                    }
-                    token.cancelled().await;
-                }
-            }
-        });
-    let probe = supervisor.probe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        attempts.load(Ordering::SeqCst),
-        2,
-        "restarted after the panic"
-    );
-    assert!(probe.status().is_pass());
-    let panicked = capture.events("worker panicked");
-    assert_eq!(panicked.len(), 1);
-    assert_eq!(panicked[0].level, tracing::Level::ERROR);
-    assert_eq!(panicked[0].field("worker"), "crashy");
-    assert_eq!(panicked[0].field("panic"), "unwrap on None");
-    assert!(!panicked[0].field("backtrace").is_empty());
-    shutdown.cancel();
-    task.await.unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn b5_a_worker_whose_start_panics_is_restarted_within_its_budget_then_given_up() {
-    let capture = Capture::default();
-    let _log = capture.install();
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let supervisor = Supervisor::new()
-        .restart_policy(fast_policy())
-        .worker("misconfigured", {
-            let attempts = attempts.clone();
-            move |token: CancellationToken| {
-                // The synchronous part of the start, before any future exists.
-                attempts.fetch_add(1, Ordering::SeqCst);
-                let batch: u32 = "ten".parse().expect("SWEEP_BATCH is not a number");
-                async move {
-                    for _ in 0..batch {
-                        token.cancelled().await;
-                    }
-                }
-            }
-        });
-    let probe = supervisor.probe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        attempts.load(Ordering::SeqCst),
-        5,
-        "the first start and 4 restarts"
-    );
-    let panicked = capture.events("worker panicked");
-    assert_eq!(panicked.len(), 5);
-    assert!(
-        panicked[0]
-            .field("panic")
-            .starts_with("SWEEP_BATCH is not a number")
-    );
-    assert_eq!(
-        capture.events("worker stopped: restart budget spent").len(),
-        1
-    );
-    assert!(
-        matches!(probe.status(), ProbeStatus::Fail(e) if e.contains("misconfigured") && e.contains("SWEEP_BATCH")),
-        "{probe:?}"
-    );
-    shutdown.cancel();
-    task.await.unwrap();
-}
-
-#[tokio::test(start_paused = true)]
-async fn b5_a_probe_taken_before_probe_name_is_renamed_and_still_reports() {
-    let early = Supervisor::new();
-    let probe = early.probe();
-    let supervisor = early
-        .probe_name("jobs")
-        .restart_policy(RestartPolicy::new().budget(0, Duration::from_secs(60)))
-        .worker("doomed", |_token| async { Err::<(), _>("schema mismatch") });
-    assert_eq!(probe.name(), "jobs", "the probe taken earlier is renamed");
-    assert_eq!(supervisor.probe().name(), "jobs");
-    let readiness = Readiness::new();
-    readiness.add(&probe);
-    supervisor.run(CancellationToken::new()).await;
-    let report = readiness.check();
-    assert_eq!(report.status_code(), 503, "{report}");
-    assert_eq!(report.failing()[0].name, "jobs");
-    assert!(report.failing()[0].error.contains("doomed"), "{report}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn b5_shutdown_cancels_every_worker_and_waits_for_them() {
-    let cleaned = Arc::new(AtomicUsize::new(0));
-    let mut supervisor = Supervisor::new();
-    for name in ["a", "b", "c"] {
-        let cleaned = cleaned.clone();
-        supervisor = supervisor.worker(name, move |token: CancellationToken| {
-            let cleaned = cleaned.clone();
+            });
+        let shutdown = CancellationToken::new();
+        let stop = {
+            let shutdown = shutdown.clone();
             async move {
-                token.cancelled().await;
-                tokio::time::sleep(P).await; // flush on the way out
-                cleaned.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, String>(())
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                shutdown.cancel();
             }
-        });
+        };
+        tokio::join!(supervisor.run(shutdown), stop);
+        let ms: Vec<_> = starts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_millis())
+            .collect();
+        assert_eq!(ms, [0, 100, 300, 700], "waits of 100, 200, 400 ms");
     }
-    let shutdown = CancellationToken::new();
-    let t0 = Instant::now();
-    let stop = {
-        let shutdown = shutdown.clone();
-        async move {
-            tokio::time::sleep(P).await;
-            shutdown.cancel();
-        }
-    };
-    tokio::join!(supervisor.run(shutdown), stop);
-    assert_eq!(
-        cleaned.load(Ordering::SeqCst),
-        3,
-        "run waited for every worker"
-    );
-    assert_eq!(t0.elapsed(), P * 2);
-}
 
-#[tokio::test(start_paused = true)]
-async fn b5_a_worker_stuck_at_shutdown_is_aborted_after_the_timeout() {
-    let capture = Capture::default();
-    let _log = capture.install();
-    let dropped = Arc::new(AtomicBool::new(false));
-    let supervisor = Supervisor::new().shutdown_timeout(P).worker("stuck", {
-        let dropped = dropped.clone();
-        move |_token| {
-            let guard = Running(dropped.clone());
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_past_its_budget_stops_and_the_probe_names_it() {
+        let capture = Capture::default();
+        let _log = capture.install();
+        let readiness = Readiness::new();
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let healthy = Arc::new(AtomicBool::new(false));
+        let supervisor = Supervisor::new()
+            .restart_policy(fast_policy())
+            .worker("doomed", {
+                let attempts = attempts.clone();
+                move |_token| {
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    async { Err::<(), _>("schema mismatch") }
+                }
+            })
+            .worker("healthy", {
+                let healthy = healthy.clone();
+                move |token: CancellationToken| {
+                    let healthy = healthy.clone();
+                    async move {
+                        healthy.store(true, Ordering::SeqCst);
+                        token.cancelled().await;
+                        healthy.store(false, Ordering::SeqCst);
+                    }
+                }
+            });
+        readiness.add(&supervisor.probe());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            5,
+            "the first run and 4 restarts"
+        );
+        let report = readiness.check();
+        assert_eq!(report.status_code(), 503);
+        assert_eq!(report.failing()[0].name, "workers");
+        assert!(
+            report.failing()[0]
+                .error
+                .contains("worker \"doomed\" stopped")
+                && report.failing()[0].error.contains("schema mismatch"),
+            "{report}"
+        );
+        assert!(healthy.load(Ordering::SeqCst), "the other worker runs on");
+        let gave_up = capture.events("worker stopped: restart budget spent");
+        assert_eq!(gave_up.len(), 1);
+        assert_eq!(gave_up[0].field("worker"), "doomed");
+        assert_eq!(capture.events("worker failed").len(), 4);
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(!healthy.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_worker_is_logged_and_restarted() {
+        let capture = Capture::default();
+        let _log = capture.install();
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let supervisor = Supervisor::new()
+            .restart_policy(fast_policy())
+            .worker("crashy", {
+                let attempts = attempts.clone();
+                move |token: CancellationToken| {
+                    let n = attempts.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if n == 0 {
+                            panic!("unwrap on None");
+                        }
+                        token.cancelled().await;
+                    }
+                }
+            });
+        let probe = supervisor.probe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            2,
+            "restarted after the panic"
+        );
+        assert!(probe.status().is_pass());
+        let panicked = capture.events("worker panicked");
+        assert_eq!(panicked.len(), 1);
+        assert_eq!(panicked[0].level, tracing::Level::ERROR);
+        assert_eq!(panicked[0].field("worker"), "crashy");
+        assert_eq!(panicked[0].field("panic"), "unwrap on None");
+        assert!(!panicked[0].field("backtrace").is_empty());
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A worker whose start panics is restarted within its budget, then given up.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_whose_start_panics_is_restarted_then_given_up() {
+        let capture = Capture::default();
+        let _log = capture.install();
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let supervisor = Supervisor::new()
+            .restart_policy(fast_policy())
+            .worker("misconfigured", {
+                let attempts = attempts.clone();
+                move |token: CancellationToken| {
+                    // The synchronous part of the start, before any future exists.
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    let batch: u32 = "ten".parse().expect("SWEEP_BATCH is not a number");
+                    async move {
+                        for _ in 0..batch {
+                            token.cancelled().await;
+                        }
+                    }
+                }
+            });
+        let probe = supervisor.probe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            5,
+            "the first start and 4 restarts"
+        );
+        let panicked = capture.events("worker panicked");
+        assert_eq!(panicked.len(), 5);
+        assert!(
+            panicked[0]
+                .field("panic")
+                .starts_with("SWEEP_BATCH is not a number")
+        );
+        assert_eq!(
+            capture.events("worker stopped: restart budget spent").len(),
+            1
+        );
+        assert!(
+            matches!(probe.status(), ProbeStatus::Fail(e) if e.contains("misconfigured") && e.contains("SWEEP_BATCH")),
+            "{probe:?}"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
+    }
+
+    /// A probe taken before `probe_name` is renamed and still reports.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_taken_before_probe_name_is_renamed_and_reports() {
+        let early = Supervisor::new();
+        let probe = early.probe();
+        let supervisor = early
+            .probe_name("jobs")
+            .restart_policy(RestartPolicy::new().budget(0, Duration::from_secs(60)))
+            .worker("doomed", |_token| async { Err::<(), _>("schema mismatch") });
+        assert_eq!(probe.name(), "jobs", "the probe taken earlier is renamed");
+        assert_eq!(supervisor.probe().name(), "jobs");
+        let readiness = Readiness::new();
+        readiness.add(&probe);
+        supervisor.run(CancellationToken::new()).await;
+        let report = readiness.check();
+        assert_eq!(report.status_code(), 503, "{report}");
+        assert_eq!(report.failing()[0].name, "jobs");
+        assert!(report.failing()[0].error.contains("doomed"), "{report}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_cancels_every_worker_and_waits_for_them() {
+        let cleaned = Arc::new(AtomicUsize::new(0));
+        let mut supervisor = Supervisor::new();
+        for name in ["a", "b", "c"] {
+            let cleaned = cleaned.clone();
+            supervisor = supervisor.worker(name, move |token: CancellationToken| {
+                let cleaned = cleaned.clone();
+                async move {
+                    token.cancelled().await;
+                    tokio::time::sleep(P).await; // flush on the way out
+                    cleaned.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, String>(())
+                }
+            });
+        }
+        let shutdown = CancellationToken::new();
+        let t0 = Instant::now();
+        let stop = {
+            let shutdown = shutdown.clone();
             async move {
-                let _guard = guard;
-                std::future::pending::<()>().await;
+                tokio::time::sleep(P).await;
+                shutdown.cancel();
             }
-        }
-    });
-    let shutdown = CancellationToken::new();
-    shutdown.cancel();
-    let t0 = Instant::now();
-    // `Running` sets false on drop: start true to see it.
-    dropped.store(true, Ordering::SeqCst);
-    supervisor.run(shutdown).await;
-    assert_eq!(t0.elapsed(), P);
-    assert!(
-        !dropped.load(Ordering::SeqCst),
-        "the stuck worker was dropped"
-    );
-    let warned = capture.events("workers did not stop");
-    assert_eq!(warned.len(), 1);
-    assert!(warned[0].field("workers").contains("stuck"));
-}
+        };
+        tokio::join!(supervisor.run(shutdown), stop);
+        assert_eq!(
+            cleaned.load(Ordering::SeqCst),
+            3,
+            "run waited for every worker"
+        );
+        assert_eq!(t0.elapsed(), P * 2);
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn b5_the_supervisor_runs_the_election_and_releases_the_lock_at_shutdown() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(0xb5, 1);
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .build()
-        .unwrap();
-    let ticks = Arc::new(AtomicUsize::new(0));
-    let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(20));
-    let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks);
-    let probe = supervisor.probe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
-    wait_for(3 * I, || elector.is_leader())
-        .await
-        .expect("the supervised election leads");
-    wait_for(3 * I, || ticks.load(Ordering::SeqCst) >= 3)
-        .await
-        .expect("the supervised ticker ticks");
-    let admin = db.connect().await.unwrap();
-    assert_eq!(holders(&admin, key).await.len(), 1);
-    assert!(probe.status().is_pass());
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_stuck_at_shutdown_is_aborted_after_the_timeout() {
+        let capture = Capture::default();
+        let _log = capture.install();
+        let dropped = Arc::new(AtomicBool::new(false));
+        let supervisor = Supervisor::new().shutdown_timeout(P).worker("stuck", {
+            let dropped = dropped.clone();
+            move |_token| {
+                let guard = Running(dropped.clone());
+                async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await;
+                }
+            }
+        });
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let t0 = Instant::now();
+        // `Running` sets false on drop: start true to see it.
+        dropped.store(true, Ordering::SeqCst);
+        supervisor.run(shutdown).await;
+        assert_eq!(t0.elapsed(), P);
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the stuck worker was dropped"
+        );
+        let warned = capture.events("workers did not stop");
+        assert_eq!(warned.len(), 1);
+        assert!(warned[0].field("workers").contains("stuck"));
+    }
 
-    shutdown.cancel();
-    tokio::time::timeout(5 * I, task)
-        .await
-        .expect("shutdown waits for the workers, boundedly")
-        .unwrap();
-    assert!(!elector.is_leader());
-    assert!(
-        holders(&admin, key).await.is_empty(),
-        "run unlocked at shutdown"
-    );
+    /// The supervisor runs the election and releases the lock at shutdown.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_supervisor_runs_the_election_and_unlocks_at_shutdown() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(0xb5, 1);
+        let elector = Elector::builder(db.pool(2), key)
+            .check_interval(I)
+            .build()
+            .unwrap();
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(20));
+        let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks);
+        let probe = supervisor.probe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        wait_for(3 * I, || elector.is_leader())
+            .await
+            .expect("the supervised election leads");
+        wait_for(3 * I, || ticks.load(Ordering::SeqCst) >= 3)
+            .await
+            .expect("the supervised ticker ticks");
+        let admin = db.connect().await.unwrap();
+        assert_eq!(holders(&admin, key).await.len(), 1);
+        assert!(probe.status().is_pass());
+
+        shutdown.cancel();
+        tokio::time::timeout(5 * I, task)
+            .await
+            .expect("shutdown waits for the workers, boundedly")
+            .unwrap();
+        assert!(!elector.is_leader());
+        assert!(
+            holders(&admin, key).await.is_empty(),
+            "run unlocked at shutdown"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // B6: the launchers run unchanged on a local elector.
 
+/// The launchers and the supervisor run on an always-leader elector.
 #[tokio::test(start_paused = true)]
-async fn b6_the_launchers_and_the_supervisor_run_on_an_always_leader_elector() {
+async fn b6_launchers_and_supervisor_run_on_an_always_leader() {
     let elector = Elector::always_leader();
     let term = elector.term();
     let ticks = Arc::new(AtomicUsize::new(0));
@@ -402,8 +410,9 @@ async fn b6_the_launchers_and_the_supervisor_run_on_an_always_leader_elector() {
     );
 }
 
+/// The short path runs the election, a ticker and a loop as named workers.
 #[tokio::test(start_paused = true)]
-async fn the_short_path_runs_the_election_a_ticker_and_a_loop_as_named_workers() {
+async fn the_short_path_runs_election_ticker_and_loop_as_workers() {
     let capture = Capture::default();
     let _log = capture.install();
     let elector = Elector::always_leader();

@@ -11,227 +11,238 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e9_terms_on_a_standby_are_born_ended_and_on_the_leader_live_until_leadership_ends() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(9, 1);
-    let a = leading_replica(&db, key).await;
-    let b = Replica::start(db.pool(2), key, I);
-    tokio::time::sleep(I).await;
+mod e9 {
+    use super::*;
 
-    // Standby: ended at birth, whatever the parent.
-    let standby = b.elector.term();
-    assert!(!standby.is_leader());
-    assert!(standby.token().is_cancelled());
-    assert_eq!(standby.end(), Some(TermEnd::NotLeader));
-    let standby = b.elector.term_with(&CancellationToken::new());
-    assert_eq!(standby.end(), Some(TermEnd::NotLeader));
-    tokio::time::timeout(Duration::from_millis(10), standby.cancelled())
-        .await
-        .expect("a standby's term is already cancelled");
+    /// Terms on a standby are born ended, and on the leader live until leadership ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn terms_are_born_ended_on_a_standby_and_live_on_the_leader() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(9, 1);
+        let a = leading_replica(&db, key).await;
+        let b = Replica::start(db.pool(2), key, I);
+        tokio::time::sleep(I).await;
 
-    // Leader: live; term_with ends with its parent, and the term itself goes on.
-    let term = a.elector.term();
-    assert!(term.is_leader());
-    assert_eq!(term.end(), None);
-    let parent = CancellationToken::new();
-    let child = a.elector.term_with(&parent);
-    let survivor = a.elector.term_with(&CancellationToken::new());
-    assert!(child.is_leader());
-    parent.cancel();
-    assert_eq!(child.end(), Some(TermEnd::ParentCancelled));
-    assert!(!child.is_leader());
-    assert_eq!(term.end(), None);
+        // Standby: ended at birth, whatever the parent.
+        let standby = b.elector.term();
+        assert!(!standby.is_leader());
+        assert!(standby.token().is_cancelled());
+        assert_eq!(standby.end(), Some(TermEnd::NotLeader));
+        let standby = b.elector.term_with(&CancellationToken::new());
+        assert_eq!(standby.end(), Some(TermEnd::NotLeader));
+        tokio::time::timeout(Duration::from_millis(10), standby.cancelled())
+            .await
+            .expect("a standby's term is already cancelled");
 
-    // Leadership lost: the term and every term_with of it end with LeadershipLost.
-    terminate_holder(&db, key).await;
-    tokio::time::timeout(2 * I, term.cancelled())
-        .await
-        .expect("the term ends");
-    assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
-    assert_eq!(survivor.end(), Some(TermEnd::LeadershipLost));
-    assert_eq!(
-        child.end(),
-        Some(TermEnd::ParentCancelled),
-        "the first cause stays"
-    );
+        // Leader: live; term_with ends with its parent, and the term itself goes on.
+        let term = a.elector.term();
+        assert!(term.is_leader());
+        assert_eq!(term.end(), None);
+        let parent = CancellationToken::new();
+        let child = a.elector.term_with(&parent);
+        let survivor = a.elector.term_with(&CancellationToken::new());
+        assert!(child.is_leader());
+        parent.cancel();
+        assert_eq!(child.end(), Some(TermEnd::ParentCancelled));
+        assert!(!child.is_leader());
+        assert_eq!(term.end(), None);
 
-    // Whoever leads next does so in a fresh, live term.
-    let replicas = [a, b];
-    let next = one_leader(&replicas, 3 * I).await;
-    let fresh = replicas[next].elector.term();
-    assert!(fresh.is_leader());
-    assert!(!term.is_leader(), "an ended term stays ended");
-    for replica in replicas {
-        replica.stop().await.unwrap();
+        // Leadership lost: the term and every term_with of it end with LeadershipLost.
+        terminate_holder(&db, key).await;
+        tokio::time::timeout(2 * I, term.cancelled())
+            .await
+            .expect("the term ends");
+        assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+        assert_eq!(survivor.end(), Some(TermEnd::LeadershipLost));
+        assert_eq!(
+            child.end(),
+            Some(TermEnd::ParentCancelled),
+            "the first cause stays"
+        );
+
+        // Whoever leads next does so in a fresh, live term.
+        let replicas = [a, b];
+        let next = one_leader(&replicas, 3 * I).await;
+        let fresh = replicas[next].elector.term();
+        assert!(fresh.is_leader());
+        assert!(!term.is_leader(), "an ended term stays ended");
+        for replica in replicas {
+            replica.stop().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leaders_term_ends_with_shutdown_and_term_with_too() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let a = leading_replica(&db, LockKey::new(9, 2)).await;
+        let term = a.elector.term();
+        let linked = a.elector.term_with(&CancellationToken::new());
+        a.stop().await.unwrap();
+        assert_eq!(term.end(), Some(TermEnd::Shutdown));
+        assert_eq!(linked.end(), Some(TermEnd::Shutdown));
+    }
+
+    /// A holder that cancels its term's token ends its own handle only.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_cancelling_its_token_ends_its_own_handle_only() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let a = leading_replica(&db, LockKey::new(9, 3)).await;
+        let mine = a.elector.term();
+        let clone = mine.clone();
+        mine.token().cancel();
+        assert!(
+            !mine.is_leader() && !clone.is_leader(),
+            "the handle and its clones end"
+        );
+        assert_eq!(mine.end(), Some(TermEnd::ParentCancelled));
+
+        let other = a.elector.term();
+        assert!(other.is_leader(), "another holder's term goes on");
+        assert!(a.elector.is_leader());
+        let work: Result<Option<u8>, ()> = a.elector.do_work(|_| async { Ok(1) }).await;
+        assert_eq!(work, Ok(Some(1)));
+
+        a.stop().await.unwrap();
+        assert_eq!(other.end(), Some(TermEnd::Shutdown));
+        assert_eq!(
+            mine.end(),
+            Some(TermEnd::ParentCancelled),
+            "the first cause stays"
+        );
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e9_a_leaders_term_ends_with_shutdown_and_term_with_too() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let a = leading_replica(&db, LockKey::new(9, 2)).await;
-    let term = a.elector.term();
-    let linked = a.elector.term_with(&CancellationToken::new());
-    a.stop().await.unwrap();
-    assert_eq!(term.end(), Some(TermEnd::Shutdown));
-    assert_eq!(linked.end(), Some(TermEnd::Shutdown));
-}
+mod e10 {
+    use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e9_a_holder_that_cancels_its_terms_token_ends_its_own_handle_only() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let a = leading_replica(&db, LockKey::new(9, 3)).await;
-    let mine = a.elector.term();
-    let clone = mine.clone();
-    mine.token().cancel();
-    assert!(
-        !mine.is_leader() && !clone.is_leader(),
-        "the handle and its clones end"
-    );
-    assert_eq!(mine.end(), Some(TermEnd::ParentCancelled));
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn do_work_on_a_standby_does_not_call_f() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(10, 1);
+        let a = leading_replica(&db, key).await;
+        let b = Replica::start(db.pool(2), key, I);
+        tokio::time::sleep(I).await;
 
-    let other = a.elector.term();
-    assert!(other.is_leader(), "another holder's term goes on");
-    assert!(a.elector.is_leader());
-    let work: Result<Option<u8>, ()> = a.elector.do_work(|_| async { Ok(1) }).await;
-    assert_eq!(work, Ok(Some(1)));
-
-    a.stop().await.unwrap();
-    assert_eq!(other.end(), Some(TermEnd::Shutdown));
-    assert_eq!(
-        mine.end(),
-        Some(TermEnd::ParentCancelled),
-        "the first cause stays"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e10_do_work_on_a_standby_does_not_call_f() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let key = LockKey::new(10, 1);
-    let a = leading_replica(&db, key).await;
-    let b = Replica::start(db.pool(2), key, I);
-    tokio::time::sleep(I).await;
-
-    let called = AtomicBool::new(false);
-    let got: Result<Option<u32>, &str> = b
-        .elector
-        .do_work(|_| async {
-            called.store(true, Ordering::SeqCst);
-            Ok(1)
-        })
-        .await;
-    assert_eq!(got, Ok(None));
-    assert!(
-        !called.load(Ordering::SeqCst),
-        "f is not called on a standby"
-    );
-    a.stop().await.unwrap();
-    b.stop().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e10_do_work_on_the_leader_returns_fs_result() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let a = leading_replica(&db, LockKey::new(10, 2)).await;
-
-    // f may borrow from its caller: no 'static bound.
-    let mut swept = Vec::new();
-    let got: Result<Option<usize>, String> = a
-        .elector
-        .do_work(|term| {
-            let swept = &mut swept;
-            async move {
-                assert!(term.is_leader(), "f gets the live term");
-                swept.push(1);
-                Ok(swept.len())
-            }
-        })
-        .await;
-    assert_eq!(got, Ok(Some(1)));
-    assert_eq!(swept, vec![1]);
-
-    let got: Result<Option<()>, String> = a
-        .elector
-        .do_work(|_| async { Err("tick failed".to_owned()) })
-        .await;
-    assert_eq!(got, Err("tick failed".to_owned()));
-    a.stop().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e10_a_tick_that_cancels_its_own_token_still_gets_its_result_while_the_replica_leads() {
-    let _serial = serial();
-    let db = fresh_db().await;
-    let a = leading_replica(&db, LockKey::new(10, 4)).await;
-    for fails in [false, true] {
-        let got: Result<Option<&str>, &str> = a
+        let called = AtomicBool::new(false);
+        let got: Result<Option<u32>, &str> = b
             .elector
-            .do_work(|term| async move {
-                // A tick stops the tasks it spawned by cancelling its token.
-                term.token().cancel();
-                if fails {
-                    Err("tick failed")
-                } else {
-                    Ok("done")
-                }
+            .do_work(|_| async {
+                called.store(true, Ordering::SeqCst);
+                Ok(1)
             })
             .await;
-        let want = if fails {
-            Err("tick failed")
-        } else {
-            Ok(Some("done"))
-        };
-        assert_eq!(
-            got, want,
-            "the replica still leads, so the tick's own answer counts"
+        assert_eq!(got, Ok(None));
+        assert!(
+            !called.load(Ordering::SeqCst),
+            "f is not called on a standby"
         );
-        assert!(a.elector.is_leader());
-        assert!(a.elector.term().is_leader(), "the term goes on");
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
     }
-    a.stop().await.unwrap();
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e10_leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
-    let _serial = serial();
-    for f_fails in [false, true] {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn do_work_on_the_leader_returns_fs_result() {
+        let _serial = serial();
         let db = fresh_db().await;
-        let key = LockKey::new(10, 3);
-        let a = leading_replica(&db, key).await;
+        let a = leading_replica(&db, LockKey::new(10, 2)).await;
 
-        let capture = capture::Capture::default();
-        let got: Result<Option<&str>, &str> = a
+        // f may borrow from its caller: no 'static bound.
+        let mut swept = Vec::new();
+        let got: Result<Option<usize>, String> = a
             .elector
             .do_work(|term| {
-                let db = &db;
+                let swept = &mut swept;
                 async move {
-                    terminate_holder(db, key).await;
-                    // Finish only once the term has ended.
-                    term.cancelled().await;
-                    if f_fails { Err("failed") } else { Ok("done") }
+                    assert!(term.is_leader(), "f gets the live term");
+                    swept.push(1);
+                    Ok(swept.len())
                 }
             })
-            .with_subscriber(capture.dispatch())
             .await;
-        assert_eq!(got, Ok(None), "f_fails = {f_fails}");
-        // The dropped outcome is logged, saying which key and which replica.
-        let logged = capture.events("leadership ended while work ran");
-        assert_eq!(logged.len(), 1, "{logged:?}");
-        assert_eq!(logged[0].field("key"), key.to_string(), "{logged:?}");
-        assert_eq!(
-            logged[0].field("identity"),
-            a.elector.identity().unwrap(),
-            "{logged:?}"
-        );
-        assert_eq!(logged[0].field("failed"), f_fails.to_string(), "{logged:?}");
+        assert_eq!(got, Ok(Some(1)));
+        assert_eq!(swept, vec![1]);
+
+        let got: Result<Option<()>, String> = a
+            .elector
+            .do_work(|_| async { Err("tick failed".to_owned()) })
+            .await;
+        assert_eq!(got, Err("tick failed".to_owned()));
         a.stop().await.unwrap();
+    }
+
+    /// A tick that cancels its own token still gets its result while the replica leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tick_cancelling_its_own_token_still_gets_its_result() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let a = leading_replica(&db, LockKey::new(10, 4)).await;
+        for fails in [false, true] {
+            let got: Result<Option<&str>, &str> = a
+                .elector
+                .do_work(|term| async move {
+                    // A tick stops the tasks it spawned by cancelling its token.
+                    term.token().cancel();
+                    if fails {
+                        Err("tick failed")
+                    } else {
+                        Ok("done")
+                    }
+                })
+                .await;
+            let want = if fails {
+                Err("tick failed")
+            } else {
+                Ok(Some("done"))
+            };
+            assert_eq!(
+                got, want,
+                "the replica still leads, so the tick's own answer counts"
+            );
+            assert!(a.elector.is_leader());
+            assert!(a.elector.term().is_leader(), "the term goes on");
+        }
+        a.stop().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leadership_lost_while_f_runs_is_ok_none_whatever_f_returned() {
+        let _serial = serial();
+        for f_fails in [false, true] {
+            let db = fresh_db().await;
+            let key = LockKey::new(10, 3);
+            let a = leading_replica(&db, key).await;
+
+            let capture = capture::Capture::default();
+            let got: Result<Option<&str>, &str> = a
+                .elector
+                .do_work(|term| {
+                    let db = &db;
+                    async move {
+                        terminate_holder(db, key).await;
+                        // Finish only once the term has ended.
+                        term.cancelled().await;
+                        if f_fails { Err("failed") } else { Ok("done") }
+                    }
+                })
+                .with_subscriber(capture.dispatch())
+                .await;
+            assert_eq!(got, Ok(None), "f_fails = {f_fails}");
+            // The dropped outcome is logged, saying which key and which replica.
+            let logged = capture.events("leadership ended while work ran");
+            assert_eq!(logged.len(), 1, "{logged:?}");
+            assert_eq!(logged[0].field("key"), key.to_string(), "{logged:?}");
+            assert_eq!(
+                logged[0].field("identity"),
+                a.elector.identity().unwrap(),
+                "{logged:?}"
+            );
+            assert_eq!(logged[0].field("failed"), f_fails.to_string(), "{logged:?}");
+            a.stop().await.unwrap();
+        }
     }
 }
 
@@ -249,7 +260,7 @@ async fn e11_is_leader_is_callable_from_any_thread() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e12_the_gauge_reads_one_on_the_leader_and_zero_after_shutdown() {
+async fn e12_the_gauge_is_one_on_the_leader_and_zero_after_shutdown() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(12, 1);

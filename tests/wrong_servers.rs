@@ -61,212 +61,217 @@ async fn watch_leadership(electors: &[&Elector], span: Duration) -> (Duration, u
 // ---------------------------------------------------------------------------------------------
 // Read replicas.
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e16_an_elector_on_a_read_replica_never_leads_and_says_why() {
-    on_a_read_replica(false).await;
-}
+mod e16 {
+    use super::*;
 
-/// With fast takeover no session waits on the replica either: its tries never find the lock
-/// held by another session, which is what starts a waiting session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f1_a_fast_takeover_elector_on_a_read_replica_never_leads_nor_waits_there() {
-    on_a_read_replica(true).await;
-}
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_elector_on_a_read_replica_never_leads_and_says_why() {
+        on_a_read_replica(false).await;
+    }
 
-async fn on_a_read_replica(fast: bool) {
-    let _serial = serial();
-    init_tracing();
-    let primary = block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
-    // The database exists before the copy, so the standby has it too.
-    let db = primary.create_database().await.unwrap();
-    let standby = block_in_place(|| primary.spawn_standby()).unwrap_or_else(|e| panic!("{e}"));
-    assert!(block_in_place(|| standby.is_in_recovery()).unwrap());
-    let key = LockKey::new(16, 1);
-    let capture = Capture::default();
+    /// With fast takeover no session waits on the replica either: its tries never find the lock
+    /// held by another session, which is what starts a waiting session.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fast_takeover_on_a_read_replica_never_leads_nor_waits() {
+        on_a_read_replica(true).await;
+    }
 
-    // Alone: nobody holds the lock anywhere, and still the standby's elector never leads.
-    let on_replica = captured_fast(db.pool_via(standby.addr(), 2), key, &capture, fast);
-    let (longest, _, _) = watch_leadership(&[&on_replica.elector], 5 * I).await;
-    assert_eq!(longest, Duration::ZERO, "an elector on a read replica led");
-    let errors = capture.errors(key);
-    assert_eq!(
-        errors.len(),
-        1,
-        "one ERROR, then its repeats at DEBUG for a minute: {errors:?}"
-    );
-    assert!(
-        errors
-            .iter()
-            .all(|m| m.contains("in recovery") && m.contains("read replica")),
-        "the error says why: {errors:?}"
-    );
-    let repeats = capture.at(tracing::Level::DEBUG, key);
-    assert!(
-        repeats.iter().filter(|m| m.contains("in recovery")).count() >= 3,
-        "every try over 5·I says it, at DEBUG after the first: {repeats:?}"
-    );
+    async fn on_a_read_replica(fast: bool) {
+        let _serial = serial();
+        init_tracing();
+        let primary = block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
+        // The database exists before the copy, so the standby has it too.
+        let db = primary.create_database().await.unwrap();
+        let standby = block_in_place(|| primary.spawn_standby()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(block_in_place(|| standby.is_in_recovery()).unwrap());
+        let key = LockKey::new(16, 1);
+        let capture = Capture::default();
 
-    // With a leader on the primary, still standby (and no lock taken on the replica).
-    let on_primary = captured(db.pool(2), key, &capture);
-    wait_for(2 * I, || on_primary.elector.is_leader())
-        .await
-        .expect("the primary-side elector leads");
-    let (longest, _, _) = watch_leadership(&[&on_replica.elector], 3 * I).await;
-    assert_eq!(longest, Duration::ZERO);
-    let (replica_client, conn) = db
-        .config_via(standby.addr())
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    assert_eq!(
-        waiting(&replica_client, key).await,
-        vec![],
-        "no session waits for the lock on the read replica"
-    );
-    on_primary.stop().await.unwrap();
+        // Alone: nobody holds the lock anywhere, and still the standby's elector never leads.
+        let on_replica = captured_fast(db.pool_via(standby.addr(), 2), key, &capture, fast);
+        let (longest, _, _) = watch_leadership(&[&on_replica.elector], 5 * I).await;
+        assert_eq!(longest, Duration::ZERO, "an elector on a read replica led");
+        let errors = capture.errors(key);
+        assert_eq!(
+            errors.len(),
+            1,
+            "one ERROR, then its repeats at DEBUG for a minute: {errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .all(|m| m.contains("in recovery") && m.contains("read replica")),
+            "the error says why: {errors:?}"
+        );
+        let repeats = capture.at(tracing::Level::DEBUG, key);
+        assert!(
+            repeats.iter().filter(|m| m.contains("in recovery")).count() >= 3,
+            "every try over 5·I says it, at DEBUG after the first: {repeats:?}"
+        );
 
-    // Promoted, the former replica is a primary of its own: the elector leads there.
-    let promoted = Instant::now();
-    block_in_place(|| standby.promote()).unwrap_or_else(|e| panic!("{e}"));
-    let took = wait_for(2 * I + I / 2, || on_replica.elector.is_leader())
-        .await
-        .unwrap_or_else(|| {
-            panic!(
-                "no leadership within 2·I of the promotion\n{}",
-                standby.log_tail(20)
-            )
-        });
-    let (promoted_client, conn) = db
-        .config_via(standby.addr())
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    assert_eq!(holders(&promoted_client, key).await.len(), 1);
-    eprintln!(
-        "read replica: {} errors logged while in recovery; led {took:?} after the promotion \
+        // With a leader on the primary, still standby (and no lock taken on the replica).
+        let on_primary = captured(db.pool(2), key, &capture);
+        wait_for(2 * I, || on_primary.elector.is_leader())
+            .await
+            .expect("the primary-side elector leads");
+        let (longest, _, _) = watch_leadership(&[&on_replica.elector], 3 * I).await;
+        assert_eq!(longest, Duration::ZERO);
+        let (replica_client, conn) = db
+            .config_via(standby.addr())
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        assert_eq!(
+            waiting(&replica_client, key).await,
+            vec![],
+            "no session waits for the lock on the read replica"
+        );
+        on_primary.stop().await.unwrap();
+
+        // Promoted, the former replica is a primary of its own: the elector leads there.
+        let promoted = Instant::now();
+        block_in_place(|| standby.promote()).unwrap_or_else(|e| panic!("{e}"));
+        let took = wait_for(2 * I + I / 2, || on_replica.elector.is_leader())
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "no leadership within 2·I of the promotion\n{}",
+                    standby.log_tail(20)
+                )
+            });
+        let (promoted_client, conn) = db
+            .config_via(standby.addr())
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        assert_eq!(holders(&promoted_client, key).await.len(), 1);
+        eprintln!(
+            "read replica: {} errors logged while in recovery; led {took:?} after the promotion \
          ({:?} including pg_ctl promote)",
-        errors.len(),
-        promoted.elapsed()
-    );
-    on_replica.stop().await.unwrap();
-    drop(standby);
-    drop(db);
-}
+            errors.len(),
+            promoted.elapsed()
+        );
+        on_replica.stop().await.unwrap();
+        drop(standby);
+        drop(db);
+    }
 
-// ---------------------------------------------------------------------------------------------
-// Poolers.
+    // ---------------------------------------------------------------------------------------------
+    // Poolers.
 
-/// Three electors behind PgBouncer in transaction mode, started a third of I apart; watched for
-/// 10·I.
-async fn through_a_transaction_pooler(pool_size: usize, key: LockKey) {
-    let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-    let db = fresh_db().await;
-    let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Transaction, pool_size))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let capture = Capture::default();
-    let electors: Vec<Elector> = (0..3)
-        .map(|_| {
-            Elector::builder(bouncer.pool_for(&db, 2), key)
-                .check_interval(I)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    // Watched from before the first start, so that every term is seen whole.
-    let watched: Vec<&Elector> = electors.iter().collect();
-    let (replicas, (longest, both, terms)) = tokio::join!(
-        async {
-            let mut replicas = Vec::new();
-            for elector in &electors {
-                replicas.push(Replica::run_captured(elector.clone(), &capture));
-                tokio::time::sleep(I / 3).await;
-            }
-            replicas
-        },
-        watch_leadership(&watched, 11 * I),
-    );
-    let errors = capture.errors(key);
-    let pooler_errors = errors
-        .iter()
-        .filter(|m| m.contains("transaction-mode pooler"))
-        .count();
-    eprintln!(
-        "transaction pooler, pool size {pool_size}: {terms} terms, longest {longest:?}, \
+    /// Three electors behind PgBouncer in transaction mode, started a third of I apart; watched for
+    /// 10·I.
+    async fn through_a_transaction_pooler(pool_size: usize, key: LockKey) {
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = fresh_db().await;
+        let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Transaction, pool_size))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let capture = Capture::default();
+        let electors: Vec<Elector> = (0..3)
+            .map(|_| {
+                Elector::builder(bouncer.pool_for(&db, 2), key)
+                    .check_interval(I)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        // Watched from before the first start, so that every term is seen whole.
+        let watched: Vec<&Elector> = electors.iter().collect();
+        let (replicas, (longest, both, terms)) = tokio::join!(
+            async {
+                let mut replicas = Vec::new();
+                for elector in &electors {
+                    replicas.push(Replica::run_captured(elector.clone(), &capture));
+                    tokio::time::sleep(I / 3).await;
+                }
+                replicas
+            },
+            watch_leadership(&watched, 11 * I),
+        );
+        let errors = capture.errors(key);
+        let pooler_errors = errors
+            .iter()
+            .filter(|m| m.contains("transaction-mode pooler"))
+            .count();
+        eprintln!(
+            "transaction pooler, pool size {pool_size}: {terms} terms, longest {longest:?}, \
          {both} samples with two leaders, {pooler_errors} pooler errors in the log"
-    );
-    for replica in replicas {
-        replica.stop().await.unwrap();
-    }
-    assert!(
-        longest <= I + I / 2,
-        "a replica led for {longest:?} behind a transaction pooler (pool size {pool_size}); \
+        );
+        for replica in replicas {
+            replica.stop().await.unwrap();
+        }
+        assert!(
+            longest <= I + I / 2,
+            "a replica led for {longest:?} behind a transaction pooler (pool size {pool_size}); \
          one check is {I:?}"
-    );
-    assert_eq!(both, 0, "two leaders at once (pool size {pool_size})");
-    assert!(
-        pooler_errors > 0,
-        "the log names the transaction-mode pooler (pool size {pool_size}): {errors:?}\n{}",
-        bouncer.log_tail(20)
-    );
-    drop(bouncer);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e16_through_a_transaction_pooler_no_replica_leads_longer_than_one_check_and_the_log_names_it()
- {
-    let _serial = serial();
-    // Pool size 1: every client gets the same server session, on which every try would succeed
-    // (advisory locks are re-entrant per session) were it not for the session marks.
-    through_a_transaction_pooler(1, LockKey::new(16, 2)).await;
-    // Pool size 3: the sessions of consecutive statements differ.
-    through_a_transaction_pooler(3, LockKey::new(16, 3)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e16_through_a_session_pooler_election_works() {
-    let _serial = serial();
-    let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
-    let db = fresh_db().await;
-    let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Session, 10))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let key = LockKey::new(16, 4);
-    let capture = Capture::default();
-    let mut replicas: Vec<Replica> = (0..3)
-        .map(|_| captured(bouncer.pool_for(&db, 2), key, &capture))
-        .collect();
-    let electors: Vec<&Elector> = replicas.iter().map(|r| &r.elector).collect();
-    wait_for(2 * I, || {
-        electors.iter().filter(|e| e.is_leader()).count() == 1
-    })
-    .await
-    .expect("one leader within 2·I");
-    let leader = electors.iter().position(|e| e.is_leader()).unwrap();
-    let (longest, both, terms) = watch_leadership(&electors, 5 * I).await;
-    assert_eq!(terms, 1, "the leadership stays with one replica");
-    assert!(longest >= 4 * I, "the leader kept leading: {longest:?}");
-    assert_eq!(both, 0);
-    assert!(electors[leader].is_leader());
-    let admin = db.connect().await.unwrap();
-    assert_eq!(holders(&admin, key).await.len(), 1);
-    assert!(capture.errors(key).is_empty(), "{:?}", capture.errors(key));
-
-    // Graceful shutdown hands over.
-    let old = replicas.remove(leader);
-    old.stop().await.expect("shutdown returns Ok");
-    let released = Instant::now();
-    let took = wait_for(I + I / 2, || replicas.iter().any(|r| r.elector.is_leader()))
-        .await
-        .expect("a standby leads within one I of the release");
-    assert_eq!(replicas.iter().filter(|r| r.elector.is_leader()).count(), 1);
-    eprintln!(
-        "session pooler: graceful handover in {took:?} ({:?} after the release)",
-        released.elapsed()
-    );
-    for replica in replicas {
-        replica.stop().await.unwrap();
+        );
+        assert_eq!(both, 0, "two leaders at once (pool size {pool_size})");
+        assert!(
+            pooler_errors > 0,
+            "the log names the transaction-mode pooler (pool size {pool_size}): {errors:?}\n{}",
+            bouncer.log_tail(20)
+        );
+        drop(bouncer);
     }
-    assert!(holders(&admin, key).await.is_empty());
-    drop(bouncer);
+
+    /// Through a transaction pooler no replica leads longer than one check, and the log names the
+    /// pooler.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn through_a_transaction_pooler_none_leads_over_one_check() {
+        let _serial = serial();
+        // Pool size 1: every client gets the same server session, on which every try would succeed
+        // (advisory locks are re-entrant per session) were it not for the session marks.
+        through_a_transaction_pooler(1, LockKey::new(16, 2)).await;
+        // Pool size 3: the sessions of consecutive statements differ.
+        through_a_transaction_pooler(3, LockKey::new(16, 3)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn through_a_session_pooler_election_works() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = fresh_db().await;
+        let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Session, 10))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let key = LockKey::new(16, 4);
+        let capture = Capture::default();
+        let mut replicas: Vec<Replica> = (0..3)
+            .map(|_| captured(bouncer.pool_for(&db, 2), key, &capture))
+            .collect();
+        let electors: Vec<&Elector> = replicas.iter().map(|r| &r.elector).collect();
+        wait_for(2 * I, || {
+            electors.iter().filter(|e| e.is_leader()).count() == 1
+        })
+        .await
+        .expect("one leader within 2·I");
+        let leader = electors.iter().position(|e| e.is_leader()).unwrap();
+        let (longest, both, terms) = watch_leadership(&electors, 5 * I).await;
+        assert_eq!(terms, 1, "the leadership stays with one replica");
+        assert!(longest >= 4 * I, "the leader kept leading: {longest:?}");
+        assert_eq!(both, 0);
+        assert!(electors[leader].is_leader());
+        let admin = db.connect().await.unwrap();
+        assert_eq!(holders(&admin, key).await.len(), 1);
+        assert!(capture.errors(key).is_empty(), "{:?}", capture.errors(key));
+
+        // Graceful shutdown hands over.
+        let old = replicas.remove(leader);
+        old.stop().await.expect("shutdown returns Ok");
+        let released = Instant::now();
+        let took = wait_for(I + I / 2, || replicas.iter().any(|r| r.elector.is_leader()))
+            .await
+            .expect("a standby leads within one I of the release");
+        assert_eq!(replicas.iter().filter(|r| r.elector.is_leader()).count(), 1);
+        eprintln!(
+            "session pooler: graceful handover in {took:?} ({:?} after the release)",
+            released.elapsed()
+        );
+        for replica in replicas {
+            replica.stop().await.unwrap();
+        }
+        assert!(holders(&admin, key).await.is_empty());
+        drop(bouncer);
+    }
 }
