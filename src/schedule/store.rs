@@ -46,6 +46,30 @@ pub(crate) enum Ensured {
     Upgraded,
 }
 
+/// How a run ended, as the `outcome` column and the `outcome` label of
+/// `pg_elector_job_runs_total` say it. [`Store::finish`] writes the end a run reports; the
+/// statements themselves write `running` (a claim), `abandoned` and `skipped`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The job returned `Ok`.
+    Succeeded,
+    /// The job returned `Err` or panicked.
+    Failed,
+    /// The run was cut off, and a later term called it abandoned.
+    Abandoned,
+}
+
+impl Outcome {
+    /// The outcome as the tables and the metric say it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// A job's row as the leader reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct JobRow {
@@ -641,7 +665,7 @@ impl Store {
         due: Timestamp,
         attempt: u32,
         term_id: &str,
-        outcome: &str,
+        outcome: Outcome,
         error: Option<&str>,
     ) -> Result<(), ScheduleError> {
         client
@@ -652,7 +676,7 @@ impl Store {
                     (&job, Type::TEXT),
                     (&due, Type::TIMESTAMPTZ),
                     (&(attempt as i32), Type::INT4),
-                    (&outcome, Type::TEXT),
+                    (&outcome.as_str(), Type::TEXT),
                     (&error, Type::TEXT),
                     (&term_id, Type::TEXT),
                 ],
