@@ -1,5 +1,7 @@
 //! What the job tasks of a running schedule share: the tables, the elector, the pool, the
-//! bounds of every query, what this process remembers across terms, and the job metrics.
+//! bounds of every query, what this process remembers across terms, and the job metrics; and
+//! what they do with it alike: make the tables ready, name a term, report a run's outcome or
+//! a skipped due to the probe and the metrics.
 
 use std::collections::HashSet;
 use std::future::Future;
