@@ -75,153 +75,38 @@
 //! zone); replicas whose clocks disagree still never run a due twice (the claim decides), but
 //! a run may start as early or late as the skew.
 
+mod context;
+mod due;
+mod error;
+mod handle;
 mod job;
 mod plan;
 mod store;
+mod task;
 
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use jiff::Timestamp;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
 
+pub use error::ScheduleError;
+pub use handle::ScheduleHandle;
 pub use job::{CatchUp, Job, JobRun, MAX_CATCH_UP, RunKind};
 pub use plan::SkipReason;
 
-use crate::background::panic::catch_panic;
 use crate::background::{Probe, Readiness, TickOutcome};
-use crate::sync::lock;
 use crate::{Elector, Term};
-use job::Spec;
-use store::{ClaimStatus, Claimant, Claimed, Ensured, Store};
-
-/// What can go wrong with a schedule. Failures of the database while the schedule runs are not
-/// errors of [`Schedule::run`]: they are logged and the schedule goes on.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ScheduleError {
-    /// A cron expression that does not parse.
-    #[error("invalid cron expression {expression:?}: {reason}")]
-    InvalidCron {
-        /// The expression.
-        expression: String,
-        /// What the parser said.
-        reason: String,
-    },
-    /// A time zone name the bundled IANA database does not know.
-    #[error("unknown time zone {zone:?}: {reason}")]
-    UnknownZone {
-        /// The name.
-        zone: String,
-        /// What the database said.
-        reason: String,
-    },
-    /// A time zone was asked for a fixed-period job.
-    #[error("job {job:?} runs on a fixed period; only cron jobs take a time zone")]
-    NotCron {
-        /// The job.
-        job: String,
-    },
-    /// Two jobs of one schedule have the same name.
-    #[error("two jobs are named {job:?}; names are unique within a schedule")]
-    DuplicateJob {
-        /// The name.
-        job: String,
-    },
-    /// No job of this name is registered in the job table.
-    #[error("no job named {job:?} in this schedule's table")]
-    UnknownJob {
-        /// The name.
-        job: String,
-    },
-    /// A table, schema or prefix that makes an empty or overlong identifier.
-    #[error("invalid table name {name:?}: 1 to 63 bytes, no NUL")]
-    InvalidTable {
-        /// The name.
-        name: String,
-    },
-    /// The job table holds a schedule this version cannot read.
-    #[error("unreadable stored schedule {text:?}")]
-    Stored {
-        /// The stored text.
-        text: String,
-    },
-    /// The tables are missing and this role may not create them.
-    #[error(
-        "the job tables are missing and this role may not create them ({}); run this once as a role that may: {ddl}",
-        crate::error::chain(source)
-    )]
-    CannotCreate {
-        /// The statements to run.
-        ddl: String,
-        /// The server's refusal.
-        source: tokio_postgres::Error,
-    },
-    /// The job tables lack columns this version uses (an earlier version made them) and this
-    /// role may not add them: only the tables' owner may.
-    #[error(
-        "the job tables lack columns this version uses and this role may not add them ({}); run this once as their owner: {ddl}",
-        crate::error::chain(source)
-    )]
-    CannotUpgrade {
-        /// The statements to run.
-        ddl: String,
-        /// The server's refusal.
-        source: tokio_postgres::Error,
-    },
-    /// No pool connection within the schedule's poll interval (at least 1 s).
-    #[error("no pool connection within {0:?}")]
-    PoolTimeout(Duration),
-    /// The pool could not hand out a connection.
-    #[error("the pool could not hand out a connection: {}", crate::error::chain(.0))]
-    Pool(Box<deadpool_postgres::PoolError>),
-    /// A query failed; the message carries the server's (severity, SQLSTATE, text).
-    #[error("a query of the job tables failed: {}", crate::error::chain(.0))]
-    Database(tokio_postgres::Error),
-    /// A query of the job tables got no answer in time.
-    #[error("no answer from the job tables within {0:?}")]
-    Timeout(Duration),
-    /// The fence of a claim failed.
-    #[error("the claim's fence failed: {0}")]
-    Fence(crate::Fenced),
-}
-// Each text above already carries the whole chain of its cause, so no variant exposes the
-// cause as its `source()` as well: a report that prints the sources would say it twice. The
-// cause is the field, to match on.
-
-impl From<tokio_postgres::Error> for ScheduleError {
-    fn from(error: tokio_postgres::Error) -> Self {
-        ScheduleError::Database(error)
-    }
-}
-
-impl ScheduleError {
-    /// A job table is missing (SQLSTATE 42P01).
-    fn is_missing_table(&self) -> bool {
-        matches!(self, ScheduleError::Database(e)
-            if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
-    }
-
-    /// Whether a COMMIT that failed so may still have been carried out: no answer in time, or
-    /// a connection lost (an error the server did not send). An error the server sent (a
-    /// SQLSTATE) means it rolled the transaction back.
-    fn leaves_commit_unknown(&self) -> bool {
-        match self {
-            ScheduleError::Timeout(_) => true,
-            ScheduleError::Database(e) => e.code().is_none(),
-            _ => false,
-        }
-    }
-}
+use context::{Context, ensure_tables, term_id};
+use store::Store;
+use task::JobTask;
 
 /// What the leader does when a job's row, which this process had seen, is gone: the table was
 /// emptied or dropped, restored from a backup, or the database failed over to a replica that
@@ -468,44 +353,8 @@ impl Schedule {
     /// Dropping the future aborts the runs in progress at their current `.await`; a run cut
     /// off that way stays `running` in the table and is reported abandoned by the next term.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ScheduleError> {
-        let mut names = HashSet::new();
-        for registered in &self.jobs {
-            if !names.insert(registered.job.name.clone()) {
-                return Err(ScheduleError::DuplicateJob {
-                    job: registered.job.name.clone(),
-                });
-            }
-        }
-        let ctx = Arc::new(Context {
-            store: Store::new(self.schema.as_deref(), &self.prefix)?,
-            elector: self.elector.clone(),
-            pool: self.pool.clone(),
-            namespace: self.namespace.clone(),
-            poll: self.poll,
-            lost_state: self.lost_state,
-            seen: Mutex::new(HashSet::new()),
-            ended: Mutex::new(Vec::new()),
-            halted: Mutex::new(HashSet::new()),
-            #[cfg(feature = "prometheus")]
-            metrics: match &self.registry {
-                Some(registry) => Some(
-                    crate::metrics::JobMetrics::register(registry)
-                        .map_err(|e| {
-                            tracing::error!(error = %e, "job metrics not registered");
-                            e
-                        })
-                        .ok(),
-                )
-                .flatten(),
-                None => None,
-            },
-        });
-        #[cfg(feature = "prometheus")]
-        if let Some(metrics) = &ctx.metrics {
-            for registered in &self.jobs {
-                metrics.add_job(&registered.job.name);
-            }
-        }
+        self.check_names()?;
+        let ctx = Arc::new(Context::new(&self)?);
         crate::background::install_panic_hook();
         loop {
             let term = tokio::select! {
@@ -516,84 +365,116 @@ impl Schedule {
             let term_id = term_id(&self.elector);
             let span =
                 tracing::info_span!("schedule", namespace = %ctx.namespace, epoch = ?term.epoch());
-            async {
-                tracing::debug!("schedule starts for a new term");
-                let stop = shutdown.child_token();
-                let ending = {
-                    let (term, stop) = (term.clone(), stop.clone());
-                    async move {
-                        tokio::select! {
-                            () = term.cancelled() => {}
-                            () = stop.cancelled() => {}
-                        }
-                    }
-                };
-                if !ensure_tables(&ctx, ending).await {
-                    return;
-                }
-                let cut = CancellationToken::new();
-                let mut tasks = JoinSet::new();
-                for registered in &self.jobs {
-                    let job_span = tracing::info_span!("job", job = %registered.job.name);
-                    let task = job_task(
-                        ctx.clone(),
-                        registered.clone(),
-                        term.clone(),
-                        term_id.clone(),
-                        stop.clone(),
-                        false,
-                    )
-                    .instrument(job_span);
-                    // The task polls with the subscriber (and span) of this one, and is cut off
-                    // (dropped) inside a poll rather than aborted: a scoped subscriber's span
-                    // closed under another subscriber panics in tracing-subscriber.
-                    let cut = cut.clone();
-                    tasks.spawn(
-                        async move {
-                            tokio::select! {
-                                () = task => {}
-                                () = cut.cancelled() => {}
-                            }
-                        }
-                        .with_current_subscriber(),
-                    );
-                }
-                tokio::select! {
-                    () = term.cancelled() => {}
-                    () = shutdown.cancelled() => {}
-                }
-                stop.cancel();
-                // Runs in progress are waited for by the elector's drain; what is left after
-                // a grace is cut off at its current `.await` (a run cut off stays `running`
-                // until the next term calls it abandoned). The grace is at least the drain
-                // timeout, so that it never cuts a run off that the drain still waits for.
-                let grace = grace(ctx.poll, ctx.elector.drain_timeout());
-                let drained = tokio::time::timeout(grace, async {
-                    while tasks.join_next().await.is_some() {}
-                })
+            self.run_term(&ctx, &term, &term_id, &shutdown)
+                .instrument(span)
                 .await;
-                if drained.is_err() {
-                    tracing::warn!(
-                        ?grace,
-                        "job runs still going after the term ended; aborting them"
-                    );
-                    cut.cancel();
-                    while tasks.join_next().await.is_some() {}
-                }
-            }
-            .instrument(span)
-            .await;
-            {
-                let mut ended = lock(&ctx.ended);
-                if ended.len() == ENDED_TERMS {
-                    ended.remove(0);
-                }
-                ended.push(term_id);
-            }
+            ctx.term_ended(term_id);
             for registered in &self.jobs {
                 registered.probe.record(TickOutcome::Standby);
             }
         }
+    }
+
+    /// [`ScheduleError::DuplicateJob`] for the first name two jobs share.
+    fn check_names(&self) -> Result<(), ScheduleError> {
+        let mut names = HashSet::new();
+        for registered in &self.jobs {
+            if !names.insert(registered.job.name.clone()) {
+                return Err(ScheduleError::DuplicateJob {
+                    job: registered.job.name.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One term this replica leads: the tables made ready, then a task for each job until the
+    /// term ends or `shutdown` is cancelled, then the runs still going waited for or cut off.
+    async fn run_term(
+        &self,
+        ctx: &Arc<Context>,
+        term: &Term,
+        term_id: &str,
+        shutdown: &CancellationToken,
+    ) {
+        tracing::debug!("schedule starts for a new term");
+        let stop = shutdown.child_token();
+        let ending = {
+            let (term, stop) = (term.clone(), stop.clone());
+            async move {
+                tokio::select! {
+                    () = term.cancelled() => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+        };
+        if !ensure_tables(ctx, ending).await {
+            return;
+        }
+        let cut = CancellationToken::new();
+        let tasks = self.spawn_jobs(ctx, term, term_id, &stop, &cut);
+        tokio::select! {
+            () = term.cancelled() => {}
+            () = shutdown.cancelled() => {}
+        }
+        stop.cancel();
+        join_or_cut(tasks, &cut, grace(ctx.poll, ctx.elector.drain_timeout())).await;
+    }
+
+    /// A task for each job in `term`, stopped by `stop` and cut off by `cut`.
+    fn spawn_jobs(
+        &self,
+        ctx: &Arc<Context>,
+        term: &Term,
+        term_id: &str,
+        stop: &CancellationToken,
+        cut: &CancellationToken,
+    ) -> JoinSet<()> {
+        let mut tasks = JoinSet::new();
+        for registered in &self.jobs {
+            let job_span = tracing::info_span!("job", job = %registered.job.name);
+            let task = JobTask::new(
+                ctx.clone(),
+                registered.clone(),
+                term.clone(),
+                term_id.to_owned(),
+                stop.clone(),
+            )
+            .run()
+            .instrument(job_span);
+            // The task polls with the subscriber (and span) of this one, and is cut off
+            // (dropped) inside a poll rather than aborted: a scoped subscriber's span
+            // closed under another subscriber panics in tracing-subscriber.
+            let cut = cut.clone();
+            tasks.spawn(
+                async move {
+                    tokio::select! {
+                        () = task => {}
+                        () = cut.cancelled() => {}
+                    }
+                }
+                .with_current_subscriber(),
+            );
+        }
+        tasks
+    }
+}
+
+/// Waits for the job tasks of a term that has ended, up to `grace`, then cuts off the rest.
+async fn join_or_cut(mut tasks: JoinSet<()>, cut: &CancellationToken, grace: Duration) {
+    // Runs in progress are waited for by the elector's drain; what is left after a grace is
+    // cut off at its current `.await` (a run cut off stays `running` until the next term
+    // calls it abandoned). The grace is at least the drain timeout, so that it never cuts a
+    // run off that the drain still waits for.
+    let drained =
+        tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            ?grace,
+            "job runs still going after the term ended; aborting them"
+        );
+        cut.cancel();
+        while tasks.join_next().await.is_some() {}
     }
 }
 
@@ -608,852 +489,6 @@ impl fmt::Debug for Schedule {
             .field("poll", &self.poll)
             .finish_non_exhaustive()
     }
-}
-
-/// Triggers or reschedules a schedule's jobs, from any replica (a standby's request reaches
-/// the leader at its next poll of the job's row); made by [`Schedule::handle`].
-#[derive(Clone)]
-pub struct ScheduleHandle {
-    pool: Pool,
-    namespace: String,
-    schema: Option<String>,
-    prefix: String,
-    wait: Duration,
-}
-
-impl ScheduleHandle {
-    async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
-        tokio::time::timeout(self.wait, self.pool.get())
-            .await
-            .map_err(|_| ScheduleError::PoolTimeout(self.wait))?
-            .map_err(|e| ScheduleError::Pool(Box::new(e)))
-    }
-
-    fn store(&self) -> Result<Store, ScheduleError> {
-        Store::new(self.schema.as_deref(), &self.prefix)
-    }
-
-    /// One call of the handle, borrow and statement together, bounded by the handle's wait.
-    async fn bounded<T>(
-        &self,
-        call: impl Future<Output = Result<T, ScheduleError>>,
-    ) -> Result<T, ScheduleError> {
-        tokio::time::timeout(self.wait, call)
-            .await
-            .map_err(|_| ScheduleError::Timeout(self.wait))?
-    }
-
-    /// Asks the leader to run `job` now, once, besides its schedule (recorded as a
-    /// `triggered` run).
-    ///
-    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
-    /// the schedule's [poll interval](Schedule::poll_interval), at least 1 s.
-    ///
-    /// # Errors
-    ///
-    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
-    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
-    /// partition, a server that does not answer: the request may still have reached the
-    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
-    /// database error.
-    ///
-    /// # Cancel safety
-    ///
-    /// One statement: dropped before it was sent, nothing happens; after, the request stands.
-    pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
-        let store = self.store()?;
-        let known = self
-            .bounded(async {
-                let client = self.client().await?;
-                store.trigger(&client, &self.namespace, job).await
-            })
-            .await?;
-        match known {
-            true => Ok(()),
-            false => Err(ScheduleError::UnknownJob {
-                job: job.to_owned(),
-            }),
-        }
-    }
-
-    /// Changes `job`'s schedule to `schedule`'s (the name is the job's), from its next due
-    /// on; its history is kept. The change lasts until a deploy registers another schedule in
-    /// code.
-    ///
-    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
-    /// the schedule's [poll interval](Schedule::poll_interval), at least 1 s.
-    ///
-    /// # Errors
-    ///
-    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
-    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
-    /// partition, a server that does not answer: the change may still have reached the
-    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
-    /// database error.
-    ///
-    /// # Cancel safety
-    ///
-    /// One statement: dropped before it was sent, nothing changes; after, the change stands.
-    pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
-        let store = self.store()?;
-        let known = self
-            .bounded(async {
-                let client = self.client().await?;
-                store
-                    .reschedule(&client, &self.namespace, job, &schedule.schedule())
-                    .await
-            })
-            .await?;
-        match known {
-            true => Ok(()),
-            false => Err(ScheduleError::UnknownJob {
-                job: job.to_owned(),
-            }),
-        }
-    }
-}
-
-impl fmt::Debug for ScheduleHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScheduleHandle")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What every job task of a running schedule shares.
-struct Context {
-    store: Store,
-    elector: Elector,
-    pool: Pool,
-    namespace: String,
-    poll: Duration,
-    lost_state: LostState,
-    /// Jobs whose row this process has seen: a missing row then means lost state.
-    seen: Mutex<HashSet<String>>,
-    /// The latest terms of this schedule that have ended: their runs are over (a term's job
-    /// tasks are joined or aborted before the next term begins), so a run they left `running`
-    /// is abandoned at once, without waiting for it to go quiet.
-    ended: Mutex<Vec<String>>,
-    /// Jobs halted by [`LostState::Halt`]: they run no more in this process.
-    halted: Mutex<HashSet<String>>,
-    #[cfg(feature = "prometheus")]
-    metrics: Option<crate::metrics::JobMetrics>,
-}
-
-impl Context {
-    async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
-        let wait = borrow_bound(self.poll);
-        tokio::time::timeout(wait, self.pool.get())
-            .await
-            .map_err(|_| ScheduleError::PoolTimeout(wait))?
-            .map_err(|e| ScheduleError::Pool(Box::new(e)))
-    }
-
-    /// This replica in `term`, as it claims runs and records skipped dues.
-    fn claimant<'a>(&'a self, term: &Term, term_id: &'a str) -> Claimant<'a> {
-        Claimant {
-            identity: self.elector.identity().unwrap_or("local"),
-            term_id,
-            epoch: term.epoch(),
-            heartbeat: self.poll,
-        }
-    }
-
-    /// Every query of the job tables is bounded: a partition must not hang a job's task (and
-    /// with it the end of the term and the shutdown).
-    async fn bounded<T>(
-        &self,
-        query: impl Future<Output = Result<T, ScheduleError>>,
-    ) -> Result<T, ScheduleError> {
-        let bound = query_bound(self.poll);
-        tokio::time::timeout(bound, query)
-            .await
-            .map_err(|_| ScheduleError::Timeout(bound))?
-    }
-}
-
-/// A term's unique id, stored with each claim: a run left `running` under another id was
-/// abandoned by an earlier term.
-fn term_id(elector: &Elector) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "{}/{}/{nanos:x}/{}",
-        elector.identity().unwrap_or("local"),
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Creates the tables if needed, retrying every poll interval until it works or `until`
-/// completes (the term ends); `false` then.
-async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>) -> bool {
-    let mut until = std::pin::pin!(until);
-    let mut told = false;
-    loop {
-        let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
-        match made.await {
-            Ok(ensured) => {
-                match ensured {
-                    Ensured::Created => tracing::info!("created the job tables"),
-                    Ensured::Upgraded => {
-                        tracing::info!("added the columns of this version to the job tables");
-                    }
-                    Ensured::Ready => {}
-                }
-                return true;
-            }
-            Err(e) => {
-                if told {
-                    tracing::debug!(error = %e, "the job tables are not ready");
-                } else {
-                    tracing::error!(error = %e, "the job tables are not ready; jobs wait");
-                    told = true;
-                }
-            }
-        }
-        tokio::select! {
-            () = &mut until => return false,
-            () = tokio::time::sleep(ctx.poll) => {}
-        }
-    }
-}
-
-/// The latest due instant at or before `now`: a new job's starting point (its past is not
-/// caught up on); `now` for a job never due before.
-fn latest_due(spec: &Spec, now: Timestamp) -> Option<Timestamp> {
-    spec.previous(now, true).or(Some(now))
-}
-
-/// One job in one term: register it, report an abandoned run, catch up, then run each due.
-///
-/// `loss_reported`: the job's state was found lost (its tables gone) and said so at ERROR.
-async fn job_task(
-    ctx: Arc<Context>,
-    registered: Registered,
-    term: Term,
-    term_id: String,
-    stop: CancellationToken,
-    loss_reported: bool,
-) {
-    let job = &registered.job;
-    let name = job.name.as_str();
-    let halt = |registered: &Registered| {
-        registered.probe.record(TickOutcome::Failed(format!(
-            "job {name:?}: its stored state was lost; halted until the process restarts"
-        )));
-    };
-    if lock(&ctx.halted).contains(name) {
-        halt(&registered);
-        count_halted(&ctx, &registered, &term_id, &stop).await;
-        return;
-    }
-    let registered_now;
-    // Registration: retried until it works or the term ends.
-    loop {
-        let step = ctx.bounded(async {
-            let client = ctx.client().await?;
-            ctx.store
-                .register(
-                    &client,
-                    &ctx.namespace,
-                    name,
-                    &job.spec.text(),
-                    latest_due(&job.spec, Timestamp::now()),
-                )
-                .await
-        });
-        match step.await {
-            Ok(created) => {
-                let seen_before = lock(&ctx.seen).contains(name);
-                lock(&ctx.seen).insert(name.to_owned());
-                if created && seen_before {
-                    if !loss_reported {
-                        tracing::error!(
-                            job = name,
-                            policy = ?ctx.lost_state,
-                            "the job's row was gone (the table emptied, restored, or a failover to a lagging replica); it was made again"
-                        );
-                    }
-                    if ctx.lost_state == LostState::Halt {
-                        lock(&ctx.halted).insert(name.to_owned());
-                        halt(&registered);
-                        count_halted(&ctx, &registered, &term_id, &stop).await;
-                        return;
-                    }
-                }
-                registered_now = created;
-                break;
-            }
-            Err(e) if e.is_missing_table() => {
-                // Dropped since the term began: made again, then registered.
-                if !ensure_tables(&ctx, stop.cancelled()).await {
-                    return;
-                }
-                continue;
-            }
-            Err(e) => tracing::warn!(job = name, error = %e, "cannot register the job; retrying"),
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(ctx.poll) => {}
-        }
-    }
-    tracing::debug!(job = name, new = registered_now, "job registered");
-    // Dues from before this instant were missed (a leaderless gap, another leader's run still
-    // going, or a run of this one that overran them): the job's catch-up policy decides. Dues
-    // after it came while this leader watched, and run however late it woke, and however many
-    // times their claim fails first: it moves on only past dues that were settled.
-    let mut on_time_from = Timestamp::now();
-    while !stop.is_cancelled() {
-        // Runs another term left going: called abandoned (and rerun if the job asks) once
-        // their runner is known to be gone. Looked at every iteration: a deposed leader's run
-        // may still be going when this term begins, and is only abandoned once it has gone
-        // quiet; meanwhile no claim of this term starts the job beside it.
-        let ended = lock(&ctx.ended).clone();
-        let who = ctx.claimant(&term, &term_id);
-        let abandoned = ctx.bounded(async {
-            ctx.store
-                .abandon(
-                    &*ctx.client().await?,
-                    &ctx.namespace,
-                    name,
-                    &term_id,
-                    &ended,
-                    ctx.poll,
-                    job.rerun_abandoned,
-                    &who,
-                )
-                .await
-        });
-        match abandoned.await {
-            Ok(runs) => {
-                for run in runs {
-                    tracing::warn!(
-                        job = name,
-                        due = %run.due,
-                        attempt = run.attempt,
-                        kind = %run.kind,
-                        claimed_by = %run.claimed_by,
-                        rerun = run.rerun,
-                        "a run claimed by an earlier term never finished: abandoned"
-                    );
-                    record(&ctx, &registered, "abandoned", None, None);
-                    if !run.rerun {
-                        count_skipped(&ctx, &registered, SkipReason::Abandoned, 1);
-                    }
-                }
-            }
-            Err(e) if e.is_missing_table() => {
-                return tables_lost(ctx, registered, term, term_id, stop, e).await;
-            }
-            Err(e) => tracing::warn!(job = name, error = %e, "cannot look for abandoned runs"),
-        }
-        let row = ctx.bounded(async {
-            ctx.store
-                .load(&*ctx.client().await?, &ctx.namespace, name)
-                .await
-        });
-        let row = match row.await {
-            Ok(Some(row)) => row,
-            Ok(None) => {
-                // Registering again tells (at ERROR) that the row this process saw is gone.
-                Box::pin(job_task(
-                    ctx.clone(),
-                    registered.clone(),
-                    Term::clone(&term),
-                    term_id.clone(),
-                    stop.clone(),
-                    false,
-                ))
-                .await;
-                return;
-            }
-            Err(e) if e.is_missing_table() => {
-                return tables_lost(ctx, registered, term, term_id, stop, e).await;
-            }
-            Err(e) => {
-                tracing::warn!(job = name, error = %e, "cannot read the job's row; retrying");
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(ctx.poll) => {}
-                }
-                continue;
-            }
-        };
-        let spec = match Spec::parse(&row.schedule) {
-            Ok(spec) => spec,
-            Err(e) => {
-                tracing::error!(job = name, error = %e, "unreadable stored schedule; using the registered one");
-                job.spec.clone()
-            }
-        };
-        // Abandoned runs still to be rerun, as the job's row says (whichever term or replica
-        // called them abandoned): each rerun's claim takes its due off the list. A claim that
-        // failed is tried again at the next poll, before anything else of the job.
-        let mut rerun_failed = false;
-        for &due in &row.rerun_dues {
-            if stop.is_cancelled() {
-                return;
-            }
-            if run_due(&ctx, &registered, due, RunKind::Rerun, &term_id).await == Taken::Failed {
-                rerun_failed = true;
-                break;
-            }
-        }
-        if rerun_failed {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(ctx.poll) => {}
-            }
-            continue;
-        }
-        // A trigger asked for: run it now; only a run actually claimed loops at once (a claim
-        // that failed waits for the next poll, rather than spinning).
-        if row.trigger_requested.is_some()
-            && run_due(
-                &ctx,
-                &registered,
-                Timestamp::now(),
-                RunKind::Triggered,
-                &term_id,
-            )
-            .await
-                == Taken::Ran
-        {
-            continue;
-        }
-        let now = Timestamp::now();
-        let last = row.last_due.unwrap_or(now);
-        let plan = plan::plan(
-            &spec,
-            last,
-            now,
-            on_time_from,
-            job.catch_up,
-            job.max_catch_up,
-        );
-        let mut failed = false;
-        if let Some(through) = plan.skip_through() {
-            failed = skip_dues(&ctx, &registered, last, through, &plan.skipped, &term_id).await
-                == Taken::Failed;
-        }
-        if plan.catching_up {
-            tracing::info!(job = name, runs = plan.run.len(), policy = ?job.catch_up, "catching up on missed dues");
-        }
-        let mut ran = false;
-        for &due in &plan.run {
-            if stop.is_cancelled() {
-                return;
-            }
-            if failed {
-                break;
-            }
-            match run_due(&ctx, &registered, due, RunKind::Scheduled, &term_id).await {
-                Taken::Ran => ran = true,
-                Taken::NotOurs => {}
-                // Not settled: this due (and those after it) are tried again at the next
-                // poll, still on time.
-                Taken::Failed => failed = true,
-            }
-        }
-        // Until the next due, or the next poll of the row (a trigger, a schedule change).
-        let wait = if failed {
-            ctx.poll
-        } else {
-            // Settled up to `now`; dues that came while a run of this pass went on were
-            // overrun by it.
-            on_time_from = if ran { Timestamp::now() } else { now };
-            let next = spec.next_after(on_time_from.max(last));
-            next.map_or(ctx.poll, |next| {
-                let until = Timestamp::now().duration_until(next);
-                ctx.poll
-                    .min(Duration::try_from(until).unwrap_or(Duration::ZERO))
-            })
-        };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(wait) => {}
-        }
-    }
-}
-
-/// The job tables are gone while the term runs (dropped, or the database restored or failed
-/// over to one without them): said at ERROR, the tables made again (when this role may), and
-/// the job registered again under the lost-state policy.
-async fn tables_lost(
-    ctx: Arc<Context>,
-    registered: Registered,
-    term: Term,
-    term_id: String,
-    stop: CancellationToken,
-    error: ScheduleError,
-) {
-    tracing::error!(
-        job = %registered.job.name,
-        policy = ?ctx.lost_state,
-        error = %error,
-        "the job tables are gone (dropped, restored, or a failover to a server without them); the job's stored state is lost"
-    );
-    if !ensure_tables(&ctx, stop.cancelled()).await {
-        return;
-    }
-    Box::pin(job_task(ctx, registered, term, term_id, stop, true)).await;
-}
-
-/// What became of one due that [`run_due`] was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Taken {
-    /// The claim was ours, and the job ran.
-    Ran,
-    /// Not ours to run: claimed already, not due any more, another term's run in the way, or
-    /// this replica does not lead.
-    NotOurs,
-    /// The claim (or the record of the run's end) failed: try again later.
-    Failed,
-}
-
-/// Claims `due` and, when the claim is ours, runs the job (heart-beating while it runs) and
-/// records how it ended.
-async fn run_due(
-    ctx: &Context,
-    registered: &Registered,
-    due: Timestamp,
-    kind: RunKind,
-    term_id: &str,
-) -> Taken {
-    let label: Arc<str> = registered.job.name.as_str().into();
-    let name = label.clone();
-    let work = ctx.elector.do_work_named(&label, |term| async move {
-        let who = ctx.claimant(&term, term_id);
-        // The claim, on a connection of its own that goes back to the pool at once. Once its
-        // COMMIT is sent, `sent` holds what it claimed: an answer lost then (the bound, a
-        // broken connection) leaves the claim's outcome unknown, and it is read back.
-        let mut sent: Option<Claimed> = None;
-        let claim = ctx.bounded(async {
-            let mut client = ctx.client().await?;
-            let tx = client.transaction().await?;
-            if term.epoch().is_some() {
-                term.fence(&tx).await.map_err(ScheduleError::Fence)?;
-            }
-            let Some(claimed) = ctx
-                .store
-                .claim(&tx, &ctx.namespace, &name, due, kind, &who)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let attempt = claimed.attempt;
-            sent = Some(claimed);
-            tx.commit().await?;
-            Ok(Some(attempt))
-        });
-        let attempt = match claim.await {
-            Ok(Some(attempt)) => attempt,
-            Ok(None) => {
-                tracing::debug!(job = %name, due = %due, "already claimed");
-                return Ok(false);
-            }
-            Err(ScheduleError::Fence(fenced)) if !fenced.is_query_error() => {
-                tracing::info!(job = %name, error = %fenced, "the due's claim was fenced: the term is over");
-                return Ok(false);
-            }
-            Err(e) => match sent {
-                Some(claimed) if e.leaves_commit_unknown() => {
-                    tracing::info!(job = %name, due = %due, error = %e, "the claim's COMMIT got no answer; reading it back");
-                    match read_back(ctx, &term, &name, due, &claimed, term_id).await {
-                        Some(true) => claimed.attempt,
-                        Some(false) => return Err(e),
-                        None => {
-                            tracing::warn!(job = %name, due = %due, error = %e, "the term ended before the claim's outcome was known; a later term settles its run");
-                            return Ok(false);
-                        }
-                    }
-                }
-                _ => return Err(e),
-            },
-        };
-        tracing::debug!(job = %name, due = %due, kind = kind.label(), attempt, "run starts");
-        let started = std::time::Instant::now();
-        let run = JobRun {
-            job: name.to_string(),
-            due: SystemTime::from(due),
-            kind,
-            epoch: term.epoch(),
-            term,
-            attempt,
-        };
-        let outcome = {
-            let job = std::pin::pin!(catch_panic((registered.run)(run)));
-            // A beat every poll, as the claim promised (the run's row holds the period): on a
-            // fixed cadence, each bounded by a poll (at least 1 s), so that a slow or failed
-            // beat does not push the next ones back.
-            let beat = async {
-                let mut beats = tokio::time::interval_at(
-                    tokio::time::Instant::now() + ctx.poll,
-                    ctx.poll,
-                );
-                beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                loop {
-                    beats.tick().await;
-                    let bound = borrow_bound(ctx.poll);
-                    let beat = tokio::time::timeout(bound, async {
-                        ctx.store
-                            .heartbeat(&*ctx.client().await?, &ctx.namespace, &name, due, attempt)
-                            .await
-                    });
-                    match beat.await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => tracing::debug!(job = %name, error = %e, "heartbeat failed"),
-                        Err(_) => tracing::debug!(job = %name, ?bound, "heartbeat timed out"),
-                    }
-                }
-            };
-            tokio::select! {
-                outcome = job => outcome,
-                never = beat => never,
-            }
-        };
-        let (label, error) = match outcome {
-            Ok(Ok(())) => ("succeeded", None),
-            Ok(Err(e)) => ("failed", Some(e)),
-            Err(panic) => ("failed", Some(format!("panicked: {}", panic.message))),
-        };
-        if let Some(error) = &error {
-            tracing::warn!(job = %name, due = %due, error = %error, "job run failed");
-        } else {
-            tracing::debug!(job = %name, due = %due, "job run succeeded");
-        }
-        record(ctx, registered, label, error.as_deref(), Some(started.elapsed()));
-        // The record of its end, on a fresh connection (the job may have run for hours), tried
-        // a few times.
-        for retry in 0..3u32 {
-            let finished = ctx.bounded(async {
-                ctx.store
-                    .finish(
-                        &*ctx.client().await?,
-                        &ctx.namespace,
-                        &name,
-                        due,
-                        attempt,
-                        term_id,
-                        label,
-                        error.as_deref(),
-                    )
-                    .await
-            });
-            match finished.await {
-                Ok(()) => break,
-                Err(e) if retry < 2 => {
-                    tracing::debug!(job = %name, error = %e, "cannot record the run's end; retrying");
-                    tokio::time::sleep(ctx.poll).await;
-                }
-                Err(e) => {
-                    // The run is over, whatever its row says: it stays `running` until a later
-                    // term calls it abandoned.
-                    tracing::warn!(job = %name, due = %due, error = %e, "cannot claim or record the run");
-                    break;
-                }
-            }
-        }
-        Ok::<_, ScheduleError>(true)
-    });
-    match work.await {
-        Ok(Some(true)) => Taken::Ran,
-        Ok(Some(false) | None) => Taken::NotOurs,
-        Err(e) => {
-            tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
-            Taken::Failed
-        }
-    }
-}
-
-/// Reads back a claim of this term whose COMMIT got no answer, every poll until it is settled:
-/// `Some(true)` when it was committed, `Some(false)` when it aborted, `None` when the term
-/// ended first (its run, if committed, then stays `running` for a later term to abandon).
-async fn read_back(
-    ctx: &Context,
-    term: &Term,
-    name: &str,
-    due: Timestamp,
-    claimed: &Claimed,
-    term_id: &str,
-) -> Option<bool> {
-    loop {
-        let status = ctx.bounded(async {
-            ctx.store
-                .claim_status(
-                    &*ctx.client().await?,
-                    &ctx.namespace,
-                    name,
-                    due,
-                    claimed,
-                    term_id,
-                )
-                .await
-        });
-        match status.await {
-            Ok(ClaimStatus::Committed) => {
-                tracing::info!(job = name, due = %due, "the claim was committed: the run starts");
-                return Some(true);
-            }
-            Ok(ClaimStatus::Aborted) => return Some(false),
-            Ok(ClaimStatus::Unsettled) => {
-                tracing::debug!(job = name, due = %due, "the claim is still committing");
-            }
-            Err(e) => tracing::debug!(job = name, error = %e, "cannot read the claim back yet"),
-        }
-        tokio::select! {
-            () = term.cancelled() => return None,
-            () = tokio::time::sleep(ctx.poll) => {}
-        }
-    }
-}
-
-/// Records `skipped` (dues of a pass that do not run) as `skipped` rows, and the job's row as
-/// handled up to `through`, in a fenced transaction on the leader, and counts them; `NotOurs`
-/// when another replica (or this one, earlier) moved the job's row on since `last` was read.
-async fn skip_dues(
-    ctx: &Context,
-    registered: &Registered,
-    last: Timestamp,
-    through: Timestamp,
-    skipped: &[plan::Skipped],
-    term_id: &str,
-) -> Taken {
-    let name = registered.job.name.as_str();
-    let label: Arc<str> = name.into();
-    let work = ctx.elector.do_work_named(&label, |term| async move {
-        let who = ctx.claimant(&term, term_id);
-        ctx.bounded(async {
-            let mut client = ctx.client().await?;
-            let tx = client.transaction().await?;
-            if term.epoch().is_some() {
-                term.fence(&tx).await.map_err(ScheduleError::Fence)?;
-            }
-            let recorded = ctx
-                .store
-                .skip(&tx, &ctx.namespace, name, (last, through), skipped, &who)
-                .await?;
-            tx.commit().await?;
-            Ok(recorded)
-        })
-        .await
-    });
-    match work.await {
-        Ok(Some(true)) => {
-            for stretch in skipped {
-                tracing::info!(
-                    job = name,
-                    reason = %stretch.reason,
-                    dues = stretch.dues,
-                    latest = %stretch.latest,
-                    "skipping missed dues"
-                );
-                count_skipped(ctx, registered, stretch.reason, stretch.dues);
-            }
-            Taken::Ran
-        }
-        Ok(Some(false) | None) => Taken::NotOurs,
-        Err(ScheduleError::Fence(fenced)) if !fenced.is_query_error() => Taken::NotOurs,
-        Err(e) => {
-            tracing::warn!(job = name, error = %e, "cannot skip the missed dues");
-            Taken::Failed
-        }
-    }
-}
-
-/// A job halted in this process: while this replica leads, every poll, the dues that passed
-/// (and will not run) are recorded as `skipped` rows and counted, until the term ends.
-async fn count_halted(
-    ctx: &Context,
-    registered: &Registered,
-    term_id: &str,
-    stop: &CancellationToken,
-) {
-    let name = registered.job.name.as_str();
-    let label: Arc<str> = name.into();
-    let mut counted_until = Timestamp::now();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(ctx.poll) => {}
-        }
-        let now = Timestamp::now();
-        let spec = &registered.job.spec;
-        let dues = spec.count_between(counted_until, now);
-        let Some(latest) = spec.previous(now, true).filter(|_| dues > 0) else {
-            continue;
-        };
-        let stretch = plan::Skipped {
-            reason: SkipReason::Halted,
-            latest,
-            dues,
-        };
-        let work = ctx.elector.do_work_named(&label, |term| async move {
-            let who = ctx.claimant(&term, term_id);
-            ctx.bounded(async {
-                ctx.store
-                    .record_skipped(
-                        &*ctx.client().await?,
-                        &ctx.namespace,
-                        name,
-                        &[stretch],
-                        &who,
-                    )
-                    .await
-            })
-            .await
-        });
-        match work.await {
-            Ok(Some(())) => {
-                count_skipped(ctx, registered, SkipReason::Halted, dues);
-                counted_until = latest;
-            }
-            // Not leading: no due of it was this replica's to run.
-            Ok(None) => counted_until = latest,
-            Err(e) => {
-                tracing::debug!(job = name, error = %e, "cannot record the halted job's dues; retrying")
-            }
-        }
-    }
-}
-
-/// Counts `dues` due runs of the job that did not run, for `reason`.
-fn count_skipped(ctx: &Context, registered: &Registered, reason: SkipReason, dues: u64) {
-    #[cfg(feature = "prometheus")]
-    if let Some(metrics) = &ctx.metrics {
-        metrics.skipped(&registered.job.name, reason, dues);
-    }
-    #[cfg(not(feature = "prometheus"))]
-    let _ = (ctx, registered, reason, dues);
-}
-
-/// Reports one run's outcome to the job's probe and metrics.
-fn record(
-    ctx: &Context,
-    registered: &Registered,
-    outcome: &str,
-    error: Option<&str>,
-    took: Option<Duration>,
-) {
-    match (outcome, error) {
-        ("succeeded", _) => registered.probe.record(TickOutcome::Succeeded),
-        (_, Some(error)) => registered.probe.record(TickOutcome::Failed(format!(
-            "job {:?}: {error}",
-            registered.job.name
-        ))),
-        _ => {}
-    }
-    #[cfg(feature = "prometheus")]
-    if let Some(metrics) = &ctx.metrics {
-        metrics.record(&registered.job.name, outcome, took);
-    }
-    #[cfg(not(feature = "prometheus"))]
-    let _ = (ctx, took);
 }
 
 #[cfg(test)]

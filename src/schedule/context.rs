@@ -1,0 +1,200 @@
+//! What the job tasks of a running schedule share: the tables, the elector, the pool, the
+//! bounds of every query, what this process remembers across terms, and the job metrics; and
+//! what they do with it alike: make the tables ready, name a term, report a run's outcome or
+//! a skipped due to the probe and the metrics.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use deadpool_postgres::Pool;
+
+use super::store::{Claimant, Ensured, Outcome, Store};
+use super::{
+    ENDED_TERMS, LostState, Registered, Schedule, ScheduleError, SkipReason, borrow_bound,
+    query_bound,
+};
+use crate::background::TickOutcome;
+use crate::sync::lock;
+use crate::{Elector, Term};
+
+/// What every job task of a running schedule shares.
+pub(super) struct Context {
+    pub(super) store: Store,
+    pub(super) elector: Elector,
+    pub(super) pool: Pool,
+    pub(super) namespace: String,
+    pub(super) poll: Duration,
+    pub(super) lost_state: LostState,
+    /// Jobs whose row this process has seen: a missing row then means lost state.
+    pub(super) seen: Mutex<HashSet<String>>,
+    /// The latest terms of this schedule that have ended: their runs are over (a term's job
+    /// tasks are joined or aborted before the next term begins), so a run they left `running`
+    /// is abandoned at once, without waiting for it to go quiet.
+    pub(super) ended: Mutex<Vec<String>>,
+    /// Jobs halted by [`LostState::Halt`]: they run no more in this process.
+    pub(super) halted: Mutex<HashSet<String>>,
+    #[cfg(feature = "prometheus")]
+    pub(super) metrics: Option<crate::metrics::JobMetrics>,
+}
+
+impl Context {
+    /// What the job tasks of `schedule` share, its job metrics registered.
+    pub(super) fn new(schedule: &Schedule) -> Result<Self, ScheduleError> {
+        let ctx = Context {
+            store: Store::new(schedule.schema.as_deref(), &schedule.prefix)?,
+            elector: schedule.elector.clone(),
+            pool: schedule.pool.clone(),
+            namespace: schedule.namespace.clone(),
+            poll: schedule.poll,
+            lost_state: schedule.lost_state,
+            seen: Mutex::new(HashSet::new()),
+            ended: Mutex::new(Vec::new()),
+            halted: Mutex::new(HashSet::new()),
+            #[cfg(feature = "prometheus")]
+            metrics: match &schedule.registry {
+                Some(registry) => Some(
+                    crate::metrics::JobMetrics::register(registry)
+                        .map_err(|e| {
+                            tracing::error!(error = %e, "job metrics not registered");
+                            e
+                        })
+                        .ok(),
+                )
+                .flatten(),
+                None => None,
+            },
+        };
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &ctx.metrics {
+            for registered in &schedule.jobs {
+                metrics.add_job(&registered.job.name);
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// Remembers that the term `term_id` has ended: its runs are over.
+    pub(super) fn term_ended(&self, term_id: String) {
+        let mut ended = lock(&self.ended);
+        if ended.len() == ENDED_TERMS {
+            ended.remove(0);
+        }
+        ended.push(term_id);
+    }
+
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
+        let wait = borrow_bound(self.poll);
+        tokio::time::timeout(wait, self.pool.get())
+            .await
+            .map_err(|_| ScheduleError::PoolTimeout(wait))?
+            .map_err(|e| ScheduleError::Pool(Box::new(e)))
+    }
+
+    /// This replica in `term`, as it claims runs and records skipped dues.
+    pub(super) fn claimant<'a>(&'a self, term: &Term, term_id: &'a str) -> Claimant<'a> {
+        Claimant {
+            identity: self.elector.identity().unwrap_or("local"),
+            term_id,
+            epoch: term.epoch(),
+            heartbeat: self.poll,
+        }
+    }
+
+    /// Every query of the job tables is bounded: a partition must not hang a job's task (and
+    /// with it the end of the term and the shutdown).
+    pub(super) async fn bounded<T>(
+        &self,
+        query: impl Future<Output = Result<T, ScheduleError>>,
+    ) -> Result<T, ScheduleError> {
+        let bound = query_bound(self.poll);
+        tokio::time::timeout(bound, query)
+            .await
+            .map_err(|_| ScheduleError::Timeout(bound))?
+    }
+}
+
+/// A term's unique id, stored with each claim: a run left `running` under another id was
+/// abandoned by an earlier term.
+pub(super) fn term_id(elector: &Elector) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}/{}/{nanos:x}/{}",
+        elector.identity().unwrap_or("local"),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Creates the tables if needed, retrying every poll interval until it works or `until`
+/// completes (the term ends); `false` then.
+pub(super) async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>) -> bool {
+    let mut until = std::pin::pin!(until);
+    let mut told = false;
+    loop {
+        let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
+        match made.await {
+            Ok(ensured) => {
+                match ensured {
+                    Ensured::Created => tracing::info!("created the job tables"),
+                    Ensured::Upgraded => {
+                        tracing::info!("added the columns of this version to the job tables");
+                    }
+                    Ensured::Ready => {}
+                }
+                return true;
+            }
+            Err(e) => {
+                if told {
+                    tracing::debug!(error = %e, "the job tables are not ready");
+                } else {
+                    tracing::error!(error = %e, "the job tables are not ready; jobs wait");
+                    told = true;
+                }
+            }
+        }
+        tokio::select! {
+            () = &mut until => return false,
+            () = tokio::time::sleep(ctx.poll) => {}
+        }
+    }
+}
+
+/// Counts `dues` due runs of the job that did not run, for `reason`.
+pub(super) fn count_skipped(ctx: &Context, registered: &Registered, reason: SkipReason, dues: u64) {
+    #[cfg(feature = "prometheus")]
+    if let Some(metrics) = &ctx.metrics {
+        metrics.skipped(&registered.job.name, reason, dues);
+    }
+    #[cfg(not(feature = "prometheus"))]
+    let _ = (ctx, registered, reason, dues);
+}
+
+/// Reports one run's outcome to the job's probe and metrics.
+pub(super) fn record(
+    ctx: &Context,
+    registered: &Registered,
+    outcome: Outcome,
+    error: Option<&str>,
+    took: Option<Duration>,
+) {
+    match (outcome, error) {
+        (Outcome::Succeeded, _) => registered.probe.record(TickOutcome::Succeeded),
+        (_, Some(error)) => registered.probe.record(TickOutcome::Failed(format!(
+            "job {:?}: {error}",
+            registered.job.name
+        ))),
+        _ => {}
+    }
+    #[cfg(feature = "prometheus")]
+    if let Some(metrics) = &ctx.metrics {
+        metrics.record(&registered.job.name, outcome.as_str(), took);
+    }
+    #[cfg(not(feature = "prometheus"))]
+    let _ = (ctx, took);
+}

@@ -1,0 +1,122 @@
+//! [`ScheduleHandle`]: a schedule's jobs triggered or rescheduled from any replica, through
+//! the job tables.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+
+use super::store::Store;
+use super::{Job, ScheduleError};
+
+/// Triggers or reschedules a schedule's jobs, from any replica (a standby's request reaches
+/// the leader at its next poll of the job's row); made by [`Schedule::handle`](super::Schedule::handle).
+#[derive(Clone)]
+pub struct ScheduleHandle {
+    pub(super) pool: Pool,
+    pub(super) namespace: String,
+    pub(super) schema: Option<String>,
+    pub(super) prefix: String,
+    pub(super) wait: Duration,
+}
+
+impl ScheduleHandle {
+    async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
+        tokio::time::timeout(self.wait, self.pool.get())
+            .await
+            .map_err(|_| ScheduleError::PoolTimeout(self.wait))?
+            .map_err(|e| ScheduleError::Pool(Box::new(e)))
+    }
+
+    fn store(&self) -> Result<Store, ScheduleError> {
+        Store::new(self.schema.as_deref(), &self.prefix)
+    }
+
+    /// One call of the handle, borrow and statement together, bounded by the handle's wait.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, ScheduleError>>,
+    ) -> Result<T, ScheduleError> {
+        tokio::time::timeout(self.wait, call)
+            .await
+            .map_err(|_| ScheduleError::Timeout(self.wait))?
+    }
+
+    /// Asks the leader to run `job` now, once, besides its schedule (recorded as a
+    /// `triggered` run).
+    ///
+    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
+    /// the schedule's [poll interval](super::Schedule::poll_interval), at least 1 s.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
+    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// partition, a server that does not answer: the request may still have reached the
+    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
+    /// database error.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it was sent, nothing happens; after, the request stands.
+    pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
+        let store = self.store()?;
+        let known = self
+            .bounded(async {
+                let client = self.client().await?;
+                store.trigger(&client, &self.namespace, job).await
+            })
+            .await?;
+        match known {
+            true => Ok(()),
+            false => Err(ScheduleError::UnknownJob {
+                job: job.to_owned(),
+            }),
+        }
+    }
+
+    /// Changes `job`'s schedule to `schedule`'s (the name is the job's), from its next due
+    /// on; its history is kept. The change lasts until a deploy registers another schedule in
+    /// code.
+    ///
+    /// The whole call (the pool borrow and the statement) takes at most the handle's wait:
+    /// the schedule's [poll interval](super::Schedule::poll_interval), at least 1 s.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
+    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// partition, a server that does not answer: the change may still have reached the
+    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
+    /// database error.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it was sent, nothing changes; after, the change stands.
+    pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
+        let store = self.store()?;
+        let known = self
+            .bounded(async {
+                let client = self.client().await?;
+                store
+                    .reschedule(&client, &self.namespace, job, &schedule.schedule())
+                    .await
+            })
+            .await?;
+        match known {
+            true => Ok(()),
+            false => Err(ScheduleError::UnknownJob {
+                job: job.to_owned(),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for ScheduleHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduleHandle")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
