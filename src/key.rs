@@ -186,7 +186,7 @@ mod tests {
         let key = LockKey::new(-1, i32::MIN);
         assert_eq!(key.class_oid(), u32::MAX);
         assert_eq!(key.object_oid(), 0x8000_0000);
-        assert_eq!(key.to_string(), "(-1, -2147483648)");
+        assert_eq!(key.to_string(), "-1:-2147483648");
     }
 
     /// Keys computed once, outside this crate, with Python's hashlib:

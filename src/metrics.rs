@@ -102,7 +102,7 @@ mod enabled {
 
     use super::{CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME, EPOCH_NAME};
     use crate::Error;
-    use crate::schedule::SkipReason;
+    use crate::schedule::plan::SkipReason;
 
     const GAUGE_HELP: &str =
         "1 while this replica leads the pg-elector election for the key, 0 otherwise.";

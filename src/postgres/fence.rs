@@ -12,14 +12,12 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
+use super::ident::{self, quote};
 use crate::LockKey;
 use crate::error::{Error, Fenced};
 
 /// The table's default name.
 pub(crate) const DEFAULT_TABLE: &str = "pg_elector_epochs";
-
-/// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`): longer ones are truncated.
-const MAX_IDENTIFIER: usize = 63;
 
 /// The epoch table: where it is, and its statements with the name quoted as an identifier.
 #[derive(Debug)]
@@ -36,7 +34,7 @@ impl FenceTable {
     /// The table `table` in `schema` (or the first schema of the `search_path`).
     pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Arc<Self>, Error> {
         for name in schema.iter().chain([&table]) {
-            if name.is_empty() || name.len() > MAX_IDENTIFIER || name.contains('\0') {
+            if !ident::is_valid(name) {
                 return Err(Error::InvalidFencingTable {
                     name: (*name).to_owned(),
                 });
@@ -246,11 +244,6 @@ pub(crate) enum BumpError {
     NoRow,
     #[error("{}", crate::error::chain(.0))]
     Query(tokio_postgres::Error),
-}
-
-/// `name` as a PostgreSQL identifier in double quotes, its own double quotes doubled.
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ mod begin;
 pub(crate) mod fence;
 mod give_back;
 mod handover;
+pub(crate) mod ident;
 mod lead;
 mod leader;
 mod loss;

@@ -10,7 +10,7 @@ use croner::parser::{CronParser, Seconds};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
-use super::ScheduleError;
+use super::error::ScheduleError;
 use crate::Term;
 
 /// What a leader does with the due instants it missed: those that passed while nobody led,
@@ -184,7 +184,7 @@ impl Spec {
 }
 
 /// The longest period of [`Job::every`]: a century.
-pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const MAX_PERIOD: Duration = crate::lease::CENTURY;
 
 /// The most dues of a cron job counted as skipped in one stretch (a longer stretch, such as a
 /// week of a job due every second, counts as this many).

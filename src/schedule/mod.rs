@@ -80,7 +80,7 @@ mod due;
 mod error;
 mod handle;
 mod job;
-mod plan;
+pub(crate) mod plan;
 mod store;
 mod task;
 
@@ -208,10 +208,9 @@ impl Schedule {
     /// The jobs are kept under a namespace, by default the elector's key (`class:object`, or
     /// `local` for a local elector), so that several services can share the tables.
     pub fn new(elector: &Elector, pool: Pool) -> Self {
-        let namespace = elector.key().map_or_else(
-            || "local".to_owned(),
-            |k| format!("{}:{}", k.class(), k.object()),
-        );
+        let namespace = elector
+            .key()
+            .map_or_else(|| "local".to_owned(), |k| k.to_string());
         Self {
             poll: poll_within_bounds(
                 elector

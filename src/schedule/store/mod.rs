@@ -12,9 +12,6 @@ mod sql;
 use super::ScheduleError;
 use sql::Tables;
 
-/// PostgreSQL's longest identifier, in bytes.
-const MAX_IDENTIFIER: usize = 63;
-
 /// One of the two tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Table {

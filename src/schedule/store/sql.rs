@@ -1,7 +1,8 @@
 //! The text of the job tables' statements, made once per [`Store`](super::Store) from the
 //! tables' names, each quoted as an identifier (never pasted).
 
-use super::{ADDED_COLUMNS, MAX_IDENTIFIER, Table};
+use super::{ADDED_COLUMNS, Table};
+use crate::postgres::ident::{self, quote};
 use crate::schedule::{STALE_BEATS, STALE_FLOOR, ScheduleError};
 
 /// A job's row, and the runs of that job.
@@ -10,10 +11,6 @@ const KEY: &str = "namespace = $1 AND job = $2";
 /// The columns of a `skipped` row.
 const SKIPPED_COLUMNS: &str = "namespace, job, due, attempt, kind, claimed_by, claimed_term, \
     epoch, started_at, finished_at, outcome, reason, skipped_dues";
-
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
 
 /// The columns later versions added to `table`, with their types.
 fn added(table: Table) -> Vec<(&'static str, &'static str)> {
@@ -81,7 +78,7 @@ impl Tables {
         let name = |table: &str| -> Result<String, ScheduleError> {
             let table = format!("{prefix}{table}");
             for part in schema.iter().copied().chain([table.as_str()]) {
-                if part.is_empty() || part.len() > MAX_IDENTIFIER || part.contains('\0') {
+                if !ident::is_valid(part) {
                     return Err(ScheduleError::InvalidTable {
                         name: part.to_owned(),
                     });
@@ -96,7 +93,7 @@ impl Tables {
         // An index takes its table's schema: its name is never qualified.
         let running_index = {
             let index = format!("{prefix}job_runs_running");
-            if index.len() > MAX_IDENTIFIER || index.contains('\0') {
+            if !ident::is_valid(&index) {
                 return Err(ScheduleError::InvalidTable { name: index });
             }
             quote(&index)
