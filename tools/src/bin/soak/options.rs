@@ -58,14 +58,15 @@ pub(crate) struct Options {
 }
 
 /// The usage line printed on a bad option.
-pub(crate) const USAGE: &str = "usage: cargo bench --bench soak -- [--seed N] [--duration 60s] \
+pub(crate) const USAGE: &str =
+    "usage: cargo run --release -p pg-elector-tools --bin soak -- [--seed N] [--duration 60s] \
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
 [--overlap 0.25] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
 restart-fast, restart-immediate (restart: both), exhaust, graceful, resign";
 
 impl Options {
-    /// Parses the arguments after `--` (plus the `--bench` cargo adds).
+    /// Parses the arguments after `--` (a `--bench`, which `cargo bench` used to add, is ignored).
     pub(crate) fn parse(args: &[String]) -> Result<Self, String> {
         let mut options = Options {
             seed: std::env::var("SOAK_SEED")
@@ -101,6 +102,7 @@ impl Options {
                     .ok_or_else(|| format!("{flag} takes a value"))
             };
             match flag {
+                // What `cargo bench` passed when this was a bench: ignored.
                 "--bench" => {}
                 "--seed" => {
                     options.seed = value()?
@@ -162,7 +164,7 @@ impl Options {
                 },
                 "--help" | "-h" => return Err("options".into()),
                 other if other.starts_with('-') => return Err(format!("unknown option {other}")),
-                // A positional word (the filter `cargo bench` hands every bench): ignored.
+                // A positional word (a filter, as `cargo bench` handed every bench): ignored.
                 _ => {}
             }
             i += 1;

@@ -2,11 +2,11 @@
 //! server, in CPU, backends and queries, and how fast the leaders' checks stay meanwhile.
 //!
 //! ```sh
-//! cargo bench --bench fleet                                # both shapes, both modes, 1 000 electors, 60 s
-//! cargo bench --bench fleet -- --mode poll                 # poll mode only
-//! cargo bench --bench fleet -- --quick                     # 200 electors, 10 s per run
-//! cargo bench --bench fleet -- --shape one-key --electors 2000,4000 --per-proc 40
-//! cargo bench --bench fleet -- --mode poll --sweep         # then double the fleet until p99 > I/10
+//! cargo run --release -p pg-elector-tools --bin fleet                                # both shapes, both modes, 1 000 electors, 60 s
+//! cargo run --release -p pg-elector-tools --bin fleet -- --mode poll                 # poll mode only
+//! cargo run --release -p pg-elector-tools --bin fleet -- --quick                     # 200 electors, 10 s per run
+//! cargo run --release -p pg-elector-tools --bin fleet -- --shape one-key --electors 2000,4000 --per-proc 40
+//! cargo run --release -p pg-elector-tools --bin fleet -- --mode poll --sweep         # then double the fleet until p99 > I/10
 //! ```
 //!
 //! Flags: `--shape keys|one-key|both` (default both), `--mode poll|fast|both` (default both),
@@ -78,16 +78,13 @@
 //! derived "largest fleet" figures say which is measured and which is extrapolated from the
 //! server CPU per standby.
 
-#[path = "../tests/replica/mod.rs"]
-mod replica;
-
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
-use pg_elector_harness::{PgServer, ShutdownMode, TestDb};
+use pg_elector_harness::{PgServer, ShutdownMode, TestDb, replica};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -114,11 +111,6 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == CHILD_FLAG) {
         child::main();
-        return;
-    }
-    if !args.iter().any(|a| a == "--bench") {
-        // `cargo test --benches` runs bench targets without `--bench`: nothing to do there.
-        eprintln!("fleet: run it with `cargo bench --bench fleet`");
         return;
     }
     let options = Options::parse(&args);

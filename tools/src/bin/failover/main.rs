@@ -7,10 +7,10 @@
 //! (`ElectorBuilder::fast_takeover(true)`, design F1).
 //!
 //! ```sh
-//! cargo bench --bench failover                                  # everything: 2 modes × 2 I × 7 faults × 20 runs
-//! cargo bench --bench failover -- --mode poll --interval 1      # one (mode, I) part
-//! cargo bench --bench failover -- --mode both --interval 5 --scenario freeze,partition
-//! cargo bench --bench failover -- --quick                       # 5 runs per fault
+//! cargo run --release -p pg-elector-tools --bin failover                                  # everything: 2 modes × 2 I × 7 faults × 20 runs
+//! cargo run --release -p pg-elector-tools --bin failover -- --mode poll --interval 1      # one (mode, I) part
+//! cargo run --release -p pg-elector-tools --bin failover -- --mode both --interval 5 --scenario freeze,partition
+//! cargo run --release -p pg-elector-tools --bin failover -- --quick                       # 5 runs per fault
 //! ```
 //!
 //! Options (after `--`):
@@ -83,14 +83,11 @@
 //!
 //! With fewer than 100 runs the nearest-rank p99 is the maximum; the output says so.
 
-#[path = "../tests/replica/mod.rs"]
-mod replica;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
-use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb};
+use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb, replica};
 use replica::{Event, What, leaders, transitions, unix_us, us};
 use rustix::process::Signal;
 
@@ -101,7 +98,7 @@ const SLOTS: usize = 3;
 const DEFAULT_REPS: usize = 20;
 const QUICK_REPS: usize = 5;
 
-const USAGE: &str = "usage: cargo bench --bench failover -- [--mode poll|fast|both] \
+const USAGE: &str = "usage: cargo run --release -p pg-elector-tools --bin failover -- [--mode poll|fast|both] \
 [--interval 1|5|both|<seconds>[,…]] [--scenario all|graceful|sigkill|terminate|reset|partition|freeze|restart|restart-fast|restart-immediate[,…]] \
 [--reps N] [--quick]";
 
@@ -110,11 +107,6 @@ fn main() {
     let has = |flag: &str| args.iter().any(|a| a == flag);
     if has("--replica") {
         replica::child();
-        return;
-    }
-    if !has("--bench") {
-        // `cargo test --benches` runs bench targets without `--bench`: nothing to do there.
-        eprintln!("failover: run it with `cargo bench --bench failover`");
         return;
     }
     let options = match Options::parse(&args) {
@@ -190,6 +182,7 @@ impl Options {
                     .ok_or_else(|| format!("{flag} takes a value"))
             };
             match flag {
+                // What `cargo bench` passed when this was a bench: ignored.
                 "--bench" => {}
                 "--quick" => quick = true,
                 "--reps" => {
@@ -227,7 +220,7 @@ impl Options {
                 }
                 "--help" | "-h" => return Err("options".into()),
                 other if other.starts_with('-') => return Err(format!("unknown option {other}")),
-                // A positional word (a filter `cargo bench` hands every bench): ignored.
+                // A positional word (a filter, as `cargo bench` handed every bench): ignored.
                 _ => {}
             }
             i += 1;

@@ -3,9 +3,9 @@
 //! ("Guarantees, in multiples of I", "Fast takeover", "Writes a deposed leader cannot make").
 //!
 //! ```sh
-//! cargo bench --bench soak -- --duration 60s                  # CI's run; a random seed, printed
-//! cargo bench --bench soak -- --seed 4242 --duration 60s      # the same draws again
-//! cargo bench --bench soak -- --mode poll --faults stop,partition --verbose
+//! cargo run --release -p pg-elector-tools --bin soak -- --duration 60s                  # CI's run; a random seed, printed
+//! cargo run --release -p pg-elector-tools --bin soak -- --seed 4242 --duration 60s      # the same draws again
+//! cargo run --release -p pg-elector-tools --bin soak -- --mode poll --faults stop,partition --verbose
 //! scripts/soak-long                                           # ≈ 1 h: poll, fast and mixed
 //! ```
 //!
@@ -14,8 +14,8 @@
 //! (the check interval I, default 250), `--mode poll|fast|mixed` (default `mixed`),
 //! `--faults all|<kind>[,<kind>…]`, `--overlap P` (default 0.25), `--no-keep-one`,
 //! `--out FILE` (the report, also written there), `--verbose` (each fault as it is injected),
-//! `--sabotage split-key` (checks the checker, below). Without `--bench` (`cargo test
-//! --benches`) it does nothing. It exits 1 on any violation, 2 on a bad option.
+//! `--sabotage split-key` (checks the checker, below). It exits 1 on any violation, 2 on a
+//! bad option.
 //!
 //! # The fleet
 //!
@@ -143,21 +143,13 @@
 //! [`PgServer::spawn`]: pg_elector_harness::PgServer::spawn
 //! [`FaultProxy`]: pg_elector_harness::FaultProxy
 
-#[path = "soak/check.rs"]
 mod check;
-#[path = "soak/child.rs"]
 mod child;
-#[path = "soak/db.rs"]
 mod db;
-#[path = "soak/faults.rs"]
 mod faults;
-#[path = "soak/fleet.rs"]
 mod fleet;
-#[path = "soak/options.rs"]
 mod options;
-#[path = "soak/report.rs"]
 mod report;
-#[path = "soak/rng.rs"]
 mod rng;
 
 use std::sync::{Arc, Mutex};
@@ -318,11 +310,6 @@ fn main() {
     let has = |flag: &str| args.iter().any(|a| a == flag);
     if has(child::FLAG) {
         child::main();
-        return;
-    }
-    if !has("--bench") {
-        // `cargo test --benches` runs bench targets without `--bench`: nothing to do there.
-        eprintln!("soak: run it with `cargo bench --bench soak`");
         return;
     }
     let options = match Options::parse(&args) {

@@ -3,8 +3,8 @@
 //! a millisecond when the server ends its session.
 //!
 //! ```sh
-//! cargo bench --bench watch                          # 20 keys, 30 s per phase, I = 5 s
-//! cargo bench --bench watch -- --keys 50 --seconds 60
+//! cargo run --release -p pg-elector-tools --bin watch                          # 20 keys, 30 s per phase, I = 5 s
+//! cargo run --release -p pg-elector-tools --bin watch -- --keys 50 --seconds 60
 //! ```
 //!
 //! One process (this one, a tokio runtime of two workers) runs `--keys` electors twice: first
@@ -20,7 +20,8 @@ use pg_elector::{Elector, LockKey};
 use pg_elector_harness::PgServer;
 use tokio_util::sync::CancellationToken;
 
-const USAGE: &str = "usage: cargo bench --bench watch -- [--keys N] [--seconds S]";
+const USAGE: &str =
+    "usage: cargo run --release -p pg-elector-tools --bin watch -- [--keys N] [--seconds S]";
 
 fn main() {
     let mut keys = 20usize;
@@ -31,7 +32,7 @@ fn main() {
         match arg.as_str() {
             "--keys" => keys = value().unwrap_or_else(|| panic!("{USAGE}")) as usize,
             "--seconds" => seconds = value().unwrap_or_else(|| panic!("{USAGE}")),
-            // cargo bench passes --bench.
+            // What `cargo bench` passed when this was a bench: ignored.
             "--bench" => {}
             other => panic!("unknown option {other:?}; {USAGE}"),
         }

@@ -79,7 +79,7 @@ pub(crate) fn render(
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "`cargo bench --bench soak -- {}` · PostgreSQL {} ({}) · {} replica processes over the run \
+        "`cargo run --release -p pg-elector-tools --bin soak -- {}` · PostgreSQL {} ({}) · {} replica processes over the run \
          ({fast} with fast takeover) · {} faults · wall time {}.",
         options.replay_args(facts.injected_for),
         facts.server_version,
@@ -318,7 +318,7 @@ pub(crate) fn render(
             let replay = Duration::from_secs_f64(offset.max(0.0) + 5.0);
             let _ = writeln!(
                 out,
-                "- at {offset:+.3} s{fault}: {} — replay: `cargo bench --bench soak -- {}`",
+                "- at {offset:+.3} s{fault}: {} — replay: `cargo run --release -p pg-elector-tools --bin soak -- {}`",
                 v.what,
                 options.replay_args(replay)
             );
