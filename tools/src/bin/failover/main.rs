@@ -88,6 +88,10 @@ use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
 use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb, replica};
+use pg_elector_tools::args::{Args, names};
+use pg_elector_tools::block_on;
+use pg_elector_tools::rng::xorshift;
+use pg_elector_tools::stats::{percentile, sorted, summary};
 use replica::{Event, What, leaders, transitions, unix_us, us};
 use rustix::process::Signal;
 
@@ -116,12 +120,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(bench(options));
+    block_on(bench(options));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,35 +163,19 @@ impl Options {
         };
         let mut reps_given = std::env::var("FAILOVER_REPS").is_ok();
         let mut quick = false;
-        let mut i = 0;
-        while i < args.len() {
-            let arg = args[i].as_str();
-            // `--flag value` or `--flag=value`.
-            let (flag, inline) = match arg.split_once('=') {
-                Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
-                _ => (arg, None),
-            };
-            let mut value = || -> Result<String, String> {
-                if let Some(v) = &inline {
-                    return Ok(v.clone());
-                }
-                i += 1;
-                args.get(i)
-                    .cloned()
-                    .ok_or_else(|| format!("{flag} takes a value"))
-            };
+        let mut args = Args::new(args);
+        while let Some(flag) = args.next_flag() {
             match flag {
-                // What `cargo bench` passed when this was a bench: ignored.
-                "--bench" => {}
                 "--quick" => quick = true,
                 "--reps" => {
-                    options.reps = value()?
+                    options.reps = args
+                        .value()?
                         .parse()
                         .map_err(|_| "--reps takes a number".to_owned())?;
                     reps_given = true;
                 }
                 "--mode" => {
-                    options.modes = match value()?.as_str() {
+                    options.modes = match args.value()?.as_str() {
                         "poll" => vec![Mode::Poll],
                         "fast" => vec![Mode::Fast],
                         "both" | "all" => vec![Mode::Poll, Mode::Fast],
@@ -200,7 +183,7 @@ impl Options {
                     }
                 }
                 "--interval" => {
-                    let v = value()?;
+                    let v = args.value()?;
                     options.intervals = if v == "both" || v == "all" {
                         vec![Duration::from_secs(1), Duration::from_secs(5)]
                     } else {
@@ -208,22 +191,10 @@ impl Options {
                     };
                 }
                 "--scenario" | "--scenarios" => {
-                    let mut scenarios = Vec::new();
-                    for name in value()?.split(',') {
-                        for s in Scenario::by_name(name.trim())? {
-                            if !scenarios.contains(&s) {
-                                scenarios.push(s);
-                            }
-                        }
-                    }
-                    options.scenarios = scenarios;
+                    options.scenarios = names(&args.value()?, Scenario::by_name)?;
                 }
-                "--help" | "-h" => return Err("options".into()),
-                other if other.starts_with('-') => return Err(format!("unknown option {other}")),
-                // A positional word (a filter, as `cargo bench` handed every bench): ignored.
-                _ => {}
+                _ => args.other()?,
             }
-            i += 1;
         }
         if quick && !reps_given {
             options.reps = QUICK_REPS;
@@ -1075,19 +1046,19 @@ fn print_part(part: &Part, reps: usize) {
             } else {
                 String::new()
             },
-            summary(samples.iter().map(|s| s.takeover).collect()),
+            summary(samples.iter().map(|s| s.takeover).collect(), ms),
             if restart { " ¹" } else { "" },
-            summary(samples.iter().map(|s| s.both).collect()),
+            summary(samples.iter().map(|s| s.both).collect(), ms),
             if !demoted.is_empty() {
-                summary(demoted)
+                summary(demoted, ms)
             } else if !resumed.is_empty() {
-                format!("after SIGCONT: {}", summary(resumed))
+                format!("after SIGCONT: {}", summary(resumed, ms))
             } else {
                 "(process gone)".into()
             },
-            summary(samples.iter().map(|s| s.none).collect()),
+            summary(samples.iter().map(|s| s.none).collect(), ms),
             if restart { " ²" } else { "" },
-            summary(gaps.iter().map(|&g| g.max(0) as u64).collect()),
+            summary(gaps.iter().map(|&g| g.max(0) as u64).collect(), ms),
             if interleaved > 0 {
                 format!(" ({interleaved} INTERLEAVED)")
             } else {
@@ -1217,7 +1188,7 @@ fn print_comparison(parts: &[Part], reps: usize) {
                 continue;
             };
             let stat =
-                |o: &Outcome, v: fn(&Sample) -> u64| summary(o.samples.iter().map(v).collect());
+                |o: &Outcome, v: fn(&Sample) -> u64| summary(o.samples.iter().map(v).collect(), ms);
             println!(
                 "| {} | {} | {} | {} | {} |",
                 p.scenario.name(),
@@ -1228,13 +1199,6 @@ fn print_comparison(parts: &[Part], reps: usize) {
             );
         }
     }
-}
-
-fn xorshift(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
 }
 
 fn ms(us: u64) -> String {
@@ -1250,31 +1214,7 @@ fn minutes(d: Duration) -> String {
     }
 }
 
-/// Nearest-rank percentile `p` of µs values.
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 fn p99(samples: &[Sample], value: fn(&Sample) -> u64) -> u64 {
-    let mut values: Vec<u64> = samples.iter().map(value).collect();
-    values.sort_unstable();
-    if values.is_empty() {
-        0
-    } else {
-        percentile(&values, 0.99)
-    }
-}
-
-fn summary(mut values: Vec<u64>) -> String {
-    if values.is_empty() {
-        return "-".into();
-    }
-    values.sort_unstable();
-    format!(
-        "{} / {} / {}",
-        ms(percentile(&values, 0.50)),
-        ms(percentile(&values, 0.99)),
-        ms(percentile(&values, 1.0))
-    )
+    let values: Vec<u64> = samples.iter().map(value).collect();
+    percentile(&sorted(values), 0.99).unwrap_or(0)
 }

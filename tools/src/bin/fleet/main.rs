@@ -85,6 +85,10 @@ use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
 use pg_elector_harness::{PgServer, ShutdownMode, TestDb, replica};
+use pg_elector_tools::block_on;
+use pg_elector_tools::procfs::{children_of, clock_ticks_per_second, machine_ticks, rss_kb, stat};
+use pg_elector_tools::rng::xorshift;
+use pg_elector_tools::stats::{percentile, sorted};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -114,12 +118,7 @@ fn main() {
         return;
     }
     let options = Options::parse(&args);
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(bench(options));
+    block_on(bench(options));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,51 +386,8 @@ mod child {
     }
 }
 
-fn xorshift(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
-}
-
 // ---------------------------------------------------------------------------------------------
 // /proc.
-
-/// One process's `/proc/<pid>/stat` fields the bench uses.
-#[derive(Clone, Copy, Debug, Default)]
-struct Stat {
-    ppid: i32,
-    /// utime + stime, in clock ticks.
-    own: u64,
-    /// cutime + cstime: reaped children, in clock ticks.
-    reaped: u64,
-}
-
-fn stat(pid: i32) -> Option<Stat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name, which is in parentheses and may contain anything.
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14..17.
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<i64>().ok());
-    Some(Stat {
-        ppid: field(4)? as i32,
-        own: (field(14)? + field(15)?) as u64,
-        reaped: (field(16)? + field(17)?) as u64,
-    })
-}
-
-/// The live processes whose parent is `parent`.
-fn children_of(parent: i32) -> Vec<(i32, Stat)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| Some((pid, stat(pid)?)))
-        .filter(|(_, s)| s.ppid == parent)
-        .collect()
-}
 
 /// The server's CPU so far (clock ticks): the postmaster, its live children, and its reaped
 /// children; and how many children it has now.
@@ -440,45 +396,6 @@ fn server_ticks(postmaster: i32) -> (u64, usize) {
     let children = children_of(postmaster);
     let live: u64 = children.iter().map(|(_, s)| s.own).sum();
     (pm.own + pm.reaped + live, children.len())
-}
-
-/// The whole machine's busy time so far (clock ticks, every CPU): the first line of
-/// /proc/stat without idle, iowait and steal.
-fn machine_ticks() -> u64 {
-    std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().next()?.to_owned();
-            let v: Vec<u64> = line
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|f| f.parse().ok())
-                .collect();
-            // user nice system idle iowait irq softirq (guest time is inside user; steal,
-            // the hypervisor's, is left out)
-            Some(v.iter().take(7).sum::<u64>() - v.get(3)? - v.get(4)?)
-        })
-        .unwrap_or(0)
-}
-
-fn rss_kb(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1054,7 +971,7 @@ impl Run<'_> {
             let (server_children, rss_kb) = tokio::task::spawn_blocking(move || {
                 (
                     children_of(postmaster).len(),
-                    pids.iter().map(|&p| rss_kb(p)).sum::<u64>(),
+                    pids.iter().map(|&p| rss_kb(p).unwrap_or(0)).sum::<u64>(),
                 )
             })
             .await
@@ -1125,7 +1042,7 @@ impl Run<'_> {
             .collect();
         let n = samples.len().max(1) as f64;
         let pids: Vec<i32> = procs.iter().map(|p| p.pid).collect();
-        let rss: Vec<u64> = pids.iter().map(|&p| rss_kb(p)).collect();
+        let rss: Vec<u64> = pids.iter().map(|&p| rss_kb(p).unwrap_or(0)).collect();
         Ok(Row {
             max_connections: self.server.max_connections,
             window,
@@ -1364,7 +1281,7 @@ async fn bench(options: Options) {
         .first()
         .map_or(300, |p| connections_needed(p, options.pool));
     let mut server = Server::start(options.statements, need, &options.settings).await;
-    let ticks_per_s = clock_ticks();
+    let ticks_per_s = clock_ticks_per_second();
     eprintln!(
         "fleet: PostgreSQL at {} (postmaster {}, max_connections {}, pg_stat_statements {}), I = {:?}, \
          {} s per run after a {} s warm-up, pool {} per process{}",
@@ -1481,7 +1398,7 @@ async fn run_plan(
             row.backends_max,
             row.check_mean_ms,
             bucket(row.check_p99),
-            percentile(&row.probe, 0.99)
+            percentile(&sorted(row.probe.clone()), 0.99)
                 .map_or("-".into(), |v| format!("{:.2} ms", v as f64 / 1e3)),
             row.client_cores,
             row.window_warnings,
@@ -1555,16 +1472,6 @@ async fn idle_cores(server: &Server, options: &Options, ticks_per_s: f64) -> f64
 
 // ---------------------------------------------------------------------------------------------
 // The report.
-
-fn percentile(values: &[u64], p: f64) -> Option<u64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[rank - 1])
-}
 
 fn bucket(bound: Option<f64>) -> String {
     match bound {
@@ -1659,7 +1566,8 @@ fn print_tables(
     for (plan, outcome) in results {
         let Ok(row) = outcome else { continue };
         let probe = |p: f64| {
-            percentile(&row.probe, p).map_or("-".into(), |v| format!("{:.2}", v as f64 / 1e3))
+            percentile(&sorted(row.probe.clone()), p)
+                .map_or("-".into(), |v| format!("{:.2}", v as f64 / 1e3))
         };
         let procs = plan.procs() as f64;
         println!(

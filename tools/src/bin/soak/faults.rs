@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_elector_harness::ShutdownMode;
+use pg_elector_tools::rng::Rng;
 use rustix::process::Signal;
 
 use crate::Ctx;
@@ -265,9 +266,9 @@ pub(crate) struct Claims {
 }
 
 /// Draws the parameter of a fault of `kind` at interval `i`.
-pub(crate) fn draw_param(kind: Kind, i: Duration, rng: &mut crate::rng::Rng) -> Duration {
+pub(crate) fn draw_param(kind: Kind, i: Duration, rng: &mut Rng) -> Duration {
     let ms = |d: Duration| d.as_millis() as u64;
-    let between = |rng: &mut crate::rng::Rng, lo: Duration, hi: Duration| {
+    let between = |rng: &mut Rng, lo: Duration, hi: Duration| {
         Duration::from_millis(rng.between(ms(lo), ms(hi)))
     };
     match kind {

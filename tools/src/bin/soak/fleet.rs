@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use pg_elector::LockKey;
 use pg_elector_harness::FaultProxy;
+use pg_elector_tools::procfs::rss_kb;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -454,7 +455,7 @@ impl Fleet {
         for &index in &self.live {
             if let Some(proc) = self.procs.get_mut(index) {
                 if proc.ended.is_none() {
-                    if let Some(kb) = rss_kb(proc.pid) {
+                    if let Some(kb) = rss_kb(proc.pid.as_raw_nonzero().get()) {
                         proc.rss.push((at, kb));
                     }
                 }
@@ -471,14 +472,4 @@ impl Fleet {
             }
         }
     }
-}
-
-/// `VmRSS` of a process, in kB.
-fn rss_kb(pid: Pid) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero())).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kb| kb.parse().ok())
 }

@@ -150,13 +150,14 @@ mod faults;
 mod fleet;
 mod options;
 mod report;
-mod rng;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
 use pg_elector_harness::PgServer;
+use pg_elector_tools::block_on;
+use pg_elector_tools::rng::Rng;
 use tokio_util::sync::CancellationToken;
 
 use crate::check::{Checkpoint, ProcInfo, Violation};
@@ -164,7 +165,6 @@ use crate::child::unix_us;
 use crate::faults::{Claims, Fault, Kind, Plan};
 use crate::fleet::{Board, Fleet};
 use crate::options::{Mode, Options, USAGE};
-use crate::rng::Rng;
 
 /// The key every replica elects on ("soak").
 const KEY: LockKey = LockKey::new(0x736f_616b, 1);
@@ -319,12 +319,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let code = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(soak(options));
+    let code = block_on(soak(options));
     std::process::exit(code);
 }
 

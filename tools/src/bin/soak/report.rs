@@ -3,6 +3,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use pg_elector_tools::stats::{percentile, summary};
+
 use crate::check::{Analysis, ProcInfo};
 use crate::faults::{Fault, Kind};
 use crate::options::Options;
@@ -35,25 +37,6 @@ fn ms(us: u64) -> String {
     } else {
         format!("{:.0}", us as f64 / 1e3)
     }
-}
-
-/// Nearest-rank percentile `p` of sorted values.
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn summary(mut values: Vec<u64>) -> String {
-    if values.is_empty() {
-        return "-".into();
-    }
-    values.sort_unstable();
-    format!(
-        "{} / {} / {}",
-        ms(percentile(&values, 0.5)),
-        ms(percentile(&values, 0.99)),
-        ms(percentile(&values, 1.0))
-    )
 }
 
 /// The report, in markdown.
@@ -132,7 +115,7 @@ pub(crate) fn render(
             of.len(),
             hit.len(),
             of.iter().filter(|f| f.overlapped).count(),
-            summary(leaderless),
+            summary(leaderless, ms),
             ms(two),
             kind.bound_text(),
             if violations > 0 {
@@ -149,7 +132,7 @@ pub(crate) fn render(
         faults.len(),
         faults.iter().filter(|f| f.on_leader).count(),
         faults.iter().filter(|f| f.overlapped).count(),
-        summary(all_leaderless),
+        summary(all_leaderless, ms),
         ms(all_two),
         if a.violations.is_empty() {
             "0".into()
@@ -177,11 +160,7 @@ pub(crate) fn render(
         facts.runtime_stalls.0,
         ms(facts.runtime_stalls.1),
         ms(facts.runtime_stalls.2),
-        ms(if lags.is_empty() {
-            0
-        } else {
-            percentile(&lags, 0.5)
-        }),
+        ms(percentile(&lags, 0.5).unwrap_or(0)),
         ms(lags.last().copied().unwrap_or(0)),
     );
     let unprovoked_max = a.unprovoked.iter().map(|iv| iv.1 - iv.0).max().unwrap_or(0);
