@@ -77,6 +77,33 @@ pub fn us(d: Duration) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // The child: one replica.
 
+/// Logs this process's tracing events on stderr, plain text, filtered by `RUST_LOG` or else
+/// by `default_filter`: what a replica process does first, so that its parent reads its lines.
+pub fn log_to_stderr(default_filter: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Spawns a task that hands every line of `reader` (a child's stdout or stderr) to `each`,
+/// until its end or a read error.
+pub fn for_each_line<R>(reader: R, mut each: impl FnMut(String) + Send + 'static)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(reader).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            each(line);
+        }
+    });
+}
+
 /// Runs one replica with its settings in the environment (see [`Fleet::spawn`]), on a
 /// current-thread runtime, until its shutdown or the end of its stdin.
 pub fn child() {
@@ -92,14 +119,7 @@ fn say(at: u64, what: &str) {
 }
 
 async fn child_main() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    log_to_stderr("pg_elector=info");
     let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
     let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
     let (class, object) = env(ENV_KEY)
@@ -409,25 +429,15 @@ impl Fleet {
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
         let stdin = child.stdin.take().expect("piped stdin");
-        tokio::spawn({
-            let board = self.board.clone();
-            async move {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(event) = parse(index, &line) {
-                        board.push(event);
-                    }
-                }
+        let board = self.board.clone();
+        for_each_line(stdout, move |line| {
+            if let Some(event) = parse(index, &line) {
+                board.push(event);
             }
         });
-        tokio::spawn({
-            let board = self.board.clone();
-            async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    board.logs.lock().unwrap().push(format!("{name}: {line}"));
-                }
-            }
+        let board = self.board.clone();
+        for_each_line(stderr, move |line| {
+            board.logs.lock().unwrap().push(format!("{name}: {line}"));
         });
         self.procs.push(Proc { child, stdin, pid });
         index

@@ -1,6 +1,6 @@
 //! What the process-level benchmarks of `pg-elector` share: percentiles ([`stats`]), seeded
 //! random numbers ([`rng`]), the `/proc` readers ([`procfs`]), the option parser ([`args`])
-//! and the runtime they run on ([`block_on`]).
+//! the runtime they run on ([`block_on`]) and how their standbys take over ([`Mode`]).
 //!
 //! The benchmarks themselves are the binaries of this crate (`src/bin/`); README.md and
 //! BENCHMARKS.md say how to run each.
@@ -21,4 +21,23 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         .build()
         .expect("a runtime")
         .block_on(future)
+}
+
+/// How the standbys of a run take over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A standby tries the lock once per check interval (the default).
+    Poll,
+    /// `ElectorBuilder::fast_takeover(true)`: a standby waits on the lock.
+    Fast,
+}
+
+impl Mode {
+    /// `poll` or `fast`, as the options and the tables name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Poll => "poll",
+            Mode::Fast => "fast",
+        }
+    }
 }

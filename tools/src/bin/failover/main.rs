@@ -96,9 +96,9 @@ use std::time::{Duration, Instant};
 use pg_elector::LockKey;
 use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb, replica};
 use pg_elector_tools::args::{Args, names};
-use pg_elector_tools::block_on;
 use pg_elector_tools::rng::xorshift;
 use pg_elector_tools::stats::{percentile, sorted, summary};
+use pg_elector_tools::{Mode, block_on};
 use replica::{Event, What, leaders, transitions, unix_us, us};
 use rustix::process::Signal;
 

@@ -2,21 +2,6 @@
 
 use super::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Poll,
-    Fast,
-}
-
-impl Mode {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Mode::Poll => "poll",
-            Mode::Fast => "fast",
-        }
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Options {
     pub(crate) modes: Vec<Mode>,

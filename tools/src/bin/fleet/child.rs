@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use pg_elector::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, Elector, LockKey};
 use pg_elector_harness::pool_from_config;
+use pg_elector_harness::replica::log_to_stderr;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -19,14 +20,7 @@ pub(super) fn main() {
 }
 
 async fn run() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    log_to_stderr("pg_elector=warn");
     let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
     let number = |name: &str| -> u64 { env(name).parse().expect("a number") };
     let index = number(ENV_INDEX);

@@ -95,10 +95,10 @@ use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
 use pg_elector_harness::{PgServer, ShutdownMode, TestDb, replica};
-use pg_elector_tools::block_on;
 use pg_elector_tools::procfs::{children_of, clock_ticks_per_second, machine_ticks, rss_kb, stat};
 use pg_elector_tools::rng::xorshift;
 use pg_elector_tools::stats::{percentile, sorted};
+use pg_elector_tools::{Mode, block_on};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;

@@ -19,21 +19,6 @@ impl Shape {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Poll,
-    Fast,
-}
-
-impl Mode {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Mode::Poll => "poll",
-            Mode::Fast => "fast",
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub(crate) struct Options {
     pub(crate) shapes: Vec<Shape>,

@@ -22,9 +22,11 @@
 //! `exhaust <ms>` (borrow every connection of the elector's pool for that long). The process
 //! exits when its stdin closes (the parent is gone).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use pg_elector::{Elector, LockKey};
+use pg_elector_harness::replica::log_to_stderr;
+pub(crate) use pg_elector_harness::replica::unix_us;
 use pg_elector_harness::{config_with_addr, pool_from_config};
 use tokio_util::sync::CancellationToken;
 
@@ -49,14 +51,6 @@ pub(crate) const POOL_SIZE: usize = 2;
 pub(crate) const MARK: &str = "@soak ";
 /// A gap between two reads of the watcher after which it says `woke`.
 pub(crate) const WOKE_GAP_US: u64 = 100_000;
-
-/// µs since the UNIX epoch.
-pub(crate) fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
 
 fn say(what: &str) {
     println!("{MARK}{what}");
@@ -83,14 +77,7 @@ enum Command {
 }
 
 async fn replica() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    log_to_stderr("pg_elector=info");
     let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
     let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
     let (class, object) = env(ENV_KEY)
