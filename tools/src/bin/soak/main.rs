@@ -145,25 +145,30 @@
 
 mod check;
 mod child;
+mod ctx;
 mod db;
+mod excerpts;
 mod faults;
 mod fleet;
+mod injector;
 mod options;
 mod report;
+mod stalls;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::PgServer;
+use pg_elector_harness::{PgServer, TestDb};
 use pg_elector_tools::block_on;
 use pg_elector_tools::rng::Rng;
 use tokio_util::sync::CancellationToken;
 
-use crate::check::{Checkpoint, ProcInfo, Violation};
+use crate::check::{Checkpoint, ProcInfo};
 use crate::child::unix_us;
-use crate::faults::{Claims, Fault, Kind, Plan};
-use crate::fleet::{Board, Fleet};
+use crate::ctx::Ctx;
+use crate::faults::{Claims, Fault};
+use crate::fleet::Fleet;
 use crate::options::{Mode, Options, USAGE};
 
 /// The key every replica elects on ("soak").
@@ -174,136 +179,6 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(20);
 /// How often the replicas' RSS is sampled.
 const RSS_EVERY: Duration = Duration::from_secs(2);
-
-/// What the injector, the fault tasks and the checkpoints share.
-#[derive(Debug)]
-pub(crate) struct Ctx {
-    /// The run's options.
-    pub(crate) options: Options,
-    /// The lock key.
-    pub(crate) key: LockKey,
-    /// The replica processes.
-    pub(crate) fleet: tokio::sync::Mutex<Fleet>,
-    /// The live process of each slot (a copy of the fleet's, readable without waiting).
-    pub(crate) live: Mutex<Vec<usize>>,
-    /// What the replicas said.
-    pub(crate) board: Arc<Board>,
-    /// Every fault so far.
-    pub(crate) faults: Mutex<Vec<Fault>>,
-    /// Slots and server held by running faults.
-    pub(crate) claims: Mutex<Claims>,
-    /// The server.
-    pub(crate) server: Arc<PgServer>,
-    /// The soak database, straight to the server.
-    pub(crate) db: tokio_postgres::Config,
-    /// Violations seen while the faults ran (a graceful shutdown that hung).
-    pub(crate) runtime_violations: Mutex<Vec<Violation>>,
-    /// The backends at quiet moments.
-    pub(crate) checkpoints: Mutex<Vec<Checkpoint>>,
-}
-
-impl Ctx {
-    /// Whether some fault is still running (not healed, or its slot not respawned).
-    fn any_active(&self) -> bool {
-        self.faults.lock().unwrap().iter().any(|f| !f.done)
-    }
-
-    /// When the latest fault healed.
-    fn last_heal(&self) -> u64 {
-        self.faults
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|f| f.heal)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Every slot's process has started, none is stopped, exactly one leads (any number
-    /// under `--sabotage split-key`, where they all lead).
-    fn steady(&self) -> bool {
-        let live = self.live.lock().unwrap().clone();
-        live.iter().all(|&p| {
-            let s = self.board.state(p);
-            s.started && !s.stopped && !s.ended
-        }) && (self.board.leaders().len() == 1 || self.options.split_key)
-    }
-
-    /// Waits (at most `limit`) until no fault runs and the fleet is steady.
-    async fn quiet(&self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if !self.any_active() && self.steady() {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        false
-    }
-
-    /// A quiet moment long after the last heal: counts the backends, samples the memory.
-    async fn checkpoint(&self) {
-        let settle = Duration::from_secs(2) + self.options.interval * 2;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let since = unix_us().saturating_sub(self.last_heal());
-            if self.quiet(Duration::from_secs(30)).await && since >= settle.as_micros() as u64 {
-                break;
-            }
-            if Instant::now() >= deadline {
-                eprintln!("soak: no quiet moment for a checkpoint within 60 s; counting anyway");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let Ok(client) = db::connect(&self.db).await else {
-            eprintln!("soak: checkpoint: cannot connect");
-            return;
-        };
-        let Ok(backends) = db::backends(&client).await else {
-            eprintln!("soak: checkpoint: cannot count the backends");
-            return;
-        };
-        let live = self.live.lock().unwrap().clone();
-        self.fleet.lock().await.sample_rss();
-        self.checkpoints.lock().unwrap().push(Checkpoint {
-            at: unix_us(),
-            backends,
-            live,
-        });
-    }
-}
-
-impl Ctx {
-    /// A replica that exited with no fault of the soak's ending it (a panic, `run` failing)
-    /// is a violation; its slot gets a new process so that the run goes on.
-    async fn respawn_the_dead(&self) {
-        let slots = self.claims.lock().unwrap().slots.clone();
-        let mut fleet = self.fleet.lock().await;
-        for (slot, &claimed) in slots.iter().enumerate() {
-            let replica = fleet.live[slot];
-            if claimed || !fleet.exited(replica) {
-                continue;
-            }
-            let at = fleet.procs[replica].ended.unwrap_or_else(unix_us);
-            self.runtime_violations.lock().unwrap().push(Violation {
-                at,
-                what: format!("replica-{replica} exited with no fault ending it"),
-                fault: None,
-                replicas: vec![replica],
-            });
-            // Ends its term and its state, as a kill would.
-            self.board.push(fleet::Event {
-                replica,
-                at,
-                what: fleet::What::Killed,
-            });
-            let fast = fleet.procs[replica].fast;
-            let index = fleet.spawn(slot, fast);
-            self.live.lock().unwrap()[slot] = index;
-        }
-    }
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -325,7 +200,6 @@ fn main() {
 
 async fn soak(options: Options) -> i32 {
     let wall = Instant::now();
-    let i = options.interval;
     eprintln!(
         "soak: seed {} (replay with --seed {}), {} of faults, {} replicas, {} mode, I = {} ms",
         options.seed,
@@ -333,8 +207,19 @@ async fn soak(options: Options) -> i32 {
         options::parse_duration("1s").map_or(String::new(), |_| format!("{:?}", options.duration)),
         options.replicas,
         options.mode.name(),
-        i.as_millis()
+        options.interval.as_millis()
     );
+    let mut run = match Started::start(options).await {
+        Ok(run) => run,
+        Err(code) => return code,
+    };
+    let (injection_start, injected_for) = injector::run(&run.ctx, &mut run.rng).await;
+    run.finish(wall, injection_start, injected_for).await
+}
+
+/// The server, without the faults that need a private one when it is not; `Err` with the exit
+/// code when no fault is left.
+async fn server(options: &mut Options) -> Result<Arc<PgServer>, i32> {
     let server = match std::env::var("DATABASE_URL") {
         Ok(url) if !url.trim().is_empty() => {
             tokio::task::spawn_blocking(move || PgServer::external(url.trim())).await
@@ -343,7 +228,6 @@ async fn soak(options: Options) -> i32 {
     }
     .expect("start the server");
     let server = Arc::new(server.unwrap_or_else(|e| panic!("soak: {e}")));
-    let mut options = options;
     if !server.is_private() {
         let before = options.faults.len();
         options.faults.retain(|k| !k.needs_private());
@@ -352,10 +236,15 @@ async fn soak(options: Options) -> i32 {
         }
         if options.faults.is_empty() {
             eprintln!("soak: no fault left to inject");
-            return 2;
+            return Err(2);
         }
     }
-    let database = server.create_database().await.expect("a database");
+    Ok(server)
+}
+
+/// The soak's tables and settings in `database`; the server's version and its clock minus
+/// this machine's (µs).
+async fn prepare(database: &TestDb, i: Duration) -> (String, i64) {
     let admin = db::connect(&database.config()).await.expect("a connection");
     let ddl = Elector::builder(database.pool(1), KEY)
         .fencing(true)
@@ -372,54 +261,18 @@ async fn soak(options: Options) -> i32 {
         .map(|r| r.get(0))
         .unwrap_or_default();
     let offset = db::clock_offset(&admin).await.unwrap_or(0);
-    drop(admin);
+    (server_version, offset)
+}
 
-    // The stall monitor: a thread that sleeps 1 ms at a time and notes when it ran more than
-    // 20 ms late, so that the bounds can give the machine's stalls back (see `check::extend`).
-    let stalls: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
-    let monitoring = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    std::thread::spawn({
-        let (stalls, monitoring) = (stalls.clone(), monitoring.clone());
-        move || {
-            while monitoring.load(std::sync::atomic::Ordering::Relaxed) {
-                let before = unix_us();
-                std::thread::sleep(Duration::from_millis(1));
-                let after = unix_us();
-                if after.saturating_sub(before) > 20_000 {
-                    stalls.lock().unwrap().push((before + 1_000, after));
-                }
-            }
-        }
-    });
-
-    // The same on the soak's runtime, which runs every replica's proxy: a task there that ran
-    // late held up the proxied traffic of every replica for that long, as if the whole fleet
-    // were partitioned. Those stalls extend the bounds too, and the report counts them apart.
-    let runtime_stalls: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
-    let runtime_monitor = tokio::spawn({
-        let (stalls, monitoring) = (runtime_stalls.clone(), monitoring.clone());
-        async move {
-            while monitoring.load(std::sync::atomic::Ordering::Relaxed) {
-                let before = unix_us();
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let after = unix_us();
-                if after.saturating_sub(before) > 20_000 {
-                    stalls.lock().unwrap().push((before + 1_000, after));
-                }
-            }
-        }
-    });
-
-    // The sampler, from before the first replica starts.
-    let samples = Arc::new(db::Samples::default());
-    let stop_sampling = CancellationToken::new();
-    let sampler = tokio::spawn({
-        let (config, samples, stop) = (database.config(), samples.clone(), stop_sampling.clone());
-        async move { db::sample(config, KEY, SAMPLE_EVERY, &samples, stop).await }
-    });
-
-    // The fleet, staggered so that the replicas' ticks do not share one phase.
-    let mut rng = Rng::new(options.seed);
+/// The replica processes, staggered so that their ticks do not share one phase, and what the
+/// faults share; and when the first started.
+async fn start_fleet(
+    options: &Options,
+    server: &Arc<PgServer>,
+    database: &TestDb,
+    rng: &mut Rng,
+) -> (Arc<Ctx>, u64) {
+    let i = options.interval;
     let mut fleet = Fleet::new(options.replicas, server.addr(), database.url(), KEY, i).await;
     fleet.split_key = options.split_key;
     let start = unix_us();
@@ -449,258 +302,219 @@ async fn soak(options: Options) -> i32 {
         checkpoints: Mutex::new(Vec::new()),
         options: options.clone(),
     });
-    let rss = tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            loop {
-                tokio::time::sleep(RSS_EVERY).await;
-                ctx.fleet.lock().await.sample_rss();
-                ctx.respawn_the_dead().await;
-            }
-        }
-    });
-    if !ctx.quiet(Duration::from_secs(30)).await {
-        eprintln!("soak: the fleet found no single leader within 30 s of its start");
-    }
-    ctx.checkpoint().await;
+    (ctx, start)
+}
 
-    // The faults.
-    let injecting = Instant::now();
-    let injection_start = unix_us();
-    let until = injecting + options.duration;
-    let kinds: Vec<Kind> = options.faults.clone();
-    let total_weight: u64 = kinds.iter().map(|k| k.weight()).sum();
-    let mut next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
-    let quiet_limit = i * 10 + Duration::from_secs(10);
-    while Instant::now() < until {
-        // Every draw comes from the seed, in the same order whatever happens.
-        let i_ms = i.as_millis() as u64;
-        let gap = Duration::from_millis(rng.between(i_ms / 4, 2 * i_ms));
-        let overlap = rng.chance(options.overlap);
-        let mut w = rng.below(total_weight);
-        let kind = *kinds
-            .iter()
-            .find(|k| {
-                if w < k.weight() {
-                    true
-                } else {
-                    w -= k.weight();
-                    false
+/// A soak whose fleet is up, before the faults.
+struct Started {
+    options: Options,
+    server: Arc<PgServer>,
+    database: TestDb,
+    server_version: String,
+    offset: i64,
+    stalls: stalls::Monitors,
+    samples: Arc<db::Samples>,
+    stop_sampling: CancellationToken,
+    sampler: tokio::task::JoinHandle<()>,
+    rng: Rng,
+    ctx: Arc<Ctx>,
+    /// Samples the memory and respawns the replicas that died by themselves.
+    rss: tokio::task::JoinHandle<()>,
+    /// When the fleet started (µs).
+    start: u64,
+}
+
+/// What the run left for the checks.
+struct Collected {
+    rows: Vec<db::Row>,
+    procs: Vec<ProcInfo>,
+    events: Vec<fleet::Event>,
+    faults: Vec<Fault>,
+    runs: Vec<db::Run>,
+    checkpoints: Vec<Checkpoint>,
+    /// Every stall, the runtime's among them.
+    stalls: Vec<(u64, u64)>,
+    /// The stalls of the runtime that runs the proxies.
+    runtime_stalls: Vec<(u64, u64)>,
+    /// When the checks end (µs).
+    end: u64,
+}
+
+impl Started {
+    /// The server, the database, the monitors, the sampler (from before the first replica
+    /// starts), then the fleet, until it has one leader and a first checkpoint.
+    async fn start(mut options: Options) -> Result<Self, i32> {
+        let server = server(&mut options).await?;
+        let database = server.create_database().await.expect("a database");
+        let (server_version, offset) = prepare(&database, options.interval).await;
+        let stalls = stalls::Monitors::start();
+        let samples = Arc::new(db::Samples::default());
+        let stop_sampling = CancellationToken::new();
+        let sampler = tokio::spawn({
+            let (config, samples) = (database.config(), samples.clone());
+            let stop = stop_sampling.clone();
+            async move { db::sample(config, KEY, SAMPLE_EVERY, &samples, stop).await }
+        });
+        let mut rng = Rng::new(options.seed);
+        let (ctx, start) = start_fleet(&options, &server, &database, &mut rng).await;
+        let rss = tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(RSS_EVERY).await;
+                    ctx.fleet.lock().await.sample_rss();
+                    ctx.respawn_the_dead().await;
                 }
-            })
-            .expect("a kind");
-        let plan = Plan {
-            kind,
-            at_leader: rng.chance(0.6),
-            pick: rng.next_u64(),
-            param: faults::draw_param(kind, i, &mut rng),
-            fast: rng.chance(0.5),
-        };
-        let wait = !(overlap && ctx.any_active());
-        if wait && !ctx.quiet(quiet_limit).await {
-            eprintln!(
-                "soak: +{:.1} s: no steady single leader within {} s",
-                injecting.elapsed().as_secs_f64(),
-                quiet_limit.as_secs()
-            );
-        }
-        if Instant::now() >= next_checkpoint {
-            ctx.checkpoint().await;
-            next_checkpoint = Instant::now() + CHECKPOINT_EVERY;
-        }
-        tokio::time::sleep(gap).await;
-        if Instant::now() >= until {
-            break;
-        }
-        let overlapped = ctx.any_active();
-        match faults::inject(&ctx, plan, overlapped).await {
-            Some(id) if options.verbose => {
-                let f = ctx.faults.lock().unwrap()[id].clone();
-                eprintln!(
-                    "soak: +{:.3} s #{id} {}{} {}{}{}",
-                    (f.inject.saturating_sub(injection_start)) as f64 / 1e6,
-                    kind.name(),
-                    f.replica.map_or(String::new(), |r| format!(" replica-{r}")),
-                    if f.on_leader { "(leader)" } else { "" },
-                    if f.param.is_zero() {
-                        String::new()
-                    } else {
-                        format!(" {} ms", f.param.as_millis())
-                    },
-                    if overlapped { " overlapping" } else { "" },
-                );
             }
-            Some(_) => {}
-            None if options.verbose => eprintln!("soak: {} had no target now", kind.name()),
-            None => {}
+        });
+        if !ctx.quiet(Duration::from_secs(30)).await {
+            eprintln!("soak: the fleet found no single leader within 30 s of its start");
         }
+        ctx.checkpoint().await;
+        Ok(Started {
+            options,
+            server,
+            database,
+            server_version,
+            offset,
+            stalls,
+            samples,
+            stop_sampling,
+            sampler,
+            rng,
+            ctx,
+            rss,
+            start,
+        })
     }
-    let injected_for = injecting.elapsed();
 
-    // The end: every fault over, the fleet settled, a last count.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ctx.any_active() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    ctx.checkpoint().await;
-    let end = unix_us();
-    stop_sampling.cancel();
-    let _ = sampler.await;
-    rss.abort();
-    let rows = match db::connect(&database.config()).await {
-        Ok(client) => db::rows(&client).await.unwrap_or_else(|e| {
-            eprintln!("soak: cannot read the rows: {e}");
-            Vec::new()
-        }),
-        Err(e) => {
-            eprintln!("soak: cannot read the rows: {e}");
-            Vec::new()
+    /// The end: every fault over, the fleet settled, a last count; then everything the checks
+    /// read, the fleet killed.
+    async fn collect(&mut self) -> Collected {
+        let ctx = &self.ctx;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ctx.any_active() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    };
-    let procs: Vec<ProcInfo> = {
-        let mut fleet = ctx.fleet.lock().await;
-        fleet.kill_all();
-        fleet
-            .procs
-            .iter()
-            .map(|p| ProcInfo {
-                slot: p.slot,
-                spawned: p.spawned,
-                ended: p.ended.filter(|&e| e <= end),
-                rss: p.rss.clone(),
-                fast: p.fast,
-            })
-            .collect()
-    };
-    let events = ctx.board.events();
-    let faults = ctx.faults.lock().unwrap().clone();
-    let runs = samples.runs.lock().unwrap().clone();
-    let checkpoints = ctx.checkpoints.lock().unwrap().clone();
-    monitoring.store(false, std::sync::atomic::Ordering::Relaxed);
-    let _ = runtime_monitor.await;
-    let runtime_stalls = runtime_stalls.lock().unwrap().clone();
-    let mut stalls = stalls.lock().unwrap().clone();
-    stalls.extend(runtime_stalls.iter().copied());
-    let mut analysis = check::analyse(&check::Input {
-        options: &options,
-        start,
-        end,
-        events: &events,
-        procs: &procs,
-        faults: &faults,
-        runs: &runs,
-        rows: &rows,
-        offset,
-        checkpoints: &checkpoints,
-        stalls: &stalls,
-    });
-    analysis
-        .violations
-        .extend(ctx.runtime_violations.lock().unwrap().iter().cloned());
-    analysis.violations.sort_by_key(|v| v.at);
-    let facts = report::Facts {
-        server_version,
-        private: server.is_private(),
-        injected_for,
-        wall: wall.elapsed(),
-        start: injection_start,
-        samples: (
-            samples.count.load(std::sync::atomic::Ordering::Relaxed),
-            samples
-                .reconnects
-                .load(std::sync::atomic::Ordering::Relaxed),
-        ),
-        offset,
-        runtime_stalls: (
-            runtime_stalls.len(),
-            runtime_stalls.iter().map(|&(s, e)| e - s).sum(),
-            runtime_stalls
-                .iter()
-                .map(|&(s, e)| e - s)
-                .max()
-                .unwrap_or(0),
-        ),
-    };
-    let text = report::render(&options, &facts, &faults, &procs, &analysis);
-    println!();
-    println!("{text}");
-    if let Some(path) = &options.out {
-        if let Err(e) = std::fs::write(path, &text) {
-            eprintln!("soak: cannot write {}: {e}", path.display());
+        ctx.checkpoint().await;
+        let end = unix_us();
+        self.stop_sampling.cancel();
+        let _ = (&mut self.sampler).await;
+        self.rss.abort();
+        let rows = match db::connect(&self.database.config()).await {
+            Ok(client) => db::rows(&client).await.unwrap_or_else(|e| {
+                eprintln!("soak: cannot read the rows: {e}");
+                Vec::new()
+            }),
+            Err(e) => {
+                eprintln!("soak: cannot read the rows: {e}");
+                Vec::new()
+            }
+        };
+        let procs = proc_infos(&mut *ctx.fleet.lock().await, end);
+        let events = ctx.board.events();
+        let faults = ctx.faults.lock().unwrap().clone();
+        let runs = self.samples.runs.lock().unwrap().clone();
+        let checkpoints = ctx.checkpoints.lock().unwrap().clone();
+        let (stalls, runtime_stalls) = self.stalls.stop().await;
+        Collected {
+            rows,
+            procs,
+            events,
+            faults,
+            runs,
+            checkpoints,
+            stalls,
+            runtime_stalls,
+            end,
         }
     }
-    // Log excerpts around the first violations, for the replay.
-    for v in analysis.violations.iter().take(5) {
-        eprintln!(
-            "--- around {}: {}",
-            report::offset_text(v.at, injection_start),
-            v.what
-        );
-        for e in events
-            .iter()
-            .filter(|e| e.at + 3_000_000 >= v.at && e.at <= v.at + 1_000_000)
-        {
-            eprintln!(
-                "  event {} replica-{} {:?}",
-                report::offset_text(e.at, injection_start),
-                e.replica,
-                e.what
-            );
-        }
-        let window = (v.at.saturating_sub(3_000_000), v.at + 1_000_000);
-        let inside = |at: u64| window.0 <= at && at <= window.1;
-        for f in faults.iter().filter(|f| {
-            inside(f.inject) || inside(f.heal) || (f.inject < window.0 && window.1 < f.heal)
-        }) {
-            eprintln!(
-                "  fault {} #{} {} replica-{} leader={} until {} {}",
-                report::offset_text(f.inject, injection_start),
-                f.id,
-                f.kind.name(),
-                f.replica.map_or_else(|| "-".to_owned(), |r| r.to_string()),
-                f.on_leader,
-                report::offset_text(f.heal, injection_start),
-                f.note
-            );
-        }
-        // The lock's holder as the sampler saw it (this machine's clock).
-        let local = |server: u64| (server as i64 - offset) as u64;
-        for run in runs
-            .iter()
-            .filter(|r| local(r.last) >= window.0 && local(r.first) <= window.1)
-        {
-            eprintln!(
-                "  pg_locks {} .. {} holder {:?} epoch {:?}",
-                report::offset_text(local(run.first), injection_start),
-                report::offset_text(local(run.last), injection_start),
-                run.holder,
-                run.epoch
-            );
-        }
-        for &(s, e) in stalls.iter().filter(|&&(s, e)| inside(s) || inside(e)) {
-            let whose = if runtime_stalls.contains(&(s, e)) {
-                "runtime"
-            } else {
-                "machine"
-            };
-            eprintln!(
-                "  stall ({whose}) {} for {} ms",
-                report::offset_text(s, injection_start),
-                (e - s) / 1_000
-            );
-        }
-        for &r in &v.replicas {
-            for (at, line) in
-                ctx.board
-                    .log_excerpt(r, v.at.saturating_sub(3_000_000), v.at + 1_000_000)
-            {
-                eprintln!(
-                    "  log {} replica-{r}: {line}",
-                    report::offset_text(at, injection_start)
-                );
+
+    /// Collects, checks and reports; the exit code (1 on any violation).
+    async fn finish(mut self, wall: Instant, injection_start: u64, injected_for: Duration) -> i32 {
+        let c = self.collect().await;
+        let options = &self.options;
+        let mut analysis = check::analyse(&check::Input {
+            options,
+            start: self.start,
+            end: c.end,
+            events: &c.events,
+            procs: &c.procs,
+            faults: &c.faults,
+            runs: &c.runs,
+            rows: &c.rows,
+            offset: self.offset,
+            checkpoints: &c.checkpoints,
+            stalls: &c.stalls,
+        });
+        analysis
+            .violations
+            .extend(self.ctx.runtime_violations.lock().unwrap().iter().cloned());
+        analysis.violations.sort_by_key(|v| v.at);
+        let facts = self.facts(&c, wall, injection_start, injected_for);
+        let text = report::render(options, &facts, &c.faults, &c.procs, &analysis);
+        println!();
+        println!("{text}");
+        if let Some(path) = &options.out {
+            if let Err(e) = std::fs::write(path, &text) {
+                eprintln!("soak: cannot write {}: {e}", path.display());
             }
         }
+        // Log excerpts around the first violations, for the replay.
+        let excerpts = excerpts::Excerpts {
+            collected: &c,
+            board: &self.ctx.board,
+            offset: self.offset,
+            injection_start,
+        };
+        for v in analysis.violations.iter().take(5) {
+            excerpts.print(v);
+        }
+        if analysis.violations.is_empty() { 0 } else { 1 }
     }
-    drop(database);
-    if analysis.violations.is_empty() { 0 } else { 1 }
+
+    /// What the report says besides the checks.
+    fn facts(
+        &self,
+        c: &Collected,
+        wall: Instant,
+        injection_start: u64,
+        injected_for: Duration,
+    ) -> report::Facts {
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let lengths = || c.runtime_stalls.iter().map(|&(s, e)| e - s);
+        report::Facts {
+            server_version: self.server_version.clone(),
+            private: self.server.is_private(),
+            injected_for,
+            wall: wall.elapsed(),
+            start: injection_start,
+            samples: (
+                self.samples.count.load(relaxed),
+                self.samples.reconnects.load(relaxed),
+            ),
+            offset: self.offset,
+            runtime_stalls: (
+                c.runtime_stalls.len(),
+                lengths().sum(),
+                lengths().max().unwrap_or(0),
+            ),
+        }
+    }
+}
+
+/// Every replica process as the checks see it; kills them all first.
+fn proc_infos(fleet: &mut Fleet, end: u64) -> Vec<ProcInfo> {
+    fleet.kill_all();
+    fleet
+        .procs
+        .iter()
+        .map(|p| ProcInfo {
+            slot: p.slot,
+            spawned: p.spawned,
+            ended: p.ended.filter(|&e| e <= end),
+            rss: p.rss.clone(),
+            fast: p.fast,
+        })
+        .collect()
 }
