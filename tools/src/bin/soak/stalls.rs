@@ -1,6 +1,6 @@
 //! The stall monitors: a thread and a task that sleep 1 ms at a time and note when they ran
 //! more than 20 ms late, so that the bounds can give the machine's stalls back (see
-//! `check::extend`).
+//! `check::intervals::extend`).
 //!
 //! The task runs on the soak's runtime, which runs every replica's proxy: a task there that ran
 //! late held up the proxied traffic of every replica for that long, as if the whole fleet were
