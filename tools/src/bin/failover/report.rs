@@ -30,52 +30,7 @@ pub(crate) fn print_part(part: &Part, reps: usize) {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for o in &part.outcomes {
-        let samples = &o.samples;
-        let demoted: Vec<u64> = samples.iter().filter_map(|s| s.demoted).collect();
-        let resumed: Vec<u64> = samples.iter().filter_map(|s| s.resumed).collect();
-        let gaps: Vec<i64> = samples.iter().filter_map(|s| s.write_gap).collect();
-        let interleaved = gaps.iter().filter(|&&g| g < 0).count();
-        let wrong = samples.iter().filter(|s| s.wrong.is_some()).count();
-        let restart = matches!(o.scenario, Scenario::Restart(_));
-        println!(
-            "| {}{} | {}{}{} | {}{} | {} | {} | {}{} | {}{} | {} |",
-            o.scenario.name(),
-            if o.scenario == Scenario::Freeze {
-                " ³"
-            } else {
-                ""
-            },
-            samples.len(),
-            if o.failed > 0 {
-                format!(" ({} failed)", o.failed)
-            } else {
-                String::new()
-            },
-            if wrong > 0 {
-                format!(" ({wrong} WRONG)")
-            } else {
-                String::new()
-            },
-            summary(samples.iter().map(|s| s.takeover).collect(), ms),
-            if restart { " ¹" } else { "" },
-            summary(samples.iter().map(|s| s.both).collect(), ms),
-            if !demoted.is_empty() {
-                summary(demoted, ms)
-            } else if !resumed.is_empty() {
-                format!("after SIGCONT: {}", summary(resumed, ms))
-            } else {
-                "(process gone)".into()
-            },
-            summary(samples.iter().map(|s| s.none).collect(), ms),
-            if restart { " ²" } else { "" },
-            summary(gaps.iter().map(|&g| g.max(0) as u64).collect(), ms),
-            if interleaved > 0 {
-                format!(" ({interleaved} INTERLEAVED)")
-            } else {
-                String::new()
-            },
-            minutes(o.took),
-        );
+        print_row(o);
     }
     println!();
     println!(
@@ -84,81 +39,9 @@ pub(crate) fn print_part(part: &Part, reps: usize) {
          SIGCONT; \"old leader demoted\" is SIGCONT → its standby report."
     );
     // The targets of design §6 and what the design allows.
-    let i = |k: u64| k * i_ms as u64 * 1000;
     let mut checks = Vec::new();
     for o in &part.outcomes {
-        if o.samples.is_empty() {
-            continue;
-        }
-        let max = |f: &dyn Fn(&Sample) -> Option<u64>| o.samples.iter().filter_map(f).max();
-        let takeover_max = max(&|s| Some(s.takeover)).unwrap_or(0);
-        let both_max = max(&|s| Some(s.both)).unwrap_or(0);
-        let name = o.scenario.name();
-        let check = |what: &str, value: u64, bound: u64| {
-            format!(
-                "- {name}: {what} {} ms ≤ {} ms: {}",
-                ms(value),
-                ms(bound),
-                if value <= bound { "met" } else { "**missed**" }
-            )
-        };
-        match (o.scenario, part.mode) {
-            (
-                Scenario::Graceful | Scenario::Sigkill | Scenario::Terminate | Scenario::Reset,
-                Mode::Poll,
-            ) => {
-                // A try finds the lock free within I; a grant that was not handed over (every
-                // try's, in a fleet without waiting standbys) starts its term 5 ms later.
-                checks.push(check(
-                    "takeover p99 (1·I + the 5 ms wait)",
-                    p99(&o.samples, |s| s.takeover),
-                    i(1) + 5_000,
-                ));
-            }
-            (
-                Scenario::Graceful | Scenario::Sigkill | Scenario::Terminate | Scenario::Reset,
-                Mode::Fast,
-            ) => {
-                checks.push(check(
-                    "takeover p99 (F1)",
-                    p99(&o.samples, |s| s.takeover),
-                    20_000,
-                ));
-            }
-            (Scenario::Partition, _) => {
-                checks.push(check(
-                    "old leader demoted, max",
-                    max(&|s| s.demoted).unwrap_or(0),
-                    i(2),
-                ));
-                checks.push(check("new leader, max", takeover_max, i(5)));
-            }
-            (Scenario::Freeze, _) => {
-                checks.push(check("new leader, max (E13)", takeover_max, i(5)));
-                checks.push(check(
-                    "SIGCONT → standby, max (E18)",
-                    max(&|s| s.resumed).unwrap_or(0),
-                    100_000,
-                ));
-            }
-            _ => {}
-        }
-        // Every fault here hits a leader that can hear the server: never two leaders, a
-        // terminate and a reset included (the new term waits out the old leader's notice).
-        checks.push(check("two leaders, max", both_max, 0));
-        for s in &o.samples {
-            if let Some(w) = &s.wrong {
-                checks.push(format!("- {}: **WRONG**: {w}", o.scenario.name()));
-            }
-        }
-        if o.failed > 0 {
-            checks.push(format!(
-                "- {}: **{} of {} runs failed** (see stderr)",
-                o.scenario.name(),
-                o.failed,
-                o.failed + o.samples.len()
-            ));
-        }
+        push_checks(&mut checks, o, part.mode, i_ms);
     }
     if !checks.is_empty() {
         println!();
@@ -167,6 +50,134 @@ pub(crate) fn print_part(part: &Part, reps: usize) {
         for line in checks {
             println!("{line}");
         }
+    }
+}
+
+/// One scenario's row of the part's table.
+fn print_row(o: &Outcome) {
+    let samples = &o.samples;
+    let demoted: Vec<u64> = samples.iter().filter_map(|s| s.demoted).collect();
+    let resumed: Vec<u64> = samples.iter().filter_map(|s| s.resumed).collect();
+    let gaps: Vec<i64> = samples.iter().filter_map(|s| s.write_gap).collect();
+    let interleaved = gaps.iter().filter(|&&g| g < 0).count();
+    let wrong = samples.iter().filter(|s| s.wrong.is_some()).count();
+    let restart = matches!(o.scenario, Scenario::Restart(_));
+    println!(
+        "| {}{} | {}{}{} | {}{} | {} | {} | {}{} | {}{} | {} |",
+        o.scenario.name(),
+        if o.scenario == Scenario::Freeze {
+            " ³"
+        } else {
+            ""
+        },
+        samples.len(),
+        if o.failed > 0 {
+            format!(" ({} failed)", o.failed)
+        } else {
+            String::new()
+        },
+        if wrong > 0 {
+            format!(" ({wrong} WRONG)")
+        } else {
+            String::new()
+        },
+        summary(samples.iter().map(|s| s.takeover).collect(), ms),
+        if restart { " ¹" } else { "" },
+        summary(samples.iter().map(|s| s.both).collect(), ms),
+        if !demoted.is_empty() {
+            summary(demoted, ms)
+        } else if !resumed.is_empty() {
+            format!("after SIGCONT: {}", summary(resumed, ms))
+        } else {
+            "(process gone)".into()
+        },
+        summary(samples.iter().map(|s| s.none).collect(), ms),
+        if restart { " ²" } else { "" },
+        summary(gaps.iter().map(|&g| g.max(0) as u64).collect(), ms),
+        if interleaved > 0 {
+            format!(" ({interleaved} INTERLEAVED)")
+        } else {
+            String::new()
+        },
+        minutes(o.took),
+    );
+}
+
+/// The targets of design §6 for one scenario's outcome in `mode` at I = `i_ms`, and what the
+/// design allows, as lines added to `checks`.
+fn push_checks(checks: &mut Vec<String>, o: &Outcome, mode: Mode, i_ms: u128) {
+    let i = |k: u64| k * i_ms as u64 * 1000;
+    if o.samples.is_empty() {
+        return;
+    }
+    let max = |f: &dyn Fn(&Sample) -> Option<u64>| o.samples.iter().filter_map(f).max();
+    let takeover_max = max(&|s| Some(s.takeover)).unwrap_or(0);
+    let both_max = max(&|s| Some(s.both)).unwrap_or(0);
+    let name = o.scenario.name();
+    let check = |what: &str, value: u64, bound: u64| {
+        format!(
+            "- {name}: {what} {} ms ≤ {} ms: {}",
+            ms(value),
+            ms(bound),
+            if value <= bound { "met" } else { "**missed**" }
+        )
+    };
+    match (o.scenario, mode) {
+        (
+            Scenario::Graceful | Scenario::Sigkill | Scenario::Terminate | Scenario::Reset,
+            Mode::Poll,
+        ) => {
+            // A try finds the lock free within I; a grant that was not handed over (every
+            // try's, in a fleet without waiting standbys) starts its term 5 ms later.
+            checks.push(check(
+                "takeover p99 (1·I + the 5 ms wait)",
+                p99(&o.samples, |s| s.takeover),
+                i(1) + 5_000,
+            ));
+        }
+        (
+            Scenario::Graceful | Scenario::Sigkill | Scenario::Terminate | Scenario::Reset,
+            Mode::Fast,
+        ) => {
+            checks.push(check(
+                "takeover p99 (F1)",
+                p99(&o.samples, |s| s.takeover),
+                20_000,
+            ));
+        }
+        (Scenario::Partition, _) => {
+            checks.push(check(
+                "old leader demoted, max",
+                max(&|s| s.demoted).unwrap_or(0),
+                i(2),
+            ));
+            checks.push(check("new leader, max", takeover_max, i(5)));
+        }
+        (Scenario::Freeze, _) => {
+            checks.push(check("new leader, max (E13)", takeover_max, i(5)));
+            checks.push(check(
+                "SIGCONT → standby, max (E18)",
+                max(&|s| s.resumed).unwrap_or(0),
+                100_000,
+            ));
+        }
+        _ => {}
+    }
+    // Every fault here hits a leader that can hear the server: never two leaders, a
+    // terminate and a reset included (the new term waits out the old leader's notice).
+    checks.push(check("two leaders, max", both_max, 0));
+    for s in &o.samples {
+        if let Some(w) = &s.wrong {
+            checks.push(format!("- {}: **WRONG**: {w}", o.scenario.name()));
+        }
+    }
+    if o.failed > 0 {
+        checks.push(format!(
+            "- {}: **{} of {} runs failed** (see stderr)",
+            o.scenario.name(),
+            o.failed,
+            o.failed + o.samples.len()
+        ));
     }
 }
 

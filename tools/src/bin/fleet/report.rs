@@ -15,6 +15,7 @@ pub(crate) fn opt(v: Option<f64>, digits: usize) -> String {
         .map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
+/// Every table and summary of the runs `results`, on stdout.
 pub(crate) fn print_tables(
     options: &Options,
     server: &Server,
@@ -22,6 +23,21 @@ pub(crate) fn print_tables(
     floor: f64,
     results: &[(Plan, Outcome)],
 ) {
+    print_intro(options, server, idle);
+    print_server_table(results);
+    print_client_table(results);
+    print_scale(options, idle, floor, results);
+    print_logs(results);
+    print_largest(options, results);
+}
+
+/// The cores of this machine.
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(2, |n| n.get()) as f64
+}
+
+/// What a run is and what the server CPU counts.
+fn print_intro(options: &Options, server: &Server, idle: f64) {
     let i_ms = options.interval.as_millis();
     println!();
     println!(
@@ -42,6 +58,10 @@ pub(crate) fn print_tables(
         options.pool,
     );
     println!();
+}
+
+/// One row per run: the server's side.
+fn print_server_table(results: &[(Plan, Outcome)]) {
     println!(
         "| shape | mode | electors (procs × per proc) | max_connections | leaders | server CPU (cores) | per standby (µs CPU/s) | backends mean / max | waiting max | sessions opened (backends start → end) | tries/s | checks/s | try / check plan + exec (µs, server) | other stmts/s |"
     );
@@ -82,6 +102,10 @@ pub(crate) fn print_tables(
         }
     }
     println!();
+}
+
+/// One row per run: check latency and the client's side.
+fn print_client_table(results: &[(Plan, Outcome)]) {
     println!(
         "Check latency: the crate's histogram merged over every process (mean exact; p50 / p99 as \
          the upper bound of their bucket), and the probe (a check-shaped statement every I/10 from \
@@ -124,15 +148,17 @@ pub(crate) fn print_tables(
             row.warnings,
         );
     }
+}
 
-    // Derived: per-standby cost, and the largest fleet.
+/// Derived: per-standby cost, and the largest fleet the server's CPU would take.
+fn print_scale(options: &Options, idle: f64, floor: f64, results: &[(Plan, Outcome)]) {
     println!();
     println!(
         "For scale: one `SELECT 1` (an unnamed statement, as the elector sends them) paced at \
          {CALIBRATION_RATE}/s on one session costs {floor:.1} µs of its backend's CPU on this machine."
     );
     println!();
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as f64;
+    let cores = cores();
     let ok: Vec<(&Plan, &Row)> = results
         .iter()
         .filter_map(|(p, r)| r.as_ref().ok().map(|r| (p, r)))
@@ -165,8 +191,10 @@ pub(crate) fn print_tables(
             }
         );
     }
+}
 
-    // What the fleet logged, for runs that logged anything.
+/// What the fleet logged, for runs that logged anything.
+fn print_logs(results: &[(Plan, Outcome)]) {
     for (plan, outcome) in results {
         let (Ok(row) | Err((_, row))) = outcome;
         if row.warning_kinds.is_empty() {
@@ -199,8 +227,11 @@ pub(crate) fn print_tables(
             }
         }
     }
+}
 
-    // The largest fleet measured with the checks within I/10 at p99, per shape and mode.
+/// The largest fleet measured with the checks within I/10 at p99, per shape and mode.
+fn print_largest(options: &Options, results: &[(Plan, Outcome)]) {
+    let cores = cores();
     println!();
     for shape in [Shape::Keys, Shape::OneKey] {
         for mode in [Mode::Poll, Mode::Fast] {
