@@ -8,6 +8,7 @@ use crate::CHECKPOINT_EVERY;
 use crate::child::unix_us;
 use crate::ctx::Ctx;
 use crate::faults::{self, Kind, Plan};
+use crate::inject;
 
 /// One draw: the pause before the fault, whether it may overlap a running one, and the fault.
 struct Draw {
@@ -74,7 +75,7 @@ pub(crate) async fn run(ctx: &std::sync::Arc<Ctx>, rng: &mut Rng) -> (u64, Durat
             break;
         }
         let overlapped = ctx.any_active();
-        let injected = faults::inject(ctx, plan, overlapped).await;
+        let injected = inject::inject(ctx, plan, overlapped).await;
         if options.verbose {
             say(ctx, plan.kind, injected, overlapped, injection_start);
         }

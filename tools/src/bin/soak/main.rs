@@ -150,6 +150,7 @@ mod db;
 mod excerpts;
 mod faults;
 mod fleet;
+mod inject;
 mod injector;
 mod options;
 mod report;
