@@ -106,8 +106,34 @@ async fn replica() {
     tracing::info!(%identity, pid = std::process::id(), "soak replica starts");
     say(&format!("started {}", unix_us()));
 
-    // stdin: commands; its end means the parent is gone.
-    let (commands, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let received = read_commands();
+    std::thread::spawn({
+        let elector = elector.clone();
+        move || watch(&elector)
+    });
+    let shutdown = CancellationToken::new();
+    tokio::select! {
+        result = elector.run(shutdown.clone()) => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "run failed");
+            }
+        }
+        () = tick(&elector, &app, &identity, interval) => {}
+        () = obey(received, &elector, &pool, &shutdown) => {}
+    }
+    // Let the watcher report the demotion before saying goodbye.
+    let deadline = unix_us() + 200_000;
+    while elector.is_leader() && unix_us() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    say(&format!("exited {}", unix_us()));
+}
+
+/// The commands on stdin, read on a thread of their own; the process exits when stdin ends
+/// (the parent is gone).
+fn read_commands() -> tokio::sync::mpsc::UnboundedReceiver<Command> {
+    let (commands, received) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
             let Ok(line) = line else { break };
@@ -127,123 +153,113 @@ async fn replica() {
         }
         std::process::exit(0);
     });
+    received
+}
 
-    // The watcher: every change of `is_leader()`, read every millisecond, each read stamped
-    // on both sides. A term can end and the next begin between two reads (a leader whose
-    // lock session is terminated, with nobody waiting, takes the lock again within a
-    // millisecond): the epoch tells them apart, and the watcher reports the end of the one
-    // and the start of the other.
-    std::thread::spawn({
-        let elector = elector.clone();
-        move || {
-            let leadership = elector.subscribe();
-            let mut leading = false;
-            let mut led_epoch = None;
-            let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
-            loop {
-                let before = unix_us();
-                let now = elector.is_leader();
-                let after = unix_us();
-                // The term the watch shows; it may already be past the read (a demotion or
-                // a promotion since), which the next read settles.
-                let (watched, epoch) = {
-                    let l = leadership.borrow();
-                    (l.is_leader, l.epoch)
-                };
-                let epoch = if now { epoch } else { None };
-                let read = unix_us();
-                if before.saturating_sub(prev_after) > WOKE_GAP_US {
-                    say(&format!(
-                        "woke {before} {prev_after} {} {}",
-                        u8::from(now),
-                        epoch_text(epoch)
-                    ));
-                }
-                if now && leading && watched && led_epoch.is_none() {
-                    // Promoted before the watch showed it: its epoch is known now.
-                    led_epoch = epoch;
-                } else if now && leading && watched && epoch.is_some() && epoch != led_epoch {
-                    // The previous term led at the previous read and may have until this
-                    // one; the new one may have from the previous read on.
-                    say(&format!("standby {prev_before} {read}"));
-                    say(&format!(
-                        "leader {read} {prev_before} {}",
-                        epoch_text(epoch)
-                    ));
-                    led_epoch = epoch;
-                }
-                if now != leading {
-                    if now {
-                        say(&format!(
-                            "leader {after} {prev_before} {}",
-                            epoch_text(epoch)
-                        ));
-                    } else {
-                        say(&format!("standby {prev_before} {after}"));
-                    }
-                    leading = now;
-                    led_epoch = epoch;
-                }
-                (prev_before, prev_after) = (before, after);
-                std::thread::sleep(Duration::from_millis(1));
+/// The watcher: every change of `is_leader()`, read every millisecond, each read stamped on
+/// both sides. A term can end and the next begin between two reads (a leader whose lock
+/// session is terminated, with nobody waiting, takes the lock again within a millisecond): the
+/// epoch tells them apart, and the watcher reports the end of the one and the start of the
+/// other. Runs forever, on a thread of its own.
+fn watch(elector: &Elector) {
+    let leadership = elector.subscribe();
+    let mut leading = false;
+    let mut led_epoch = None;
+    let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
+    loop {
+        let before = unix_us();
+        let now = elector.is_leader();
+        let after = unix_us();
+        // The term the watch shows; it may already be past the read (a demotion or
+        // a promotion since), which the next read settles.
+        let (watched, epoch) = {
+            let l = leadership.borrow();
+            (l.is_leader, l.epoch)
+        };
+        let epoch = if now { epoch } else { None };
+        let read = unix_us();
+        if before.saturating_sub(prev_after) > WOKE_GAP_US {
+            say(&format!(
+                "woke {before} {prev_after} {} {}",
+                u8::from(now),
+                epoch_text(epoch)
+            ));
+        }
+        if now && leading && watched && led_epoch.is_none() {
+            // Promoted before the watch showed it: its epoch is known now.
+            led_epoch = epoch;
+        } else if now && leading && watched && epoch.is_some() && epoch != led_epoch {
+            // The previous term led at the previous read and may have until this
+            // one; the new one may have from the previous read on.
+            say(&format!("standby {prev_before} {read}"));
+            say(&format!(
+                "leader {read} {prev_before} {}",
+                epoch_text(epoch)
+            ));
+            led_epoch = epoch;
+        }
+        if now != leading {
+            if now {
+                say(&format!(
+                    "leader {after} {prev_before} {}",
+                    epoch_text(epoch)
+                ));
+            } else {
+                say(&format!("standby {prev_before} {after}"));
             }
+            leading = now;
+            led_epoch = epoch;
         }
-    });
-
-    // The ticker: every I/10, one fenced row through do_work.
-    let ticker = async {
-        let mut every = tokio::time::interval(interval / 10);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            every.tick().await;
-            let (app, identity) = (&app, identity.as_str());
-            let _ = elector
-                .do_work(|term| async move {
-                    if let Err(Refused::Fence(epoch)) = write(app, &term, identity).await {
-                        say(&format!("fenced {} {}", unix_us(), epoch_text(epoch)));
-                    }
-                    Ok::<_, std::convert::Infallible>(())
-                })
-                .await;
-        }
-    };
-
-    let shutdown = CancellationToken::new();
-    let commands = async {
-        while let Some(command) = received.recv().await {
-            match command {
-                Command::Stop => shutdown.cancel(),
-                Command::Resign(cooldown) => {
-                    let elector = elector.clone();
-                    tokio::spawn(async move {
-                        let led = elector.resign(cooldown).await;
-                        say(&format!("resigned {} {}", unix_us(), u8::from(led)));
-                    });
-                }
-                Command::Exhaust(hold) => {
-                    tokio::spawn(exhaust(pool.clone(), hold));
-                }
-            }
-        }
-        std::future::pending::<()>().await;
-    };
-
-    tokio::select! {
-        result = elector.run(shutdown.clone()) => {
-            if let Err(e) = result {
-                tracing::error!(error = %e, "run failed");
-            }
-        }
-        () = ticker => {}
-        () = commands => {}
+        (prev_before, prev_after) = (before, after);
+        std::thread::sleep(Duration::from_millis(1));
     }
-    // Let the watcher report the demotion before saying goodbye.
-    let deadline = unix_us() + 200_000;
-    while elector.is_leader() && unix_us() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+/// The ticker: every I/10, one fenced row through do_work.
+async fn tick(
+    elector: &Elector,
+    app: &deadpool_postgres::Pool,
+    identity: &str,
+    interval: Duration,
+) {
+    let mut every = tokio::time::interval(interval / 10);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        every.tick().await;
+        let _ = elector
+            .do_work(|term| async move {
+                if let Err(Refused::Fence(epoch)) = write(app, &term, identity).await {
+                    say(&format!("fenced {} {}", unix_us(), epoch_text(epoch)));
+                }
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .await;
     }
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    say(&format!("exited {}", unix_us()));
+}
+
+/// Carries out the commands until stdin ends; never returns.
+async fn obey(
+    mut received: tokio::sync::mpsc::UnboundedReceiver<Command>,
+    elector: &Elector,
+    pool: &deadpool_postgres::Pool,
+    shutdown: &CancellationToken,
+) {
+    while let Some(command) = received.recv().await {
+        match command {
+            Command::Stop => shutdown.cancel(),
+            Command::Resign(cooldown) => {
+                let elector = elector.clone();
+                tokio::spawn(async move {
+                    let led = elector.resign(cooldown).await;
+                    say(&format!("resigned {} {}", unix_us(), u8::from(led)));
+                });
+            }
+            Command::Exhaust(hold) => {
+                tokio::spawn(exhaust(pool.clone(), hold));
+            }
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Why a tick wrote nothing.
