@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// A restart's tasks: when the server accepts connections again, and the restart itself.
+type Restart = (
+    tokio::task::JoinHandle<u64>,
+    tokio::task::JoinHandle<Result<(), pg_elector_harness::HarnessError>>,
+);
+
 pub(crate) struct Bench {
     pub(crate) server: Arc<PgServer>,
     pub(crate) db: TestDb,
@@ -84,6 +90,38 @@ impl Bench {
         let epoch = self.newest_epoch().await;
         let phase = self.random_phase();
         tokio::time::sleep(phase).await;
+        let (t0, restart) = self.strike(scenario, old, slot).await?;
+        // Before the undo, which may start a fresh replica.
+        let n = self.fleet.replicas.procs.len();
+        let settled = self.settle(scenario, old, t0).await;
+        let accepting = self.undo(scenario, old, slot, restart).await?;
+        let (old_end, new) = settled.ok_or_else(|| {
+            format!(
+                "{}: no new single leader within {:?} of the fault",
+                scenario.name(),
+                scenario.limit(self.interval)
+            )
+        })?;
+        let events = self.fleet.replicas.events();
+        let (none, both) = integrate(&events, n, t0, old_end.at.max(new.at));
+        Ok(Sample {
+            none,
+            both,
+            demoted: (old_end.what != What::Killed).then(|| old_end.at.saturating_sub(t0)),
+            resumed: None,
+            takeover: new.at.saturating_sub(accepting.unwrap_or(t0)),
+            write_gap: self.write_gap(epoch).await,
+            wrong: None,
+        })
+    }
+
+    /// The fault `scenario` on replica `old` in `slot`: when it struck, and a restart's tasks.
+    async fn strike(
+        &mut self,
+        scenario: Scenario,
+        old: usize,
+        slot: usize,
+    ) -> Result<(u64, Option<Restart>), String> {
         let mut restart = None;
         let t0 = match scenario {
             Scenario::Graceful => {
@@ -120,41 +158,49 @@ impl Bench {
                 at
             }
             Scenario::Restart(mode) => {
-                // An observer connection ends when the server closes it; then a prober
-                // connects every 2 ms until the server answers again.
-                let (observer, connection) = self
-                    .db
-                    .config()
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let config = self.db.config();
-                let back = tokio::spawn(async move {
-                    let _ = connection.await;
-                    drop(observer);
-                    loop {
-                        if let Ok((client, connection)) =
-                            config.connect(tokio_postgres::NoTls).await
-                        {
-                            tokio::spawn(connection);
-                            if client.simple_query("SELECT 1").await.is_ok() {
-                                return unix_us();
-                            }
-                        }
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                });
-                let at = unix_us();
-                let server = self.server.clone();
-                let restarting = tokio::task::spawn_blocking(move || server.restart(mode));
-                restart = Some((back, restarting));
+                let (at, tasks) = self.restart(mode).await?;
+                restart = Some(tasks);
                 at
             }
             Scenario::Freeze => unreachable!("run_freeze"),
         };
+        Ok((t0, restart))
+    }
+
+    /// Restarts the server in `mode`: when, and the tasks that end when the server accepts
+    /// connections again (an observer connection ends when the server closes it; then a
+    /// prober connects every 2 ms until the server answers again) and when the restart is over.
+    async fn restart(&self, mode: ShutdownMode) -> Result<(u64, Restart), String> {
+        let (observer, connection) = self
+            .db
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| e.to_string())?;
+        let config = self.db.config();
+        let back = tokio::spawn(async move {
+            let _ = connection.await;
+            drop(observer);
+            loop {
+                if let Ok((client, connection)) = config.connect(tokio_postgres::NoTls).await {
+                    tokio::spawn(connection);
+                    if client.simple_query("SELECT 1").await.is_ok() {
+                        return unix_us();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        let at = unix_us();
+        let server = self.server.clone();
+        let restarting = tokio::task::spawn_blocking(move || server.restart(mode));
+        Ok((at, (back, restarting)))
+    }
+
+    /// Waits for the old leader's end and a new single leader after a fault at `t0`.
+    async fn settle(&self, scenario: Scenario, old: usize, t0: u64) -> Option<(Event, Event)> {
         let n = self.fleet.replicas.procs.len();
-        let settled = self
-            .fleet
+        self.fleet
             .replicas
             .wait(scenario.limit(self.interval), |events| {
                 let old_end = events
@@ -176,9 +222,18 @@ impl Bench {
                     .copied()?;
                 (leaders(events, n).len() == 1).then_some((old_end, new))
             })
-            .await;
-        // Undo the fault before judging, so the next run starts clean.
-        let mut accepting = None;
+            .await
+    }
+
+    /// Undoes the fault `scenario` on replica `old` in `slot`, so that the next run starts
+    /// clean; for a restart, when the server accepted connections again.
+    async fn undo(
+        &mut self,
+        scenario: Scenario,
+        old: usize,
+        slot: usize,
+        restart: Option<Restart>,
+    ) -> Result<Option<u64>, String> {
         match scenario {
             Scenario::Graceful | Scenario::Sigkill => {
                 self.fleet.replicas.reap(old).await;
@@ -187,33 +242,17 @@ impl Bench {
             Scenario::Partition => self.fleet.proxies[slot].pass(),
             Scenario::Terminate | Scenario::Reset | Scenario::Freeze => {}
             Scenario::Restart(_) => {
-                let (back, restarting) = restart.take().expect("a restart runs");
+                let (back, restarting) = restart.expect("a restart runs");
                 restarting
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;
-                accepting = Some(back.await.map_err(|e| e.to_string())?);
+                let accepting = back.await.map_err(|e| e.to_string())?;
                 self.admin = connect(&self.db).await?;
+                return Ok(Some(accepting));
             }
         }
-        let (old_end, new) = settled.ok_or_else(|| {
-            format!(
-                "{}: no new single leader within {:?} of the fault",
-                scenario.name(),
-                scenario.limit(self.interval)
-            )
-        })?;
-        let events = self.fleet.replicas.events();
-        let (none, both) = integrate(&events, n, t0, old_end.at.max(new.at));
-        Ok(Sample {
-            none,
-            both,
-            demoted: (old_end.what != What::Killed).then(|| old_end.at.saturating_sub(t0)),
-            resumed: None,
-            takeover: new.at.saturating_sub(accepting.unwrap_or(t0)),
-            write_gap: self.write_gap(epoch).await,
-            wrong: None,
-        })
+        Ok(None)
     }
 
     /// The frozen leader: SIGSTOP, wait for another leader, SIGCONT, watch one more I. See the
@@ -260,73 +299,17 @@ impl Bench {
         tokio::time::sleep(interval).await;
         let until = unix_us();
         let events = replicas.events();
-        let after: Vec<Event> = events[index..]
-            .iter()
-            .filter(|e| e.replica == old)
-            .copied()
-            .collect();
-        let woke = after
-            .iter()
-            .find(|e| matches!(e.what, What::Woke { .. }))
-            .copied();
-        let acted: Vec<Event> = after
-            .iter()
-            .filter(|e| matches!(e.what, What::Tick | What::Leader))
-            .copied()
-            .collect();
-        // From when it counts as leading again after the SIGCONT, if at all.
-        let led_again = match woke {
-            Some(Event {
-                at,
-                what: What::Woke { leading: true },
-                ..
-            }) => Some(at),
-            Some(_) if acted.is_empty() => None,
-            _ => Some(resumed),
-        };
-        let mut wrong = Vec::new();
-        if let Some(at) = led_again {
-            wrong.push(format!(
-                "the old leader counted as leading again {:.1} ms after SIGCONT (woke: {:?})",
-                at.saturating_sub(resumed) as f64 / 1e3,
-                woke.map(|e| e.what)
-            ));
-        }
-        if !acted.is_empty() {
-            wrong.push(format!("it acted after SIGCONT: {acted:?}"));
-        }
-        if standby.is_none() {
-            wrong.push("it never said standby after SIGCONT".into());
-        }
         let n = self.fleet.replicas.procs.len();
-        let now_leading = leaders(&events, n);
-        if now_leading != vec![new.replica] {
-            wrong.push(format!(
-                "after the watch the leaders are {now_leading:?}, not [{}]",
-                new.replica
-            ));
-        }
-        // The effective transitions: the old leader's term ends at the SIGSTOP; what it
-        // reported after the SIGCONT counts only if it led again.
-        let mut effective: Vec<Event> = Vec::with_capacity(events.len() + 2);
-        for (i, e) in events.iter().enumerate() {
-            if i >= index && e.replica == old && led_again.is_none() {
-                continue;
-            }
-            effective.push(*e);
-        }
-        effective.push(Event {
-            replica: old,
-            at: stopped,
-            what: What::Standby,
-        });
-        if let Some(at) = led_again {
-            effective.push(Event {
-                replica: old,
-                at,
-                what: What::Leader,
-            });
-        }
+        let freeze = Freeze {
+            old,
+            index,
+            stopped,
+            resumed,
+            new,
+            standby,
+        };
+        let (led_again, wrong) = freeze.judge(&events, n);
+        let effective = freeze.effective(&events, led_again);
         let (none, both) = integrate(&effective, n, stopped, until);
         Ok(Sample {
             none,
@@ -366,5 +349,113 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         None
+    }
+}
+
+/// What a freeze run saw of the old leader.
+#[derive(Clone, Copy, Debug)]
+struct Freeze {
+    old: usize,
+    /// The index of the first event after the SIGCONT.
+    index: usize,
+    /// When it was SIGSTOPped.
+    stopped: u64,
+    /// When it was SIGCONTed.
+    resumed: u64,
+    /// The new leader's first report.
+    new: Event,
+    /// Its standby report after the SIGCONT.
+    standby: Option<Event>,
+}
+
+impl Freeze {
+    /// From when the old leader counts as leading again after the SIGCONT, if at all, and
+    /// what went wrong.
+    fn judge(&self, events: &[Event], n: usize) -> (Option<u64>, Vec<String>) {
+        let Freeze {
+            old,
+            index,
+            resumed,
+            new,
+            standby,
+            ..
+        } = *self;
+        let after: Vec<Event> = events[index..]
+            .iter()
+            .filter(|e| e.replica == old)
+            .copied()
+            .collect();
+        let woke = after
+            .iter()
+            .find(|e| matches!(e.what, What::Woke { .. }))
+            .copied();
+        let acted: Vec<Event> = after
+            .iter()
+            .filter(|e| matches!(e.what, What::Tick | What::Leader))
+            .copied()
+            .collect();
+        // From when it counts as leading again after the SIGCONT, if at all.
+        let led_again = match woke {
+            Some(Event {
+                at,
+                what: What::Woke { leading: true },
+                ..
+            }) => Some(at),
+            Some(_) if acted.is_empty() => None,
+            _ => Some(resumed),
+        };
+        let mut wrong = Vec::new();
+        if let Some(at) = led_again {
+            wrong.push(format!(
+                "the old leader counted as leading again {:.1} ms after SIGCONT (woke: {:?})",
+                at.saturating_sub(resumed) as f64 / 1e3,
+                woke.map(|e| e.what)
+            ));
+        }
+        if !acted.is_empty() {
+            wrong.push(format!("it acted after SIGCONT: {acted:?}"));
+        }
+        if standby.is_none() {
+            wrong.push("it never said standby after SIGCONT".into());
+        }
+        let now_leading = leaders(events, n);
+        if now_leading != vec![new.replica] {
+            wrong.push(format!(
+                "after the watch the leaders are {now_leading:?}, not [{}]",
+                new.replica
+            ));
+        }
+        (led_again, wrong)
+    }
+
+    /// The effective transitions: the old leader's term ends at the SIGSTOP; what it reported
+    /// after the SIGCONT counts only if it led again (from `led_again`).
+    fn effective(&self, events: &[Event], led_again: Option<u64>) -> Vec<Event> {
+        let Freeze {
+            old,
+            index,
+            stopped,
+            ..
+        } = *self;
+        let mut effective: Vec<Event> = Vec::with_capacity(events.len() + 2);
+        for (i, e) in events.iter().enumerate() {
+            if i >= index && e.replica == old && led_again.is_none() {
+                continue;
+            }
+            effective.push(*e);
+        }
+        effective.push(Event {
+            replica: old,
+            at: stopped,
+            what: What::Standby,
+        });
+        if let Some(at) = led_again {
+            effective.push(Event {
+                replica: old,
+                at,
+                what: What::Leader,
+            });
+        }
+        effective
     }
 }
