@@ -96,56 +96,13 @@ impl Run<'_> {
         logs: &Mutex<Vec<String>>,
     ) -> Result<Row, String> {
         let options = self.options;
-        // Every process has started its electors.
-        for (i, proc) in procs.iter_mut().enumerate() {
-            expect_line(proc, "ready", Duration::from_secs(60))
-                .await
-                .map_err(|e| format!("process {i}: {e}"))?;
-        }
-        // Every key has a leader.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let leaders = monitor.leaders().await;
-            if leaders == plan.keys() as i64 {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{leaders} of {} keys have a leader after 60 s",
-                    plan.keys()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        self.until_ready(plan, monitor, procs).await?;
         tokio::time::sleep(options.warmup).await;
 
         let start = self.snapshot(monitor, own_pids, procs).await?;
         let log_start = logs.lock().unwrap().len();
-        let mut samples = Vec::new();
         let end_at = start.at + options.duration;
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        every.tick().await;
-        while Instant::now() + Duration::from_millis(500) < end_at {
-            every.tick().await;
-            let (backends, waiting) = monitor.backends().await;
-            let postmaster = self.server.postmaster;
-            let pids: Vec<i32> = procs.iter().map(|p| p.pid).collect();
-            let (server_children, rss_kb) = tokio::task::spawn_blocking(move || {
-                (
-                    children_of(postmaster).len(),
-                    pids.iter().map(|&p| rss_kb(p).unwrap_or(0)).sum::<u64>(),
-                )
-            })
-            .await
-            .expect("a /proc scan");
-            samples.push(Sample {
-                backends,
-                waiting,
-                server_children,
-                rss_kb,
-            });
-        }
+        let samples = self.sample_window(monitor, procs, end_at).await;
         tokio::time::sleep_until(end_at.into()).await;
         let end = self.snapshot(monitor, own_pids, procs).await?;
         let log_end = logs.lock().unwrap().len();
@@ -156,46 +113,12 @@ impl Run<'_> {
         let fleet_window = end.at.duration_since(start.at).as_secs_f64();
         let cores = |a: u64, b: u64| (b.saturating_sub(a)) as f64 / self.ticks_per_s / window;
         let server_cores = cores(start.server, end.server) - cores(start.own, end.own);
-        let statements = start.statements.zip(end.statements).map(|(a, b)| {
-            let tries = (b.try_calls - a.try_calls) as f64;
-            let checks = (b.check_calls - a.check_calls) as f64;
-            (
-                tries / stmts_window,
-                checks / stmts_window,
-                (b.try_ms - a.try_ms) * 1e3 / tries.max(1.0),
-                (b.check_ms - a.check_ms) * 1e3 / checks.max(1.0),
-                (b.other_calls - a.other_calls) as f64 / stmts_window,
-            )
-        });
+        let statements = rates(start.statements, end.statements, stmts_window);
         let check_count = end.fleet.count - start.fleet.count;
         let checks_client = check_count as f64 / fleet_window;
-        let histogram: Vec<(f64, u64)> = end
-            .fleet
-            .buckets
-            .iter()
-            .map(|(bound, c)| {
-                let before = start.fleet.buckets.get(bound).copied().unwrap_or(0);
-                (f64::from_bits(*bound), c - before)
-            })
-            .collect();
-        let quantile = |q: f64| -> Option<f64> {
-            if check_count == 0 {
-                return None;
-            }
-            let rank = (q * check_count as f64).ceil() as u64;
-            Some(
-                histogram
-                    .iter()
-                    .find(|(_, c)| *c >= rank)
-                    .map_or(f64::INFINITY, |(b, _)| *b),
-            )
-        };
-        let tenth = options.interval.as_secs_f64() / 10.0;
-        let within_tenth = histogram
-            .iter()
-            .find(|(b, _)| (*b - tenth).abs() < 1e-9)
-            .filter(|_| check_count > 0)
-            .map(|(_, c)| *c as f64 / check_count as f64);
+        let histogram = Histogram::between(&start.fleet, &end.fleet);
+        let quantile = |q: f64| histogram.quantile(q);
+        let within_tenth = histogram.within(options.interval.as_secs_f64() / 10.0);
         let probe: Vec<u64> = probes
             .lock()
             .unwrap()
@@ -245,6 +168,72 @@ impl Run<'_> {
             window_warning_kinds: Vec::new(),
             log_tail: Vec::new(),
         })
+    }
+
+    /// Waits until every process has started its electors and every key has a leader.
+    async fn until_ready(
+        &self,
+        plan: &Plan,
+        monitor: &Monitor,
+        procs: &mut [Proc],
+    ) -> Result<(), String> {
+        // Every process has started its electors.
+        for (i, proc) in procs.iter_mut().enumerate() {
+            expect_line(proc, "ready", Duration::from_secs(60))
+                .await
+                .map_err(|e| format!("process {i}: {e}"))?;
+        }
+        // Every key has a leader.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let leaders = monitor.leaders().await;
+            if leaders == plan.keys() as i64 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{leaders} of {} keys have a leader after 60 s",
+                    plan.keys()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// The backends, the waiting sessions, the server's processes and the fleet's memory,
+    /// every second until `end_at`.
+    async fn sample_window(
+        &self,
+        monitor: &Monitor,
+        procs: &[Proc],
+        end_at: Instant,
+    ) -> Vec<Sample> {
+        let mut samples = Vec::new();
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        while Instant::now() + Duration::from_millis(500) < end_at {
+            every.tick().await;
+            let (backends, waiting) = monitor.backends().await;
+            let postmaster = self.server.postmaster;
+            let pids: Vec<i32> = procs.iter().map(|p| p.pid).collect();
+            let (server_children, rss_kb) = tokio::task::spawn_blocking(move || {
+                (
+                    children_of(postmaster).len(),
+                    pids.iter().map(|&p| rss_kb(p).unwrap_or(0)).sum::<u64>(),
+                )
+            })
+            .await
+            .expect("a /proc scan");
+            samples.push(Sample {
+                backends,
+                waiting,
+                server_children,
+                rss_kb,
+            });
+        }
+        samples
     }
 
     pub(crate) async fn snapshot(
@@ -311,5 +300,73 @@ impl Run<'_> {
             fleet,
             backends,
         })
+    }
+}
+
+/// Tries and checks per second, plan + exec µs per try and per check, and other statements per
+/// second, between two reads of `pg_stat_statements` `window` seconds apart.
+fn rates(
+    start: Option<Statements>,
+    end: Option<Statements>,
+    stmts_window: f64,
+) -> Option<(f64, f64, f64, f64, f64)> {
+    start.zip(end).map(|(a, b)| {
+        let tries = (b.try_calls - a.try_calls) as f64;
+        let checks = (b.check_calls - a.check_calls) as f64;
+        (
+            tries / stmts_window,
+            checks / stmts_window,
+            (b.try_ms - a.try_ms) * 1e3 / tries.max(1.0),
+            (b.check_ms - a.check_ms) * 1e3 / checks.max(1.0),
+            (b.other_calls - a.other_calls) as f64 / stmts_window,
+        )
+    })
+}
+
+/// The check durations the fleet's histograms counted between two snapshots.
+#[derive(Debug)]
+struct Histogram {
+    /// Upper bound (s) → cumulative count.
+    buckets: Vec<(f64, u64)>,
+    count: u64,
+}
+
+impl Histogram {
+    fn between(start: &FleetSnap, end: &FleetSnap) -> Self {
+        let buckets = end
+            .buckets
+            .iter()
+            .map(|(bound, c)| {
+                let before = start.buckets.get(bound).copied().unwrap_or(0);
+                (f64::from_bits(*bound), c - before)
+            })
+            .collect();
+        Histogram {
+            buckets,
+            count: end.count - start.count,
+        }
+    }
+
+    /// The upper bound of the bucket of quantile `q` (infinite past the last bound).
+    fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = (q * self.count as f64).ceil() as u64;
+        Some(
+            self.buckets
+                .iter()
+                .find(|(_, c)| *c >= rank)
+                .map_or(f64::INFINITY, |(b, _)| *b),
+        )
+    }
+
+    /// The share of the checks within `bound` (s), a bound of the histogram.
+    fn within(&self, bound: f64) -> Option<f64> {
+        self.buckets
+            .iter()
+            .find(|(b, _)| (*b - bound).abs() < 1e-9)
+            .filter(|_| self.count > 0)
+            .map(|(_, c)| *c as f64 / self.count as f64)
     }
 }
