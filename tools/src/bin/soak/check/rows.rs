@@ -9,12 +9,34 @@ use crate::db::{Holder, RUN_GAP_US, Row};
 /// The fenced rows: epochs never go back, one replica per epoch, no row of a term after a
 /// later term began, and none while another replica held the lock beyond the allowance.
 pub(super) fn rows(input: &Input<'_>, overlap_excused: &[Iv], a: &mut Analysis) {
-    let offset = input.offset;
-    let local = |server: u64| (server as i64 - offset) as u64;
-    let faults = input.faults;
-    let latest_fault = |t: u64| faults.iter().rev().find(|f| f.inject <= t).map(|f| f.id);
     a.rows = input.rows.len();
-    // Epochs as the sampler saw them become current: (first seen, epoch), epochs increasing.
+    let mut check = RowCheck {
+        input,
+        overlap_excused,
+        bumps: bumps(input),
+        owner: BTreeMap::new(),
+        newest: None,
+        seen: BTreeMap::new(),
+        found: Vec::new(),
+    };
+    for row in input.rows {
+        check.order(row);
+        check.one_owner(row);
+        check.no_later_epoch(row);
+        check.holder(row, a);
+    }
+    a.epochs = check.owner.len();
+    for (kind, epoch, mut v) in check.found {
+        let n = check.seen[&(kind, epoch)];
+        if n > 1 {
+            v.what.push_str(&format!(" ({n} such rows)"));
+        }
+        a.violations.push(v);
+    }
+}
+
+/// Epochs as the sampler saw them become current: (first seen, epoch), epochs increasing.
+fn bumps(input: &Input<'_>) -> Vec<(u64, i64)> {
     let mut bumps: Vec<(u64, i64)> = Vec::new();
     for run in input.runs {
         if let Some(e) = run.epoch {
@@ -23,27 +45,62 @@ pub(super) fn rows(input: &Input<'_>, overlap_excused: &[Iv], a: &mut Analysis) 
             }
         }
     }
-    let mut owner: BTreeMap<i64, Option<usize>> = BTreeMap::new();
-    let mut newest: Option<Row> = None;
-    // One violation per (check, epoch), with a count.
-    let mut seen: BTreeMap<(u8, i64), usize> = BTreeMap::new();
-    let mut found: Vec<(u8, i64, Violation)> = Vec::new();
-    let mut flag = |check: u8, epoch: i64, v: Violation| {
-        let n = seen.entry((check, epoch)).or_default();
+    bumps
+}
+
+/// The checks of the rows, one row at a time, in the server's order.
+struct RowCheck<'a> {
+    input: &'a Input<'a>,
+    overlap_excused: &'a [Iv],
+    bumps: Vec<(u64, i64)>,
+    /// The replica of each epoch's first row.
+    owner: BTreeMap<i64, Option<usize>>,
+    /// The row of the newest epoch so far.
+    newest: Option<Row>,
+    /// One violation per (check, epoch), with a count.
+    seen: BTreeMap<(u8, i64), usize>,
+    found: Vec<(u8, i64, Violation)>,
+}
+
+impl RowCheck<'_> {
+    /// `at` of the server's clock on this machine's.
+    fn local(&self, server: u64) -> u64 {
+        (server as i64 - self.input.offset) as u64
+    }
+
+    /// A violation of `row`, attributed to the latest fault before it.
+    fn violation(&self, row: &Row, what: String, replicas: Vec<usize>) -> Violation {
+        let at = self.local(row.at);
+        Violation {
+            at,
+            what,
+            fault: self
+                .input
+                .faults
+                .iter()
+                .rev()
+                .find(|f| f.inject <= at)
+                .map(|f| f.id),
+            replicas,
+        }
+    }
+
+    /// Counts a violation of check `kind` in `epoch`; keeps the first.
+    fn flag(&mut self, kind: u8, epoch: i64, v: Violation) {
+        let n = self.seen.entry((kind, epoch)).or_default();
         *n += 1;
         if *n == 1 {
-            found.push((check, epoch, v));
+            self.found.push((kind, epoch, v));
         }
-    };
-    for row in input.rows {
-        // Epochs never go back in time.
-        match newest {
-            Some(n) if row.epoch < n.epoch => flag(
-                0,
-                row.epoch,
-                Violation {
-                    at: local(row.at),
-                    what: format!(
+    }
+
+    /// Epochs never go back in time.
+    fn order(&mut self, row: &Row) {
+        match self.newest {
+            Some(n) if row.epoch < n.epoch => {
+                let v = self.violation(
+                    row,
+                    format!(
                         "a row of epoch {} (replica-{}) at {} came after a row of epoch {} \
                          (replica-{}) {} ms earlier: two terms' writes interleaved",
                         row.epoch,
@@ -53,112 +110,104 @@ pub(super) fn rows(input: &Input<'_>, overlap_excused: &[Iv], a: &mut Analysis) 
                         who(n.replica),
                         ms(row.at - n.at)
                     ),
-                    fault: latest_fault(local(row.at)),
-                    replicas: row.replica.into_iter().chain(n.replica).collect(),
-                },
-            ),
-            Some(n) if row.epoch == n.epoch => {}
-            _ => newest = Some(*row),
-        }
-        // One replica per epoch.
-        match owner.get(&row.epoch) {
-            None => {
-                owner.insert(row.epoch, row.replica);
+                    row.replica.into_iter().chain(n.replica).collect(),
+                );
+                self.flag(0, row.epoch, v);
             }
-            Some(&first) if first != row.replica => flag(
-                1,
-                row.epoch,
-                Violation {
-                    at: local(row.at),
-                    what: format!(
+            Some(n) if row.epoch == n.epoch => {}
+            _ => self.newest = Some(*row),
+        }
+    }
+
+    /// One replica per epoch.
+    fn one_owner(&mut self, row: &Row) {
+        match self.owner.get(&row.epoch) {
+            None => {
+                self.owner.insert(row.epoch, row.replica);
+            }
+            Some(&first) if first != row.replica => {
+                let v = self.violation(
+                    row,
+                    format!(
                         "epoch {} has rows of replica-{} and replica-{}",
                         row.epoch,
                         who(first),
                         who(row.replica)
                     ),
-                    fault: latest_fault(local(row.at)),
-                    replicas: first.into_iter().chain(row.replica).collect(),
-                },
-            ),
+                    first.into_iter().chain(row.replica).collect(),
+                );
+                self.flag(1, row.epoch, v);
+            }
             Some(_) => {}
         }
-        // No row of a term once a later epoch was current.
-        let later = bumps.partition_point(|&(_, e)| e <= row.epoch);
-        if let Some(&(seen_at, e)) = bumps.get(later) {
-            if row.at > seen_at {
-                flag(
-                    2,
+    }
+
+    /// No row of a term once a later epoch was current.
+    fn no_later_epoch(&mut self, row: &Row) {
+        let later = self.bumps.partition_point(|&(_, e)| e <= row.epoch);
+        let Some(&(seen_at, e)) = self.bumps.get(later) else {
+            return;
+        };
+        if row.at > seen_at {
+            let v = self.violation(
+                row,
+                format!(
+                    "a row of epoch {} (replica-{}) was written {} ms after the sampler saw \
+                     epoch {e} current",
                     row.epoch,
-                    Violation {
-                        at: local(row.at),
-                        what: format!(
-                            "a row of epoch {} (replica-{}) was written {} ms after the sampler \
-                             saw epoch {e} current",
-                            row.epoch,
-                            who(row.replica),
-                            ms(row.at - seen_at)
-                        ),
-                        fault: latest_fault(local(row.at)),
-                        replicas: row.replica.into_iter().collect(),
-                    },
-                );
-            }
+                    who(row.replica),
+                    ms(row.at - seen_at)
+                ),
+                row.replica.into_iter().collect(),
+            );
+            self.flag(2, row.epoch, v);
         }
-        // Who held the lock when it was written.
-        let k = input.runs.partition_point(|r| r.first <= row.at);
+    }
+
+    /// Who held the lock when it was written.
+    fn holder(&mut self, row: &Row, a: &mut Analysis) {
+        let runs = self.input.runs;
+        let k = runs.partition_point(|r| r.first <= row.at);
         if k == 0 {
-            continue;
+            return;
         }
-        let run = input.runs[k - 1];
+        let run = runs[k - 1];
         if row.at > run.last {
-            continue;
+            return;
         }
         match run.holder {
             Holder::None => a.rows_no_holder += 1,
             Holder::Replica(q) if Some(q) == row.replica => {}
             Holder::Replica(q) => {
                 let held = row.at - run.first;
-                let excused = within(overlap_excused, (local(row.at), local(row.at) + 1)) > 0;
+                let at = self.local(row.at);
+                let excused = within(self.overlap_excused, (at, at + 1)) > 0;
                 if held <= RUN_GAP_US || excused {
                     a.rows_other_holder += 1;
                 } else {
-                    flag(
-                        3,
-                        row.epoch,
-                        Violation {
-                            at: local(row.at),
-                            what: format!(
-                                "replica-{} wrote a row of epoch {} while pg_locks had shown \
-                                 replica-{q} holding the lock for {} ms",
-                                who(row.replica),
-                                row.epoch,
-                                ms(held)
-                            ),
-                            fault: latest_fault(local(row.at)),
-                            replicas: row.replica.into_iter().chain([q]).collect(),
-                        },
+                    let v = self.violation(
+                        row,
+                        format!(
+                            "replica-{} wrote a row of epoch {} while pg_locks had shown \
+                             replica-{q} holding the lock for {} ms",
+                            who(row.replica),
+                            row.epoch,
+                            ms(held)
+                        ),
+                        row.replica.into_iter().chain([q]).collect(),
                     );
+                    self.flag(3, row.epoch, v);
                 }
             }
-            Holder::Unknown => flag(
-                4,
-                row.epoch,
-                Violation {
-                    at: local(row.at),
-                    what: "pg_locks showed the lock held by a session that is no replica's".into(),
-                    fault: latest_fault(local(row.at)),
-                    replicas: Vec::new(),
-                },
-            ),
+            Holder::Unknown => {
+                let v = self.violation(
+                    row,
+                    "pg_locks showed the lock held by a session that is no replica's".into(),
+                    Vec::new(),
+                );
+                self.flag(4, row.epoch, v);
+            }
         }
-    }
-    a.epochs = owner.len();
-    for (check, epoch, mut v) in found {
-        let n = seen[&(check, epoch)];
-        if n > 1 {
-            v.what.push_str(&format!(" ({n} such rows)"));
-        }
-        a.violations.push(v);
     }
 }
 
