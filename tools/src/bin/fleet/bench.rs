@@ -4,19 +4,7 @@ use super::*;
 
 pub(crate) async fn bench(options: Options) {
     let started = Instant::now();
-    let mut plans = Vec::new();
-    for &electors in &options.sizes {
-        for &shape in &options.shapes {
-            for &mode in &options.modes {
-                plans.push(Plan {
-                    shape,
-                    mode,
-                    electors,
-                    per_proc: options.per_proc,
-                });
-            }
-        }
-    }
+    let plans = plans(&options);
     let need = plans
         .first()
         .map_or(300, |p| connections_needed(p, options.pool));
@@ -53,39 +41,11 @@ pub(crate) async fn bench(options: Options) {
         ));
     }
 
-    // The sweep: double the largest fleet until the checks' p99 passes I/10 or a run fails.
-    let mut sweep_note = Vec::new();
-    if options.sweep {
-        let largest = options.sizes.iter().copied().max().unwrap_or(1000);
-        for &shape in &options.shapes {
-            for &mode in &options.modes {
-                let mut electors = largest * 2;
-                while electors <= options.sweep_max {
-                    let plan = Plan {
-                        shape,
-                        mode,
-                        electors,
-                        per_proc: options.per_proc,
-                    };
-                    let outcome = run_plan(&mut server, &options, ticks_per_s, idle, plan).await;
-                    let stop = match &outcome {
-                        Ok(row) => !passes(row, &options).unwrap_or(false),
-                        Err(_) => true,
-                    };
-                    results.push((plan, outcome));
-                    if stop {
-                        sweep_note.push(format!(
-                            "{} / {}: stopped at {electors} electors",
-                            shape.name(),
-                            mode.name()
-                        ));
-                        break;
-                    }
-                    electors *= 2;
-                }
-            }
-        }
-    }
+    let sweep_note = if options.sweep {
+        sweep(&mut server, &options, ticks_per_s, idle, &mut results).await
+    } else {
+        Vec::new()
+    };
 
     print_tables(&options, &server, idle, floor, &results);
     for note in sweep_note {
@@ -93,6 +53,66 @@ pub(crate) async fn bench(options: Options) {
     }
     println!();
     println!("Total run time {:.0} s.", started.elapsed().as_secs_f64());
+}
+
+/// Every (size, shape, mode) of the options, in that order.
+fn plans(options: &Options) -> Vec<Plan> {
+    let mut plans = Vec::new();
+    for &electors in &options.sizes {
+        for &shape in &options.shapes {
+            for &mode in &options.modes {
+                plans.push(Plan {
+                    shape,
+                    mode,
+                    electors,
+                    per_proc: options.per_proc,
+                });
+            }
+        }
+    }
+    plans
+}
+
+/// The sweep: doubles the largest fleet until the checks' p99 passes I/10 or a run fails; a
+/// note per shape and mode where it stopped.
+async fn sweep(
+    server: &mut Server,
+    options: &Options,
+    ticks_per_s: f64,
+    idle: f64,
+    results: &mut Vec<(Plan, Outcome)>,
+) -> Vec<String> {
+    let mut sweep_note = Vec::new();
+    let largest = options.sizes.iter().copied().max().unwrap_or(1000);
+    for &shape in &options.shapes {
+        for &mode in &options.modes {
+            let mut electors = largest * 2;
+            while electors <= options.sweep_max {
+                let plan = Plan {
+                    shape,
+                    mode,
+                    electors,
+                    per_proc: options.per_proc,
+                };
+                let outcome = run_plan(server, options, ticks_per_s, idle, plan).await;
+                let stop = match &outcome {
+                    Ok(row) => !passes(row, options).unwrap_or(false),
+                    Err(_) => true,
+                };
+                results.push((plan, outcome));
+                if stop {
+                    sweep_note.push(format!(
+                        "{} / {}: stopped at {electors} electors",
+                        shape.name(),
+                        mode.name()
+                    ));
+                    break;
+                }
+                electors *= 2;
+            }
+        }
+    }
+    sweep_note
 }
 
 /// Whether the checks met p99 ≤ I/10 and no leadership changed.
