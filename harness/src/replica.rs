@@ -107,11 +107,35 @@ where
 /// Runs one replica with its settings in the environment (see [`Fleet::spawn`]), on a
 /// current-thread runtime, until its shutdown or the end of its stdin.
 pub fn child() {
+    on_current_thread(child_main());
+}
+
+/// Runs `future` to its end on a current-thread runtime, what a replica process runs on.
+pub fn on_current_thread<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime")
-        .block_on(child_main());
+        .block_on(future)
+}
+
+/// The environment variable `name` of a replica's settings; panics when it is not set.
+pub fn setting(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"))
+}
+
+/// The setting `name` as a lock key, `class,object`; panics when it is not one.
+pub fn key_setting(name: &str) -> LockKey {
+    let (class, object) = setting(name)
+        .split_once(',')
+        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
+        .expect("class,object");
+    LockKey::new(class, object)
+}
+
+/// The setting `name` as a number of milliseconds; panics when it is not one.
+pub fn ms_setting(name: &str) -> Duration {
+    Duration::from_millis(setting(name).parse().expect("milliseconds"))
 }
 
 fn say(at: u64, what: &str) {
@@ -120,27 +144,23 @@ fn say(at: u64, what: &str) {
 
 async fn child_main() {
     log_to_stderr("pg_elector=info");
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
-    let (class, object) = env(ENV_KEY)
-        .split_once(',')
-        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
-        .expect("class,object");
-    let mut config: tokio_postgres::Config = env(ENV_URL).parse().expect("a connection URL");
+    let interval = ms_setting(ENV_INTERVAL_MS);
+    let key = key_setting(ENV_KEY);
+    let mut config: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
     if let Ok(addr) = std::env::var(ENV_ADDR) {
         config = config_with_addr(&config, addr.parse().expect("a socket address"));
     }
     let fenced = std::env::var(ENV_FENCED).is_ok();
     let app = pool_from_config(config.clone(), 2);
-    let name = env(ENV_NAME);
-    let elector = Elector::builder(pool_from_config(config, 2), LockKey::new(class, object))
+    let name = setting(ENV_NAME);
+    let elector = Elector::builder(pool_from_config(config, 2), key)
         .check_interval(interval)
         .identity(name.as_str())
         .fencing(fenced)
         .fast_takeover(std::env::var(ENV_FAST).is_ok())
         .build()
         .expect("a valid elector");
-    tracing::info!(name = %env(ENV_NAME), pid = std::process::id(), "replica starts");
+    tracing::info!(name = %setting(ENV_NAME), pid = std::process::id(), "replica starts");
     say(unix_us(), "started");
 
     // stdin: `stop` asks for a graceful shutdown; end of file means the parent is gone.

@@ -63,6 +63,15 @@ impl<'a> Args<'a> {
     }
 }
 
+/// The parsed options, or (on an error) `<tool>: <error>` and the usage on stderr and exit
+/// code 2.
+pub fn or_exit<T>(parsed: Result<T, String>, tool: &str, usage: &str) -> T {
+    parsed.unwrap_or_else(|e| {
+        eprintln!("{tool}: {e}\n{usage}");
+        std::process::exit(2);
+    })
+}
+
 /// The things a comma-separated list names, each once, in the order first named; `by_name`
 /// says what one name stands for.
 ///

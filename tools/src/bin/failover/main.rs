@@ -95,7 +95,7 @@ use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
 use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb, replica};
-use pg_elector_tools::args::{Args, names};
+use pg_elector_tools::args::{Args, names, or_exit};
 use pg_elector_tools::rng::xorshift;
 use pg_elector_tools::stats::{percentile, sorted, summary};
 use pg_elector_tools::{Mode, block_on};
@@ -127,12 +127,6 @@ fn main() {
         replica::child();
         return;
     }
-    let options = match Options::parse(&args) {
-        Ok(options) => options,
-        Err(e) => {
-            eprintln!("failover: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let options = or_exit(Options::parse(&args), "failover", USAGE);
     block_on(bench(options));
 }

@@ -5,30 +5,25 @@ use std::time::Duration;
 
 use pg_elector::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, Elector, LockKey};
 use pg_elector_harness::pool_from_config;
-use pg_elector_harness::replica::log_to_stderr;
+use pg_elector_harness::replica::{log_to_stderr, on_current_thread, setting};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
 
 pub(super) fn main() {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(run());
+    on_current_thread(run());
 }
 
 async fn run() {
     log_to_stderr("pg_elector=warn");
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let number = |name: &str| -> u64 { env(name).parse().expect("a number") };
+    let number = |name: &str| -> u64 { setting(name).parse().expect("a number") };
     let index = number(ENV_INDEX);
     let electors = number(ENV_ELECTORS) as i32;
-    let one_key = env(ENV_SHAPE) == Shape::OneKey.name();
+    let one_key = setting(ENV_SHAPE) == Shape::OneKey.name();
     let interval = Duration::from_millis(number(ENV_INTERVAL_MS));
     let fast = std::env::var(ENV_FAST).is_ok();
-    let config: tokio_postgres::Config = env(ENV_URL).parse().expect("a connection URL");
+    let config: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
     let pool = pool_from_config(config, number(ENV_POOL) as usize);
     let registry = Registry::new();
 

@@ -24,9 +24,11 @@
 
 use std::time::Duration;
 
-use pg_elector::{Elector, LockKey};
-use pg_elector_harness::replica::log_to_stderr;
+use pg_elector::Elector;
 pub(crate) use pg_elector_harness::replica::unix_us;
+use pg_elector_harness::replica::{
+    key_setting, log_to_stderr, ms_setting, on_current_thread, setting,
+};
 use pg_elector_harness::{config_with_addr, pool_from_config};
 use tokio_util::sync::CancellationToken;
 
@@ -63,11 +65,7 @@ fn epoch_text(epoch: Option<u64>) -> String {
 /// Runs one replica, with its settings in the environment, until a graceful shutdown or the
 /// end of its stdin.
 pub(crate) fn main() {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(replica());
+    on_current_thread(replica());
 }
 
 enum Command {
@@ -78,15 +76,11 @@ enum Command {
 
 async fn replica() {
     log_to_stderr("pg_elector=info");
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
-    let (class, object) = env(ENV_KEY)
-        .split_once(',')
-        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
-        .expect("class,object");
-    let identity = env(ENV_IDENTITY);
-    let base: tokio_postgres::Config = env(ENV_URL).parse().expect("a connection URL");
-    let mut config = config_with_addr(&base, env(ENV_ADDR).parse().expect("a socket address"));
+    let interval = ms_setting(ENV_INTERVAL_MS);
+    let key = key_setting(ENV_KEY);
+    let identity = setting(ENV_IDENTITY);
+    let base: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
+    let mut config = config_with_addr(&base, setting(ENV_ADDR).parse().expect("a socket address"));
     config.connect_timeout(Duration::from_secs(2));
     let named = |suffix: &str| {
         let mut c = config.clone();
@@ -95,7 +89,7 @@ async fn replica() {
     };
     let pool = pool_from_config(named("pool"), POOL_SIZE);
     let app = pool_from_config(named("app"), POOL_SIZE);
-    let elector = Elector::builder(pool.clone(), LockKey::new(class, object))
+    let elector = Elector::builder(pool.clone(), key)
         .check_interval(interval)
         .identity(identity.as_str())
         .fencing(true)

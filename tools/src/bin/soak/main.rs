@@ -161,6 +161,7 @@ use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
 use pg_elector_harness::{PgServer, TestDb};
+use pg_elector_tools::args::or_exit;
 use pg_elector_tools::block_on;
 use pg_elector_tools::rng::Rng;
 use tokio_util::sync::CancellationToken;
@@ -188,13 +189,7 @@ fn main() {
         child::main();
         return;
     }
-    let options = match Options::parse(&args) {
-        Ok(options) => options,
-        Err(e) => {
-            eprintln!("soak: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let options = or_exit(Options::parse(&args), "soak", USAGE);
     let code = block_on(soak(options));
     std::process::exit(code);
 }
