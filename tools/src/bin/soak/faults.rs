@@ -219,7 +219,7 @@ pub(crate) struct Fault {
     /// delay (kill, graceful).
     pub(crate) param: Duration,
     /// When it took effect (µs, this machine's clock): the signal, the query, the restart's
-    /// start; for a proxy fault, when the proxy acted (see [`proxy_acted`]).
+    /// start; for a proxy fault, when the proxy acted (see `inject::proxy_acted`).
     pub(crate) inject: u64,
     /// How much later than asked a proxy fault took effect (the soak's own process starved).
     pub(crate) lag: u64,
