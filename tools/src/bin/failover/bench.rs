@@ -1,6 +1,17 @@
 //! One (mode, I) part's server, database and fleet, and one run of each fault against them.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pg_elector_harness::replica::{Event, What, leaders, unix_us, us};
+use pg_elector_harness::{PgServer, ShutdownMode, TestDb};
+use pg_elector_tools::Mode;
+use pg_elector_tools::rng::xorshift;
+use rustix::process::Signal;
+
+use crate::KEY;
+use crate::fleet::{Fleet, integrate};
+use crate::scenario::{Sample, Scenario};
 
 /// A restart's tasks: when the server accepts connections again, and the restart itself.
 type Restart = (

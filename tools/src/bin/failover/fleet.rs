@@ -1,6 +1,13 @@
 //! The replica processes as the parent sees them: one live per slot, each behind its proxy.
 
-use super::*;
+use std::time::Duration;
+
+use pg_elector_harness::replica::{Event, What, leaders, transitions, unix_us, us};
+use pg_elector_harness::{FaultProxy, PgServer, TestDb, replica};
+use pg_elector_tools::Mode;
+use pg_elector_tools::rng::xorshift;
+
+use crate::{CHILD, KEY, SLOTS};
 
 /// The replica processes (see `pg_elector_harness::replica`), one live per slot.
 pub(crate) struct Fleet {

@@ -90,24 +90,13 @@ mod part;
 mod report;
 mod scenario;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use pg_elector::LockKey;
-use pg_elector_harness::{FaultProxy, PgServer, ShutdownMode, TestDb, replica};
-use pg_elector_tools::args::{Args, names, or_exit};
-use pg_elector_tools::rng::xorshift;
-use pg_elector_tools::stats::{percentile, sorted, summary};
-use pg_elector_tools::{Mode, block_on};
-use replica::{Event, What, leaders, transitions, unix_us, us};
-use rustix::process::Signal;
+use pg_elector_harness::replica;
+use pg_elector_tools::args::or_exit;
+use pg_elector_tools::block_on;
 
-use bench::*;
-use fleet::*;
-use options::*;
-use part::*;
-use report::*;
-use scenario::*;
+use crate::options::Options;
+use crate::part::bench;
 
 /// The arguments that make this binary a replica.
 const CHILD: &[&str] = &["--replica"];

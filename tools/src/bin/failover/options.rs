@@ -1,6 +1,12 @@
 //! The command line: modes, intervals, scenarios, runs.
 
-use super::*;
+use std::time::Duration;
+
+use pg_elector_tools::Mode;
+use pg_elector_tools::args::{Args, names};
+
+use crate::scenario::Scenario;
+use crate::{DEFAULT_REPS, QUICK_REPS};
 
 #[derive(Debug)]
 pub(crate) struct Options {

@@ -1,6 +1,15 @@
 //! The runs of every (mode, I) part.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pg_elector_harness::PgServer;
+use pg_elector_tools::Mode;
+
+use crate::bench::{Bench, connect};
+use crate::options::Options;
+use crate::report::{minutes, ms, print_comparison, print_part};
+use crate::scenario::{Sample, Scenario};
 
 /// The results of one scenario in one (mode, I) part.
 pub(crate) struct Outcome {

@@ -1,6 +1,12 @@
 //! The tables: one per (mode, I) part, then poll against fast.
 
-use super::*;
+use std::time::Duration;
+
+use pg_elector_tools::Mode;
+use pg_elector_tools::stats::{percentile, sorted, summary};
+
+use crate::part::{Outcome, Part};
+use crate::scenario::{Sample, Scenario};
 
 pub(crate) fn p99_label(reps: usize) -> String {
     if reps < 100 {

@@ -1,6 +1,8 @@
 //! The faults, and what one run of one measures.
 
-use super::*;
+use std::time::Duration;
+
+use pg_elector_harness::ShutdownMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Scenario {

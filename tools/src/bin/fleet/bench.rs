@@ -1,6 +1,17 @@
 //! The whole bench: calibration, the runs of every plan, the sweep.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pg_elector_tools::procfs::{clock_ticks_per_second, stat};
+use pg_elector_tools::stats::{percentile, sorted};
+
+use crate::monitor::{Monitor, start_probe};
+use crate::options::Options;
+use crate::report::{bucket, print_tables};
+use crate::run::Run;
+use crate::server::{Server, connect, connections_needed, server_ticks};
+use crate::snapshot::{Outcome, Plan, Row};
 
 pub(crate) async fn bench(options: Options) {
     let started = Instant::now();

@@ -1,15 +1,20 @@
 //! The child: one replica process with many electors.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
 use pg_elector::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, Elector, LockKey};
-use pg_elector_harness::pool_from_config;
 use pg_elector_harness::replica::{log_to_stderr, on_current_thread, setting};
+use pg_elector_harness::{pool_from_config, replica};
+use pg_elector_tools::rng::xorshift;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use super::*;
+use crate::options::Shape;
+use crate::{
+    CLASS, ENV_ELECTORS, ENV_FAST, ENV_INDEX, ENV_INTERVAL_MS, ENV_POOL, ENV_SHAPE, ENV_URL, MARK,
+};
 
 pub(super) fn main() {
     on_current_thread(run());

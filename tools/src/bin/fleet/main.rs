@@ -88,30 +88,10 @@ mod run;
 mod server;
 mod snapshot;
 
-use std::collections::BTreeMap;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use pg_elector_tools::block_on;
 
-use pg_elector::LockKey;
-use pg_elector_harness::{PgServer, ShutdownMode, TestDb, replica};
-use pg_elector_tools::procfs::{children_of, clock_ticks_per_second, machine_ticks, rss_kb, stat};
-use pg_elector_tools::rng::xorshift;
-use pg_elector_tools::stats::{percentile, sorted};
-use pg_elector_tools::{Mode, block_on};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
-use tokio_postgres::types::Type;
-
-use bench::*;
-use monitor::*;
-use options::*;
-use procs::*;
-use report::*;
-use run::*;
-use server::*;
-use snapshot::*;
+use crate::bench::bench;
+use crate::options::Options;
 
 const CHILD_FLAG: &str = "--fleet-child";
 /// The class half of every key of the fleet ("flee").

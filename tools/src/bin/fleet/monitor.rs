@@ -1,6 +1,15 @@
 //! The bench's own sessions: leaders, backends, statements, and the check-shaped probe.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pg_elector::LockKey;
+use pg_elector_harness::TestDb;
+use tokio_postgres::types::Type;
+
+use crate::server::connect;
+use crate::snapshot::{Probes, Statements};
+use crate::{APP, CLASS, TAG};
 
 /// One of the bench's own sessions, and its backend's pid.
 pub(crate) struct Monitor {

@@ -1,6 +1,8 @@
 //! The command line: shapes, modes, fleet sizes, times, server settings.
 
-use super::*;
+use std::time::Duration;
+
+use pg_elector_tools::Mode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {

@@ -1,6 +1,22 @@
 //! The replica processes: spawning, their first lines, their warnings.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pg_elector_harness::TestDb;
+use pg_elector_tools::Mode;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::mpsc;
+
+use crate::options::Options;
+use crate::snapshot::{Plan, Proc};
+use crate::{
+    CHILD_FLAG, ENV_ELECTORS, ENV_FAST, ENV_INDEX, ENV_INTERVAL_MS, ENV_POOL, ENV_SHAPE, ENV_URL,
+    MARK,
+};
 
 /// The fleet's WARN and ERROR lines counted by their message and `error` field (a tracing line
 /// reads `<time> WARN <spans>: pg_elector::<module>: <message> key=… error=…`).

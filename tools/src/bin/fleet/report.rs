@@ -1,6 +1,12 @@
 //! The tables.
 
-use super::*;
+use pg_elector_tools::Mode;
+use pg_elector_tools::stats::{percentile, sorted};
+
+use crate::bench::{CALIBRATION_RATE, passes};
+use crate::options::{Options, Shape};
+use crate::server::Server;
+use crate::snapshot::{Outcome, Plan, Row};
 
 pub(crate) fn bucket(bound: Option<f64>) -> String {
     match bound {

@@ -1,6 +1,16 @@
 //! One run: the fleet started, warmed up, measured and stopped.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pg_elector_tools::procfs::{children_of, machine_ticks, rss_kb, stat};
+
+use crate::TAG;
+use crate::monitor::{Monitor, start_probe};
+use crate::options::Options;
+use crate::procs::{expect_line, is_warning, spawn_child, warning_kinds};
+use crate::server::{Server, server_ticks};
+use crate::snapshot::{FleetSnap, Outcome, Plan, Proc, Row, Sample, Snapshot, Statements};
 
 pub(crate) struct Run<'a> {
     pub(crate) server: &'a Server,

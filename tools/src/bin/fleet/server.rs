@@ -1,6 +1,13 @@
 //! The private server: its settings, restarts, connections, and its CPU from /proc.
 
-use super::*;
+use std::sync::Arc;
+
+use pg_elector_harness::{PgServer, ShutdownMode};
+use pg_elector_tools::Mode;
+use pg_elector_tools::procfs::{children_of, stat};
+
+use crate::APP;
+use crate::snapshot::Plan;
 
 /// The server's CPU so far (clock ticks): the postmaster, its live children, and its reaped
 /// children; and how many children it has now.

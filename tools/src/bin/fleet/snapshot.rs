@@ -1,6 +1,14 @@
 //! What one run plans, and what it reads from the fleet and the server.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use pg_elector_tools::Mode;
+use tokio::process::{Child, ChildStdin};
+use tokio::sync::mpsc;
+
+use crate::options::Shape;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Plan {
