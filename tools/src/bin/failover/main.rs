@@ -82,6 +82,8 @@
 //! application, so a leader frozen inside a fenced transaction cannot hold off the next term.
 //!
 //! With fewer than 100 runs the nearest-rank p99 is the maximum; the output says so.
+//!
+//! [`FaultProxy`]: pg_elector_harness::FaultProxy
 
 mod bench;
 mod fleet;
