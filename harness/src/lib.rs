@@ -74,6 +74,8 @@ mod error;
 mod pgbouncer;
 mod private;
 mod proxy;
+#[cfg(feature = "replica")]
+pub mod replica;
 mod runtime;
 mod server;
 mod standby;

@@ -3,6 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pg_elector_tools::args::{Args, names};
+use pg_elector_tools::rng::Rng;
+
 use crate::faults::Kind;
 
 /// Which replicas run with fast takeover.
@@ -58,14 +61,15 @@ pub(crate) struct Options {
 }
 
 /// The usage line printed on a bad option.
-pub(crate) const USAGE: &str = "usage: cargo bench --bench soak -- [--seed N] [--duration 60s] \
+pub(crate) const USAGE: &str =
+    "usage: cargo run --release -p pg-elector-tools --bin soak -- [--seed N] [--duration 60s] \
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
 [--overlap 0.25] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
 restart-fast, restart-immediate (restart: both), exhaust, graceful, resign";
 
 impl Options {
-    /// Parses the arguments after `--` (plus the `--bench` cargo adds).
+    /// Parses the arguments after `--` (a `--bench`, which `cargo bench` used to add, is ignored).
     pub(crate) fn parse(args: &[String]) -> Result<Self, String> {
         let mut options = Options {
             seed: std::env::var("SOAK_SEED")
@@ -84,32 +88,19 @@ impl Options {
             verbose: false,
             split_key: false,
         };
-        let mut i = 0;
-        while i < args.len() {
-            let arg = args[i].as_str();
-            let (flag, inline) = match arg.split_once('=') {
-                Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
-                _ => (arg, None),
-            };
-            let mut value = || -> Result<String, String> {
-                if let Some(v) = &inline {
-                    return Ok(v.clone());
-                }
-                i += 1;
-                args.get(i)
-                    .cloned()
-                    .ok_or_else(|| format!("{flag} takes a value"))
-            };
+        let mut args = Args::new(args);
+        while let Some(flag) = args.next_flag() {
             match flag {
-                "--bench" => {}
                 "--seed" => {
-                    options.seed = value()?
+                    options.seed = args
+                        .value()?
                         .parse()
                         .map_err(|_| "--seed takes a number".to_owned())?;
                 }
-                "--duration" => options.duration = parse_duration(&value()?)?,
+                "--duration" => options.duration = parse_duration(&args.value()?)?,
                 "--replicas" => {
-                    options.replicas = value()?
+                    options.replicas = args
+                        .value()?
                         .parse()
                         .ok()
                         .filter(|n| (2..=50).contains(n))
@@ -117,7 +108,7 @@ impl Options {
                 }
                 "--interval-ms" => {
                     options.interval = Duration::from_millis(
-                        value()?
+                        args.value()?
                             .parse()
                             .ok()
                             .filter(|ms| *ms >= 50)
@@ -125,7 +116,7 @@ impl Options {
                     );
                 }
                 "--mode" => {
-                    options.mode = match value()?.as_str() {
+                    options.mode = match args.value()?.as_str() {
                         "poll" => Mode::Poll,
                         "fast" => Mode::Fast,
                         "mixed" => Mode::Mixed,
@@ -133,39 +124,29 @@ impl Options {
                     };
                 }
                 "--faults" => {
-                    let mut kinds = Vec::new();
-                    for name in value()?.split(',') {
-                        for kind in Kind::by_name(name.trim())? {
-                            if !kinds.contains(&kind) {
-                                kinds.push(kind);
-                            }
-                        }
-                    }
+                    let kinds = names(&args.value()?, Kind::by_name)?;
                     if kinds.is_empty() {
                         return Err("--faults names no fault".into());
                     }
                     options.faults = kinds;
                 }
                 "--overlap" => {
-                    options.overlap = value()?
+                    options.overlap = args
+                        .value()?
                         .parse()
                         .ok()
                         .filter(|p| (0.0..=1.0).contains(p))
                         .ok_or("--overlap takes a probability from 0 to 1")?;
                 }
                 "--no-keep-one" => options.keep_one = false,
-                "--out" => options.out = Some(PathBuf::from(value()?)),
+                "--out" => options.out = Some(PathBuf::from(args.value()?)),
                 "--verbose" | "-v" => options.verbose = true,
-                "--sabotage" => match value()?.as_str() {
+                "--sabotage" => match args.value()?.as_str() {
                     "split-key" => options.split_key = true,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 },
-                "--help" | "-h" => return Err("options".into()),
-                other if other.starts_with('-') => return Err(format!("unknown option {other}")),
-                // A positional word (the filter `cargo bench` hands every bench): ignored.
-                _ => {}
+                _ => args.other()?,
             }
-            i += 1;
         }
         Ok(options)
     }
@@ -209,7 +190,7 @@ fn time_seed() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(1);
     // Keep it short enough to type: six decimal digits of mixed bits.
-    crate::rng::Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
+    Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
 }
 
 /// `90`, `90s`, `1500ms`, `5m`, `1h`.

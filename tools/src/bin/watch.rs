@@ -3,8 +3,8 @@
 //! a millisecond when the server ends its session.
 //!
 //! ```sh
-//! cargo bench --bench watch                          # 20 keys, 30 s per phase, I = 5 s
-//! cargo bench --bench watch -- --keys 50 --seconds 60
+//! cargo run --release -p pg-elector-tools --bin watch                          # 20 keys, 30 s per phase, I = 5 s
+//! cargo run --release -p pg-elector-tools --bin watch -- --keys 50 --seconds 60
 //! ```
 //!
 //! One process (this one, a tokio runtime of two workers) runs `--keys` electors twice: first
@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
 use pg_elector_harness::PgServer;
+use pg_elector_tools::block_on;
+use pg_elector_tools::procfs::{clock_ticks_per_second, own_cpu_ticks};
 use tokio_util::sync::CancellationToken;
 
-const USAGE: &str = "usage: cargo bench --bench watch -- [--keys N] [--seconds S]";
+const USAGE: &str =
+    "usage: cargo run --release -p pg-elector-tools --bin watch -- [--keys N] [--seconds S]";
 
 fn main() {
     let mut keys = 20usize;
@@ -31,17 +34,12 @@ fn main() {
         match arg.as_str() {
             "--keys" => keys = value().unwrap_or_else(|| panic!("{USAGE}")) as usize,
             "--seconds" => seconds = value().unwrap_or_else(|| panic!("{USAGE}")),
-            // cargo bench passes --bench.
+            // What `cargo bench` passed when this was a bench: ignored.
             "--bench" => {}
             other => panic!("unknown option {other:?}; {USAGE}"),
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(measure(keys, Duration::from_secs(seconds)));
+    block_on(measure(keys, Duration::from_secs(seconds)));
 }
 
 async fn measure(keys: usize, span: Duration) {
@@ -118,18 +116,4 @@ async fn phase(
     let cores = (cpu1 - cpu0) as f64 / clock_ticks_per_second() / took.as_secs_f64();
     eprintln!("{name}: {:.2} % of a core", cores * 100.0);
     cores
-}
-
-/// utime + stime of this process, in clock ticks.
-fn own_cpu_ticks() -> u64 {
-    let text = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    let rest = &text[text.rfind(')').expect("a command name") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3: utime and stime are fields 14 and 15.
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
-/// `sysconf(_SC_CLK_TCK)`: 100 on Linux (every architecture the kernel supports today).
-fn clock_ticks_per_second() -> f64 {
-    100.0
 }

@@ -1,18 +1,18 @@
-//! A small seeded PRNG (SplitMix64): the same seed gives the same sequence of draws, with no
-//! dependency.
+//! Small seeded PRNGs with no dependency: [`Rng`] (SplitMix64), whose draws a seed fixes (the
+//! soak's faults), and [`xorshift`], for jitter that only needs to differ between runs.
 
 /// SplitMix64: fast, 64 bits of state, good enough to pick faults.
 #[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 impl Rng {
     /// A generator whose draws are fixed by `seed`.
-    pub(crate) fn new(seed: u64) -> Self {
+    pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
     /// The next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -21,12 +21,12 @@ impl Rng {
     }
 
     /// A number in `0..n` (`0` when `n` is 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         if n == 0 { 0 } else { self.next_u64() % n }
     }
 
     /// A number in `lo..=hi`.
-    pub(crate) fn between(&mut self, lo: u64, hi: u64) -> u64 {
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
         if hi <= lo {
             lo
         } else {
@@ -35,7 +35,15 @@ impl Rng {
     }
 
     /// `true` with probability `p`.
-    pub(crate) fn chance(&mut self, p: f64) -> bool {
+    pub fn chance(&mut self, p: f64) -> bool {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
+}
+
+/// The next number of a xorshift64 sequence whose state is `seed` (not 0).
+pub fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
 }

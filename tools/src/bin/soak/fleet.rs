@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use pg_elector::LockKey;
 use pg_elector_harness::FaultProxy;
+use pg_elector_harness::replica::for_each_line;
+use pg_elector_tools::procfs::rss_kb;
 use rustix::process::{Pid, Signal, kill_process};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
@@ -372,26 +374,14 @@ impl Fleet {
         let stdout = process.stdout.take().expect("piped stdout");
         let stderr = process.stderr.take().expect("piped stderr");
         let stdin = process.stdin.take().expect("piped stdin");
-        tokio::spawn({
-            let board = self.board.clone();
-            async move {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some(event) = parse(index, &line) {
-                        board.push(event);
-                    }
-                }
+        let board = self.board.clone();
+        for_each_line(stdout, move |line| {
+            if let Some(event) = parse(index, &line) {
+                board.push(event);
             }
         });
-        tokio::spawn({
-            let board = self.board.clone();
-            async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    board.log(index, line);
-                }
-            }
-        });
+        let board = self.board.clone();
+        for_each_line(stderr, move |line| board.log(index, line));
         self.procs.push(Proc {
             slot,
             pid,
@@ -454,7 +444,7 @@ impl Fleet {
         for &index in &self.live {
             if let Some(proc) = self.procs.get_mut(index) {
                 if proc.ended.is_none() {
-                    if let Some(kb) = rss_kb(proc.pid) {
+                    if let Some(kb) = rss_kb(proc.pid.as_raw_nonzero().get()) {
                         proc.rss.push((at, kb));
                     }
                 }
@@ -471,14 +461,4 @@ impl Fleet {
             }
         }
     }
-}
-
-/// `VmRSS` of a process, in kB.
-fn rss_kb(pid: Pid) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero())).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kb| kb.parse().ok())
 }

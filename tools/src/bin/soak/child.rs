@@ -22,9 +22,13 @@
 //! `exhaust <ms>` (borrow every connection of the elector's pool for that long). The process
 //! exits when its stdin closes (the parent is gone).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use pg_elector::{Elector, LockKey};
+use pg_elector::Elector;
+pub(crate) use pg_elector_harness::replica::unix_us;
+use pg_elector_harness::replica::{
+    key_setting, log_to_stderr, ms_setting, on_current_thread, setting,
+};
 use pg_elector_harness::{config_with_addr, pool_from_config};
 use tokio_util::sync::CancellationToken;
 
@@ -50,14 +54,6 @@ pub(crate) const MARK: &str = "@soak ";
 /// A gap between two reads of the watcher after which it says `woke`.
 pub(crate) const WOKE_GAP_US: u64 = 100_000;
 
-/// µs since the UNIX epoch.
-pub(crate) fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
 fn say(what: &str) {
     println!("{MARK}{what}");
 }
@@ -69,11 +65,7 @@ fn epoch_text(epoch: Option<u64>) -> String {
 /// Runs one replica, with its settings in the environment, until a graceful shutdown or the
 /// end of its stdin.
 pub(crate) fn main() {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(replica());
+    on_current_thread(replica());
 }
 
 enum Command {
@@ -83,23 +75,12 @@ enum Command {
 }
 
 async fn replica() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
-    let env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let interval = Duration::from_millis(env(ENV_INTERVAL_MS).parse().expect("milliseconds"));
-    let (class, object) = env(ENV_KEY)
-        .split_once(',')
-        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
-        .expect("class,object");
-    let identity = env(ENV_IDENTITY);
-    let base: tokio_postgres::Config = env(ENV_URL).parse().expect("a connection URL");
-    let mut config = config_with_addr(&base, env(ENV_ADDR).parse().expect("a socket address"));
+    log_to_stderr("pg_elector=info");
+    let interval = ms_setting(ENV_INTERVAL_MS);
+    let key = key_setting(ENV_KEY);
+    let identity = setting(ENV_IDENTITY);
+    let base: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
+    let mut config = config_with_addr(&base, setting(ENV_ADDR).parse().expect("a socket address"));
     config.connect_timeout(Duration::from_secs(2));
     let named = |suffix: &str| {
         let mut c = config.clone();
@@ -108,7 +89,7 @@ async fn replica() {
     };
     let pool = pool_from_config(named("pool"), POOL_SIZE);
     let app = pool_from_config(named("app"), POOL_SIZE);
-    let elector = Elector::builder(pool.clone(), LockKey::new(class, object))
+    let elector = Elector::builder(pool.clone(), key)
         .check_interval(interval)
         .identity(identity.as_str())
         .fencing(true)
@@ -119,8 +100,34 @@ async fn replica() {
     tracing::info!(%identity, pid = std::process::id(), "soak replica starts");
     say(&format!("started {}", unix_us()));
 
-    // stdin: commands; its end means the parent is gone.
-    let (commands, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let received = read_commands();
+    std::thread::spawn({
+        let elector = elector.clone();
+        move || watch(&elector)
+    });
+    let shutdown = CancellationToken::new();
+    tokio::select! {
+        result = elector.run(shutdown.clone()) => {
+            if let Err(e) = result {
+                tracing::error!(error = %e, "run failed");
+            }
+        }
+        () = tick(&elector, &app, &identity, interval) => {}
+        () = obey(received, &elector, &pool, &shutdown) => {}
+    }
+    // Let the watcher report the demotion before saying goodbye.
+    let deadline = unix_us() + 200_000;
+    while elector.is_leader() && unix_us() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    say(&format!("exited {}", unix_us()));
+}
+
+/// The commands on stdin, read on a thread of their own; the process exits when stdin ends
+/// (the parent is gone).
+fn read_commands() -> tokio::sync::mpsc::UnboundedReceiver<Command> {
+    let (commands, received) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
             let Ok(line) = line else { break };
@@ -140,123 +147,113 @@ async fn replica() {
         }
         std::process::exit(0);
     });
+    received
+}
 
-    // The watcher: every change of `is_leader()`, read every millisecond, each read stamped
-    // on both sides. A term can end and the next begin between two reads (a leader whose
-    // lock session is terminated, with nobody waiting, takes the lock again within a
-    // millisecond): the epoch tells them apart, and the watcher reports the end of the one
-    // and the start of the other.
-    std::thread::spawn({
-        let elector = elector.clone();
-        move || {
-            let leadership = elector.subscribe();
-            let mut leading = false;
-            let mut led_epoch = None;
-            let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
-            loop {
-                let before = unix_us();
-                let now = elector.is_leader();
-                let after = unix_us();
-                // The term the watch shows; it may already be past the read (a demotion or
-                // a promotion since), which the next read settles.
-                let (watched, epoch) = {
-                    let l = leadership.borrow();
-                    (l.is_leader, l.epoch)
-                };
-                let epoch = if now { epoch } else { None };
-                let read = unix_us();
-                if before.saturating_sub(prev_after) > WOKE_GAP_US {
-                    say(&format!(
-                        "woke {before} {prev_after} {} {}",
-                        u8::from(now),
-                        epoch_text(epoch)
-                    ));
-                }
-                if now && leading && watched && led_epoch.is_none() {
-                    // Promoted before the watch showed it: its epoch is known now.
-                    led_epoch = epoch;
-                } else if now && leading && watched && epoch.is_some() && epoch != led_epoch {
-                    // The previous term led at the previous read and may have until this
-                    // one; the new one may have from the previous read on.
-                    say(&format!("standby {prev_before} {read}"));
-                    say(&format!(
-                        "leader {read} {prev_before} {}",
-                        epoch_text(epoch)
-                    ));
-                    led_epoch = epoch;
-                }
-                if now != leading {
-                    if now {
-                        say(&format!(
-                            "leader {after} {prev_before} {}",
-                            epoch_text(epoch)
-                        ));
-                    } else {
-                        say(&format!("standby {prev_before} {after}"));
-                    }
-                    leading = now;
-                    led_epoch = epoch;
-                }
-                (prev_before, prev_after) = (before, after);
-                std::thread::sleep(Duration::from_millis(1));
+/// The watcher: every change of `is_leader()`, read every millisecond, each read stamped on
+/// both sides. A term can end and the next begin between two reads (a leader whose lock
+/// session is terminated, with nobody waiting, takes the lock again within a millisecond): the
+/// epoch tells them apart, and the watcher reports the end of the one and the start of the
+/// other. Runs forever, on a thread of its own.
+fn watch(elector: &Elector) {
+    let leadership = elector.subscribe();
+    let mut leading = false;
+    let mut led_epoch = None;
+    let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
+    loop {
+        let before = unix_us();
+        let now = elector.is_leader();
+        let after = unix_us();
+        // The term the watch shows; it may already be past the read (a demotion or
+        // a promotion since), which the next read settles.
+        let (watched, epoch) = {
+            let l = leadership.borrow();
+            (l.is_leader, l.epoch)
+        };
+        let epoch = if now { epoch } else { None };
+        let read = unix_us();
+        if before.saturating_sub(prev_after) > WOKE_GAP_US {
+            say(&format!(
+                "woke {before} {prev_after} {} {}",
+                u8::from(now),
+                epoch_text(epoch)
+            ));
+        }
+        if now && leading && watched && led_epoch.is_none() {
+            // Promoted before the watch showed it: its epoch is known now.
+            led_epoch = epoch;
+        } else if now && leading && watched && epoch.is_some() && epoch != led_epoch {
+            // The previous term led at the previous read and may have until this
+            // one; the new one may have from the previous read on.
+            say(&format!("standby {prev_before} {read}"));
+            say(&format!(
+                "leader {read} {prev_before} {}",
+                epoch_text(epoch)
+            ));
+            led_epoch = epoch;
+        }
+        if now != leading {
+            if now {
+                say(&format!(
+                    "leader {after} {prev_before} {}",
+                    epoch_text(epoch)
+                ));
+            } else {
+                say(&format!("standby {prev_before} {after}"));
             }
+            leading = now;
+            led_epoch = epoch;
         }
-    });
-
-    // The ticker: every I/10, one fenced row through do_work.
-    let ticker = async {
-        let mut every = tokio::time::interval(interval / 10);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            every.tick().await;
-            let (app, identity) = (&app, identity.as_str());
-            let _ = elector
-                .do_work(|term| async move {
-                    if let Err(Refused::Fence(epoch)) = write(app, &term, identity).await {
-                        say(&format!("fenced {} {}", unix_us(), epoch_text(epoch)));
-                    }
-                    Ok::<_, std::convert::Infallible>(())
-                })
-                .await;
-        }
-    };
-
-    let shutdown = CancellationToken::new();
-    let commands = async {
-        while let Some(command) = received.recv().await {
-            match command {
-                Command::Stop => shutdown.cancel(),
-                Command::Resign(cooldown) => {
-                    let elector = elector.clone();
-                    tokio::spawn(async move {
-                        let led = elector.resign(cooldown).await;
-                        say(&format!("resigned {} {}", unix_us(), u8::from(led)));
-                    });
-                }
-                Command::Exhaust(hold) => {
-                    tokio::spawn(exhaust(pool.clone(), hold));
-                }
-            }
-        }
-        std::future::pending::<()>().await;
-    };
-
-    tokio::select! {
-        result = elector.run(shutdown.clone()) => {
-            if let Err(e) = result {
-                tracing::error!(error = %e, "run failed");
-            }
-        }
-        () = ticker => {}
-        () = commands => {}
+        (prev_before, prev_after) = (before, after);
+        std::thread::sleep(Duration::from_millis(1));
     }
-    // Let the watcher report the demotion before saying goodbye.
-    let deadline = unix_us() + 200_000;
-    while elector.is_leader() && unix_us() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+/// The ticker: every I/10, one fenced row through do_work.
+async fn tick(
+    elector: &Elector,
+    app: &deadpool_postgres::Pool,
+    identity: &str,
+    interval: Duration,
+) {
+    let mut every = tokio::time::interval(interval / 10);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        every.tick().await;
+        let _ = elector
+            .do_work(|term| async move {
+                if let Err(Refused::Fence(epoch)) = write(app, &term, identity).await {
+                    say(&format!("fenced {} {}", unix_us(), epoch_text(epoch)));
+                }
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .await;
     }
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    say(&format!("exited {}", unix_us()));
+}
+
+/// Carries out the commands until stdin ends; never returns.
+async fn obey(
+    mut received: tokio::sync::mpsc::UnboundedReceiver<Command>,
+    elector: &Elector,
+    pool: &deadpool_postgres::Pool,
+    shutdown: &CancellationToken,
+) {
+    while let Some(command) = received.recv().await {
+        match command {
+            Command::Stop => shutdown.cancel(),
+            Command::Resign(cooldown) => {
+                let elector = elector.clone();
+                tokio::spawn(async move {
+                    let led = elector.resign(cooldown).await;
+                    say(&format!("resigned {} {}", unix_us(), u8::from(led)));
+                });
+            }
+            Command::Exhaust(hold) => {
+                tokio::spawn(exhaust(pool.clone(), hold));
+            }
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Why a tick wrote nothing.

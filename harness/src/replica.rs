@@ -1,0 +1,580 @@
+//! Replicas as real processes, shared by `tests/processes.rs` and the tools' `failover` (the
+//! `replica` feature).
+//!
+//! Each replica is the running binary started again (as an ignored test, or with
+//! `--replica`: the binary decides how it enters [`child`]), with its settings in the
+//! environment. It runs one elector and a leader ticker and prints every transition and tick on
+//! stdout with a timestamp (µs since the UNIX epoch, so that the parent can compare it with its
+//! own clock):
+//!
+//! ```text
+//! @replica 1732900000123456 started
+//! @replica 1732900000125000 leader
+//! @replica 1732900000145000 tick
+//! @replica 1732900000190000 standby
+//! ```
+//!
+//! A watcher thread in the child reads `is_leader()` every millisecond, so a transition is
+//! stamped at most about 1 ms after it happened. A `tick` is stamped when `do_work` is called,
+//! before it looks at leadership.
+//!
+//! When the watcher finds that more than [`WOKE_GAP_US`] passed since its previous read (the
+//! process was stopped, or starved), it first says what that first read found, stamped just
+//! before the read: `woke leader` or `woke standby` (then the transition, if any, as usual).
+//! So a parent that SIGSTOPs a leader can tell whether it still led when it ran again.
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::{config_with_addr, pool_from_config};
+use pg_elector::{Elector, LockKey};
+use rustix::process::{Pid, Signal, kill_process};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The connection URL of the replica's database.
+pub const ENV_URL: &str = "PG_ELECTOR_REPLICA_URL";
+/// The address to connect to instead of the URL's (a fault proxy), if set.
+pub const ENV_ADDR: &str = "PG_ELECTOR_REPLICA_ADDR";
+/// The lock key, as `class,object`.
+pub const ENV_KEY: &str = "PG_ELECTOR_REPLICA_KEY";
+/// The check interval I in milliseconds.
+pub const ENV_INTERVAL_MS: &str = "PG_ELECTOR_REPLICA_INTERVAL_MS";
+/// The replica's name (`replica-<n>`), also its elector's identity.
+pub const ENV_NAME: &str = "PG_ELECTOR_REPLICA_NAME";
+/// Set: the elector fences, and each tick writes one fenced row into `replica_writes`
+/// (`replica text, epoch bigint, at timestamptz DEFAULT clock_timestamp()`), which the parent
+/// creates.
+pub const ENV_FENCED: &str = "PG_ELECTOR_REPLICA_FENCED";
+/// Set to a period in ms: the replica also runs a schedule with one job, `tick`, every that
+/// period (`CatchUp::All`), each run logged into `job_log` (`job text, due timestamptz,
+/// replica text, kind text`), which the parent creates.
+pub const ENV_JOB_MS: &str = "PG_ELECTOR_REPLICA_JOB_MS";
+/// Set: the elector runs with fast takeover.
+pub const ENV_FAST: &str = "PG_ELECTOR_REPLICA_FAST";
+const MARK: &str = "@replica ";
+/// A gap between two reads of the watcher (µs) after which it says `woke …`.
+pub const WOKE_GAP_US: u64 = 100_000;
+
+/// µs since the UNIX epoch.
+pub fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_micros() as u64
+}
+
+/// `d` in whole µs.
+pub fn us(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+// ---------------------------------------------------------------------------------------------
+// The child: one replica.
+
+/// Logs this process's tracing events on stderr, plain text, filtered by `RUST_LOG` or else
+/// by `default_filter`: what a replica process does first, so that its parent reads its lines.
+pub fn log_to_stderr(default_filter: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Spawns a task that hands every line of `reader` (a child's stdout or stderr) to `each`,
+/// until its end or a read error.
+pub fn for_each_line<R>(reader: R, mut each: impl FnMut(String) + Send + 'static)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(reader).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            each(line);
+        }
+    });
+}
+
+/// Runs one replica with its settings in the environment (see [`Fleet::spawn`]), on a
+/// current-thread runtime, until its shutdown or the end of its stdin.
+pub fn child() {
+    on_current_thread(child_main());
+}
+
+/// Runs `future` to its end on a current-thread runtime, what a replica process runs on.
+pub fn on_current_thread<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(future)
+}
+
+/// The environment variable `name` of a replica's settings; panics when it is not set.
+pub fn setting(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"))
+}
+
+/// The setting `name` as a lock key, `class,object`; panics when it is not one.
+pub fn key_setting(name: &str) -> LockKey {
+    let (class, object) = setting(name)
+        .split_once(',')
+        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
+        .expect("class,object");
+    LockKey::new(class, object)
+}
+
+/// The setting `name` as a number of milliseconds; panics when it is not one.
+pub fn ms_setting(name: &str) -> Duration {
+    Duration::from_millis(setting(name).parse().expect("milliseconds"))
+}
+
+fn say(at: u64, what: &str) {
+    println!("{MARK}{at} {what}");
+}
+
+async fn child_main() {
+    log_to_stderr("pg_elector=info");
+    let interval = ms_setting(ENV_INTERVAL_MS);
+    let key = key_setting(ENV_KEY);
+    let mut config: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
+    if let Ok(addr) = std::env::var(ENV_ADDR) {
+        config = config_with_addr(&config, addr.parse().expect("a socket address"));
+    }
+    let fenced = std::env::var(ENV_FENCED).is_ok();
+    let app = pool_from_config(config.clone(), 2);
+    let name = setting(ENV_NAME);
+    let elector = Elector::builder(pool_from_config(config, 2), key)
+        .check_interval(interval)
+        .identity(name.as_str())
+        .fencing(fenced)
+        .fast_takeover(std::env::var(ENV_FAST).is_ok())
+        .build()
+        .expect("a valid elector");
+    tracing::info!(name = %setting(ENV_NAME), pid = std::process::id(), "replica starts");
+    say(unix_us(), "started");
+
+    // stdin: `stop` asks for a graceful shutdown; end of file means the parent is gone.
+    let shutdown = CancellationToken::new();
+    std::thread::spawn({
+        let shutdown = shutdown.clone();
+        move || {
+            for line in std::io::stdin().lines() {
+                match line {
+                    Ok(line) if line.trim() == "stop" => shutdown.cancel(),
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+            std::process::exit(0);
+        }
+    });
+
+    if let Ok(ms) = std::env::var(ENV_JOB_MS) {
+        let period = Duration::from_millis(ms.parse().expect("milliseconds"));
+        let (app, name) = (app.clone(), name.clone());
+        let schedule = pg_elector::schedule::Schedule::new(&elector, app.clone())
+            .poll_interval(interval)
+            .job(
+                pg_elector::schedule::Job::every("tick", period)
+                    .catch_up(pg_elector::schedule::CatchUp::All),
+                move |run| {
+                    let (app, name) = (app.clone(), name.clone());
+                    async move {
+                        let client = app.get().await.map_err(|e| e.to_string())?;
+                        client
+                            .execute(
+                                "INSERT INTO job_log (job, due, replica, kind) VALUES ($1, $2, $3, $4)",
+                                &[&run.job, &run.due, &name, &format!("{:?}", run.kind)],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>(())
+                    }
+                },
+            );
+        tokio::spawn(schedule.run(shutdown.clone()));
+    }
+
+    // The watcher: every transition of `is_leader()`, read every millisecond.
+    let reported = Arc::new(AtomicBool::new(false));
+    std::thread::spawn({
+        let (elector, reported) = (elector.clone(), reported.clone());
+        move || {
+            let mut last = unix_us();
+            loop {
+                let before = unix_us();
+                let now = elector.is_leader();
+                if before.saturating_sub(last) > WOKE_GAP_US {
+                    say(before, if now { "woke leader" } else { "woke standby" });
+                }
+                last = before;
+                if now != reported.load(Ordering::Relaxed) {
+                    say(unix_us(), if now { "leader" } else { "standby" });
+                    reported.store(now, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+
+    // The leader ticker: a tick every I/10, stamped when do_work is called.
+    let ticker = async {
+        let mut every = tokio::time::interval(interval / 10);
+        loop {
+            every.tick().await;
+            let called = unix_us();
+            let (app, name) = (&app, &name);
+            let _ = elector
+                .do_work(|term| async move {
+                    say(called, "tick");
+                    if fenced {
+                        // Any failure (fenced, or the database unreachable) just skips the
+                        // write: the parent reads what landed.
+                        let _ = fenced_write(app, &term, name).await;
+                    }
+                    Ok::<_, Infallible>(())
+                })
+                .await;
+        }
+    };
+    tokio::select! {
+        result = elector.run(shutdown.clone()) => result.expect("run returns Ok"),
+        () = ticker => unreachable!(),
+    }
+    // Let the watcher report the demotion before saying goodbye.
+    while reported.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    say(unix_us(), "exited");
+}
+
+/// One fenced row of this replica's term, stamped by the server.
+async fn fenced_write(
+    app: &deadpool_postgres::Pool,
+    term: &pg_elector::Term,
+    name: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut client = app.get().await?;
+    let tx = client.transaction().await?;
+    term.fence(&tx).await?;
+    let epoch = term.epoch().map(|e| e as i64);
+    tx.execute(
+        "INSERT INTO replica_writes (replica, epoch) VALUES ($1, $2)",
+        &[&name, &epoch],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parent: a fleet of replica processes and what they said.
+
+/// What a replica said (or the parent did to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum What {
+    /// The process is up, its elector built.
+    Started,
+    /// `is_leader()` turned true.
+    Leader,
+    /// `is_leader()` turned false.
+    Standby,
+    /// The leader ticker called `do_work`.
+    Tick,
+    /// The elector's run returned after a graceful shutdown.
+    Exited,
+    /// Not said by the child: the parent SIGKILLed it at this time.
+    Killed,
+    /// The watcher's first read after a gap longer than [`WOKE_GAP_US`] (a stopped or starved
+    /// process), and whether it found the replica leading. Not a transition.
+    Woke {
+        /// Whether that read found it leading.
+        leading: bool,
+    },
+}
+
+/// One event of one replica.
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    /// The replica's index in its [`Fleet`].
+    pub replica: usize,
+    /// µs since the UNIX epoch.
+    pub at: u64,
+    /// What happened.
+    pub what: What,
+}
+
+/// Parses one stdout line of replica `replica`; `None` for any other line.
+pub fn parse(replica: usize, line: &str) -> Option<Event> {
+    let rest = &line[line.find(MARK)? + MARK.len()..];
+    let mut words = rest.split_whitespace();
+    let at = words.next()?.parse().ok()?;
+    let what = match words.next()? {
+        "started" => What::Started,
+        "leader" => What::Leader,
+        "standby" => What::Standby,
+        "tick" => What::Tick,
+        "exited" => What::Exited,
+        "woke" => What::Woke {
+            leading: words.next()? == "leader",
+        },
+        _ => return None,
+    };
+    Some(Event { replica, at, what })
+}
+
+/// What every replica said, in arrival order, and a signal for waiters.
+#[derive(Debug, Default)]
+pub struct Board {
+    /// Every event, in arrival order.
+    pub events: Mutex<Vec<Event>>,
+    /// Every stderr line, as `replica-<n>: <line>`.
+    pub logs: Mutex<Vec<String>>,
+    /// Bumped at every event.
+    pub version: watch::Sender<u64>,
+}
+
+impl Board {
+    /// Records `event` and wakes the waiters.
+    pub fn push(&self, event: Event) {
+        self.events.lock().unwrap().push(event);
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+/// One replica process.
+#[derive(Debug)]
+pub struct Proc {
+    /// The process.
+    pub child: Child,
+    /// Kept open: the child exits when it closes.
+    pub stdin: ChildStdin,
+    /// Its pid, for signals.
+    pub pid: Pid,
+}
+
+/// Replica processes; every one is SIGKILLed when the fleet is dropped.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The arguments that make the running binary enter [`child`].
+    pub entry: &'static [&'static str],
+    /// The connection URL every replica gets.
+    pub url: String,
+    /// The key every replica elects on.
+    pub key: LockKey,
+    /// Every replica's check interval.
+    pub interval: Duration,
+    /// What the replicas said.
+    pub board: Arc<Board>,
+    /// The processes, by index.
+    pub procs: Vec<Proc>,
+    /// Replicas spawned from now on fence and write (see [`ENV_FENCED`]).
+    pub fenced: bool,
+    /// Replicas spawned from now on run a job every this many ms (see [`ENV_JOB_MS`]).
+    pub job_ms: Option<u64>,
+    /// Replicas spawned from now on run with fast takeover (see [`ENV_FAST`]).
+    pub fast: bool,
+}
+
+impl Fleet {
+    /// No process yet: replicas of the running binary started with `entry`, electing on `key`
+    /// at `url` every `interval`.
+    pub fn new(
+        entry: &'static [&'static str],
+        url: String,
+        key: LockKey,
+        interval: Duration,
+    ) -> Self {
+        Self {
+            entry,
+            url,
+            key,
+            interval,
+            board: Arc::default(),
+            procs: Vec::new(),
+            fenced: false,
+            job_ms: None,
+            fast: false,
+        }
+    }
+
+    /// Starts a replica, connecting straight to the server, or to `via` (a proxy).
+    pub fn spawn(&mut self, via: Option<SocketAddr>) -> usize {
+        let index = self.procs.len();
+        let name = format!("replica-{index}");
+        let mut command = Command::new(std::env::current_exe().expect("this binary"));
+        command
+            .args(self.entry)
+            .env(ENV_URL, &self.url)
+            .env(
+                ENV_KEY,
+                format!("{},{}", self.key.class(), self.key.object()),
+            )
+            .env(ENV_INTERVAL_MS, self.interval.as_millis().to_string())
+            .env(ENV_NAME, &name)
+            .env_remove(ENV_ADDR)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(addr) = via {
+            command.env(ENV_ADDR, addr.to_string());
+        }
+        if self.fenced {
+            command.env(ENV_FENCED, "1");
+        } else {
+            command.env_remove(ENV_FENCED);
+        }
+        match self.job_ms {
+            Some(ms) => command.env(ENV_JOB_MS, ms.to_string()),
+            None => command.env_remove(ENV_JOB_MS),
+        };
+        if self.fast {
+            command.env(ENV_FAST, "1");
+        } else {
+            command.env_remove(ENV_FAST);
+        }
+        let mut child = command.spawn().expect("start a replica process");
+        let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let board = self.board.clone();
+        for_each_line(stdout, move |line| {
+            if let Some(event) = parse(index, &line) {
+                board.push(event);
+            }
+        });
+        let board = self.board.clone();
+        for_each_line(stderr, move |line| {
+            board.logs.lock().unwrap().push(format!("{name}: {line}"));
+        });
+        self.procs.push(Proc { child, stdin, pid });
+        index
+    }
+
+    /// Sends `signal` to a replica; returns the time just before.
+    pub fn try_signal(&self, replica: usize, signal: Signal) -> rustix::io::Result<u64> {
+        let at = unix_us();
+        kill_process(self.procs[replica].pid, signal)?;
+        Ok(at)
+    }
+
+    /// Sends `signal` to a replica; returns the time just before. Panics if that fails.
+    pub fn signal(&self, replica: usize, signal: Signal) -> u64 {
+        self.try_signal(replica, signal)
+            .expect("signal the replica")
+    }
+
+    /// SIGKILLs a replica without waiting for it; returns the time, which is also recorded as
+    /// its last event.
+    pub fn try_sigkill(&self, replica: usize) -> rustix::io::Result<u64> {
+        let at = self.try_signal(replica, Signal::KILL)?;
+        self.board.push(Event {
+            replica,
+            at,
+            what: What::Killed,
+        });
+        Ok(at)
+    }
+
+    /// SIGKILLs a replica and waits for it; returns the time, which is also recorded as its
+    /// last event.
+    pub async fn kill(&mut self, replica: usize) -> u64 {
+        let at = self.try_sigkill(replica).expect("signal the replica");
+        self.reap(replica).await;
+        at
+    }
+
+    /// Waits for a replica's process to end.
+    pub async fn reap(&mut self, replica: usize) {
+        let _ = self.procs[replica].child.wait().await;
+    }
+
+    /// Asks a replica for a graceful shutdown (`stop` on its stdin).
+    pub async fn stop(&mut self, replica: usize) -> std::io::Result<()> {
+        let stdin = &mut self.procs[replica].stdin;
+        stdin.write_all(b"stop\n").await?;
+        stdin.flush().await
+    }
+
+    /// A copy of every event so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.board.events.lock().unwrap().clone()
+    }
+
+    /// Waits until `found` finds something in the events, at most `limit`.
+    pub async fn wait<R>(
+        &self,
+        limit: Duration,
+        mut found: impl FnMut(&[Event]) -> Option<R>,
+    ) -> Option<R> {
+        let mut changed = self.board.version.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            changed.borrow_and_update();
+            if let Some(r) = found(&self.board.events.lock().unwrap()) {
+                return Some(r);
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- replica events ---");
+            for e in self.events() {
+                eprintln!("{} replica-{} {:?}", e.at, e.replica, e.what);
+            }
+            eprintln!("--- replica logs ---");
+            for line in self.board.logs.lock().unwrap().iter() {
+                eprintln!("{line}");
+            }
+        }
+        for proc in &mut self.procs {
+            let _ = proc.child.start_kill();
+        }
+    }
+}
+
+/// The replicas whose last transition says they lead.
+pub fn leaders(events: &[Event], n: usize) -> Vec<usize> {
+    let mut leading = vec![false; n];
+    for e in events {
+        match e.what {
+            What::Leader => leading[e.replica] = true,
+            What::Standby | What::Killed | What::Exited => leading[e.replica] = false,
+            What::Started | What::Tick | What::Woke { .. } => {}
+        }
+    }
+    (0..n).filter(|&i| leading[i]).collect()
+}
+
+/// The leadership transitions (leader, standby, killed) in time order; at equal stamps, the end
+/// of one term before the start of another.
+pub fn transitions(events: &[Event]) -> Vec<Event> {
+    let mut transitions: Vec<Event> = events
+        .iter()
+        .filter(|e| matches!(e.what, What::Leader | What::Standby | What::Killed))
+        .copied()
+        .collect();
+    transitions.sort_by_key(|e| (e.at, e.what == What::Leader));
+    transitions
+}

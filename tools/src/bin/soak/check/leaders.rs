@@ -1,0 +1,247 @@
+//! The checks of who led: nobody for too long, two at once, per fault, the demotions of the
+//! leaders the faults hit, and frozen leaders on resume.
+
+use super::intervals::{Iv, extend, normalize, subtract, within};
+use super::lead::two_leaders;
+use super::{Analysis, Checker, Violation, ms, names, us};
+use crate::faults::Kind;
+use crate::fleet::What;
+
+impl Checker<'_> {
+    /// Nobody leads, past what the faults excuse; where nobody led.
+    pub(super) fn nobody_led(&self, a: &mut Analysis) -> Vec<Iv> {
+        let (input, i, slack, faults) = (self.input, self.i, self.slack, self.input.faults);
+        let lead = &self.lead;
+        let latest_fault = |t: u64| self.latest_fault(t);
+        let (machine, windows) = (&self.ex.machine, &self.ex.windows);
+        let leaderless_excused = &self.ex.leaderless_excused;
+        let union = normalize(lead.possible.iter().flatten().copied().collect());
+        a.first_leader = union.first().map(|iv| iv.0);
+        let boot_limit = input.start + 10_000_000;
+        let from = match a.first_leader {
+            Some(t) if t <= boot_limit => t,
+            _ => {
+                a.violations.push(Violation {
+                    at: input.start,
+                    what: "no replica led within 10 s of the start".into(),
+                    fault: None,
+                    replicas: Vec::new(),
+                });
+                a.first_leader.unwrap_or(input.end)
+            }
+        };
+        let leaderless = subtract(&[(from, input.end)], &union);
+        for &gap in &leaderless {
+            for piece in subtract(&[gap], leaderless_excused) {
+                let len = piece.1 - piece.0;
+                if piece.0 == gap.0 {
+                    // Nothing explains how it started: a leader that stepped down by itself (a
+                    // check slower than I on a loaded machine) is allowed its next try.
+                    let allowed = extend((piece.0, piece.0 + us(i) + slack), machine);
+                    if piece.1 > allowed.1 {
+                        a.violations.push(Violation {
+                            at: piece.0,
+                            what: format!(
+                                "nobody led for {} ms with no fault to explain it (allowed: a \
+                                 spontaneous demotion, 1·I + slack = {} ms)",
+                                ms(len),
+                                ms(us(i) + slack)
+                            ),
+                            fault: latest_fault(piece.0),
+                            replicas: Vec::new(),
+                        });
+                    } else {
+                        a.unprovoked.push(piece);
+                    }
+                } else if len > 1_000 {
+                    let fault = windows
+                        .iter()
+                        .filter(|(w, _)| w.1 <= piece.0 && w.1 >= gap.0)
+                        .max_by_key(|(w, _)| w.1)
+                        .map(|&(_, id)| id);
+                    let what = match fault {
+                        Some(id) => format!(
+                            "nobody led for {} ms past the bound of fault #{id} ({}, bound {} + \
+                             slack); the gap began {} ms after its injection",
+                            ms(len),
+                            faults[id].kind.name(),
+                            faults[id].kind.bound_text(),
+                            ms(gap.0.saturating_sub(faults[id].inject))
+                        ),
+                        None => format!("nobody led for {} ms past every fault's bound", ms(len)),
+                    };
+                    a.violations.push(Violation {
+                        at: piece.0,
+                        what,
+                        fault,
+                        replicas: fault
+                            .and_then(|id| faults[id].replica)
+                            .into_iter()
+                            .collect(),
+                    });
+                }
+            }
+        }
+        leaderless
+    }
+
+    /// Two lead at once, past what the faults excuse; where they did.
+    pub(super) fn two_led(&self, a: &mut Analysis) -> Vec<Iv> {
+        let faults = self.input.faults;
+        let lead = &self.lead;
+        let latest_fault = |t: u64| self.latest_fault(t);
+        let overlap_excused = &self.ex.overlap_excused;
+        let two = two_leaders(lead);
+        let two_ivs = normalize(two.iter().map(|(iv, _)| *iv).collect());
+        for (iv, who) in &two {
+            if within(overlap_excused, *iv) > 0 {
+                a.excused_overlaps
+                    .push((*iv, who.clone(), latest_fault(iv.0)));
+            }
+            for piece in subtract(&[*iv], overlap_excused) {
+                a.violations.push(Violation {
+                    at: piece.0,
+                    what: format!(
+                        "{} led at once for {} ms{}",
+                        names(who),
+                        ms(piece.1 - piece.0),
+                        match latest_fault(piece.0) {
+                            Some(id) => format!(
+                                " ({} ms after fault #{id}, {}, which allows no overlap)",
+                                ms(piece.0 - faults[id].inject),
+                                faults[id].kind.name()
+                            ),
+                            None => String::new(),
+                        }
+                    ),
+                    fault: latest_fault(piece.0),
+                    replicas: who.clone(),
+                });
+            }
+        }
+        two_ivs
+    }
+
+    /// Per fault, from its injection to the next one's: nobody leading, two leading.
+    pub(super) fn per_fault(&self, a: &mut Analysis, leaderless: &[Iv], two_ivs: &[Iv]) {
+        let (input, faults) = (self.input, self.input.faults);
+        for (k, f) in faults.iter().enumerate() {
+            let next = faults
+                .get(k + 1)
+                .map_or(input.end, |n| n.inject.max(f.inject));
+            let span = (f.inject, next.min(input.end).max(f.inject));
+            a.leaderless.push(within(leaderless, span));
+            a.two_leaders.push(within(two_ivs, span));
+        }
+    }
+
+    /// The leader a fault hit demotes within its bound.
+    pub(super) fn demotions(&self, a: &mut Analysis) {
+        let (i, slack, faults) = (self.i, self.slack, self.input.faults);
+        let lead = &self.lead;
+        let stalled = &self.ex.stalled;
+        let deaf = |p: usize, t: u64| self.deaf(p, t);
+        for f in faults {
+            let b = f.kind.bound(i);
+            let (Some(demote), Some(p), true) = (b.demote, f.replica, f.on_leader) else {
+                continue;
+            };
+            if p >= lead.possible_terms.len() {
+                continue;
+            }
+            // A partition healed before the bound proves nothing; a session ended while its
+            // leader could not hear it is judged by the partition's or the freeze's bound.
+            if f.kind == Kind::Partition && f.heal < f.inject + us(demote) + slack {
+                continue;
+            }
+            if f.kind != Kind::Partition && deaf(p, f.inject) {
+                continue;
+            }
+            let deadline = extend((f.inject, f.inject + us(demote) + slack), &stalled[p]).1;
+            let Some(&(_, end)) = lead.possible_terms[p]
+                .iter()
+                .find(|&&(s, e)| s <= f.inject && f.inject < e)
+            else {
+                continue;
+            };
+            let stopped = within(
+                &lead.stops[p],
+                (f.inject.saturating_sub(1_000_000), deadline),
+            ) > 0;
+            if end > deadline && !stopped {
+                a.violations.push(Violation {
+                    at: deadline,
+                    what: format!(
+                        "replica-{p} still led {} ms after fault #{} ({}; bound {} ms + slack + \
+                         {} ms stalled)",
+                        ms(end - f.inject),
+                        f.id,
+                        f.kind.name(),
+                        ms(us(demote)),
+                        ms(deadline - f.inject - us(demote) - slack)
+                    ),
+                    fault: Some(f.id),
+                    replicas: vec![p],
+                });
+            }
+        }
+    }
+
+    /// A leader frozen for longer than 3·I never acts as leader on resume.
+    pub(super) fn frozen(&self, a: &mut Analysis) {
+        let (input, i, faults) = (self.input, self.i, self.input.faults);
+        let frozen_limit = us(i * 3) + 50_000;
+        for f in faults
+            .iter()
+            .filter(|f| f.kind == Kind::Stop && f.on_leader)
+        {
+            let (Some(p), Some(epoch)) = (f.replica, f.epoch) else {
+                continue;
+            };
+            if us(f.param) <= frozen_limit || f.heal <= f.inject {
+                continue;
+            }
+            let woke = input
+                .events
+                .iter()
+                .filter(|e| e.replica == p && e.at >= f.heal && e.at <= f.heal + 2_000_000)
+                .filter_map(|e| match e.what {
+                    What::Woke { leading, epoch, .. } => Some((e.at, leading, epoch)),
+                    _ => None,
+                })
+                .min_by_key(|w| w.0);
+            if let Some((at, true, Some(e))) = woke {
+                if e == epoch {
+                    a.violations.push(Violation {
+                        at,
+                        what: format!(
+                            "replica-{p}, frozen {} ms while leading (epoch {epoch}), still read \
+                             as leader on resume",
+                            f.param.as_millis()
+                        ),
+                        fault: Some(f.id),
+                        replicas: vec![p],
+                    });
+                }
+            }
+            let resumed = (f.heal as i64 + input.offset) as u64 + 5_000;
+            if let Some(row) = input
+                .rows
+                .iter()
+                .find(|r| r.epoch == epoch as i64 && r.at > resumed)
+            {
+                a.violations.push(Violation {
+                    at: (row.at as i64 - input.offset) as u64,
+                    what: format!(
+                        "replica-{p}, frozen {} ms while leading (epoch {epoch}), wrote a row of that \
+                         epoch {} ms after the SIGCONT",
+                        f.param.as_millis(),
+                        ms(row.at - resumed + 5_000)
+                    ),
+                    fault: Some(f.id),
+                    replicas: vec![p],
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! What the injector, the fault tasks and the checkpoints share, and the quiet moments they
+//! wait for.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pg_elector::LockKey;
+use pg_elector_harness::PgServer;
+
+use crate::check::{Checkpoint, Violation};
+use crate::child::unix_us;
+use crate::db;
+use crate::faults::{Claims, Fault};
+use crate::fleet::{self, Board, Fleet};
+use crate::options::Options;
+
+/// What the injector, the fault tasks and the checkpoints share.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    /// The run's options.
+    pub(crate) options: Options,
+    /// The lock key.
+    pub(crate) key: LockKey,
+    /// The replica processes.
+    pub(crate) fleet: tokio::sync::Mutex<Fleet>,
+    /// The live process of each slot (a copy of the fleet's, readable without waiting).
+    pub(crate) live: Mutex<Vec<usize>>,
+    /// What the replicas said.
+    pub(crate) board: Arc<Board>,
+    /// Every fault so far.
+    pub(crate) faults: Mutex<Vec<Fault>>,
+    /// Slots and server held by running faults.
+    pub(crate) claims: Mutex<Claims>,
+    /// The server.
+    pub(crate) server: Arc<PgServer>,
+    /// The soak database, straight to the server.
+    pub(crate) db: tokio_postgres::Config,
+    /// Violations seen while the faults ran (a graceful shutdown that hung).
+    pub(crate) runtime_violations: Mutex<Vec<Violation>>,
+    /// The backends at quiet moments.
+    pub(crate) checkpoints: Mutex<Vec<Checkpoint>>,
+}
+
+impl Ctx {
+    /// Whether some fault is still running (not healed, or its slot not respawned).
+    pub(crate) fn any_active(&self) -> bool {
+        self.faults.lock().unwrap().iter().any(|f| !f.done)
+    }
+
+    /// When the latest fault healed.
+    pub(crate) fn last_heal(&self) -> u64 {
+        self.faults
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.heal)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every slot's process has started, none is stopped, exactly one leads (any number
+    /// under `--sabotage split-key`, where they all lead).
+    pub(crate) fn steady(&self) -> bool {
+        let live = self.live.lock().unwrap().clone();
+        live.iter().all(|&p| {
+            let s = self.board.state(p);
+            s.started && !s.stopped && !s.ended
+        }) && (self.board.leaders().len() == 1 || self.options.split_key)
+    }
+
+    /// Waits (at most `limit`) until no fault runs and the fleet is steady.
+    pub(crate) async fn quiet(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if !self.any_active() && self.steady() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    /// A quiet moment long after the last heal: counts the backends, samples the memory.
+    pub(crate) async fn checkpoint(&self) {
+        let settle = Duration::from_secs(2) + self.options.interval * 2;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let since = unix_us().saturating_sub(self.last_heal());
+            if self.quiet(Duration::from_secs(30)).await && since >= settle.as_micros() as u64 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                eprintln!("soak: no quiet moment for a checkpoint within 60 s; counting anyway");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let Ok(client) = db::connect(&self.db).await else {
+            eprintln!("soak: checkpoint: cannot connect");
+            return;
+        };
+        let Ok(backends) = db::backends(&client).await else {
+            eprintln!("soak: checkpoint: cannot count the backends");
+            return;
+        };
+        let live = self.live.lock().unwrap().clone();
+        self.fleet.lock().await.sample_rss();
+        self.checkpoints.lock().unwrap().push(Checkpoint {
+            at: unix_us(),
+            backends,
+            live,
+        });
+    }
+
+    /// A replica that exited with no fault of the soak's ending it (a panic, `run` failing)
+    /// is a violation; its slot gets a new process so that the run goes on.
+    pub(crate) async fn respawn_the_dead(&self) {
+        let slots = self.claims.lock().unwrap().slots.clone();
+        let mut fleet = self.fleet.lock().await;
+        for (slot, &claimed) in slots.iter().enumerate() {
+            let replica = fleet.live[slot];
+            if claimed || !fleet.exited(replica) {
+                continue;
+            }
+            let at = fleet.procs[replica].ended.unwrap_or_else(unix_us);
+            self.runtime_violations.lock().unwrap().push(Violation {
+                at,
+                what: format!("replica-{replica} exited with no fault ending it"),
+                fault: None,
+                replicas: vec![replica],
+            });
+            // Ends its term and its state, as a kill would.
+            self.board.push(fleet::Event {
+                replica,
+                at,
+                what: fleet::What::Killed,
+            });
+            let fast = fleet.procs[replica].fast;
+            let index = fleet.spawn(slot, fast);
+            self.live.lock().unwrap()[slot] = index;
+        }
+    }
+}

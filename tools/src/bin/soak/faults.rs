@@ -1,0 +1,281 @@
+//! The faults: their kinds, the bounds the README documents for each, and what the injector
+//! draws for one.
+
+use std::time::Duration;
+
+use pg_elector_tools::rng::Rng;
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    /// SIGKILL a replica, respawn it after a random delay.
+    Kill,
+    /// SIGSTOP a replica for a random time, then SIGCONT.
+    Stop,
+    /// `pg_terminate_backend` of the lock session.
+    TerminateLock,
+    /// `pg_terminate_backend` of a random backend of a replica.
+    TerminateRandom,
+    /// Blackhole one replica's proxy for a random time, then pass again.
+    Partition,
+    /// Reset every connection of one replica's proxy.
+    Reset,
+    /// `pg_ctl restart -m fast`.
+    RestartFast,
+    /// `pg_ctl restart -m immediate` (a crash and recovery).
+    RestartImmediate,
+    /// Dummy borrowers hold every connection of a replica's elector pool for a random time.
+    Exhaust,
+    /// Graceful shutdown of a replica (`stop` on its stdin), respawned after a random delay.
+    Graceful,
+    /// `Elector::resign` with a random cooldown.
+    Resign,
+}
+
+/// When a leader must be back, and how long two may lead, after one fault (README, "Guarantees,
+/// in multiples of I"). Every time gets the run's slack on top.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bound {
+    /// A leader again by `inject + from_inject` …
+    pub(crate) from_inject: Duration,
+    /// … or `heal + after_heal`, whichever is later.
+    pub(crate) after_heal: Duration,
+    /// Two leaders at once allowed within this of the injection; zero: never.
+    pub(crate) overlap: Duration,
+    /// The leader it hit demotes within this of the injection.
+    pub(crate) demote: Option<Duration>,
+}
+
+/// The demotion allowed when the server ends a live leader's session (1 ms + scheduling in the
+/// README), as 100 ms (plus the slack); and how long a leader that could not hear it (frozen,
+/// partitioned) may go on leading once it can.
+pub(crate) const SESSION_ENDED: Duration = Duration::from_millis(100);
+
+impl Kind {
+    /// Every kind, in the report's order.
+    pub(crate) const ALL: [Kind; 11] = [
+        Kind::Kill,
+        Kind::Stop,
+        Kind::TerminateLock,
+        Kind::TerminateRandom,
+        Kind::Partition,
+        Kind::Reset,
+        Kind::RestartFast,
+        Kind::RestartImmediate,
+        Kind::Exhaust,
+        Kind::Graceful,
+        Kind::Resign,
+    ];
+
+    /// The kinds a name on the command line stands for.
+    pub(crate) fn by_name(name: &str) -> Result<Vec<Kind>, String> {
+        Ok(match name {
+            "all" => Kind::ALL.to_vec(),
+            "terminate" => vec![Kind::TerminateLock, Kind::TerminateRandom],
+            "restart" => vec![Kind::RestartFast, Kind::RestartImmediate],
+            "sigkill" => vec![Kind::Kill],
+            "sigstop" | "freeze" => vec![Kind::Stop],
+            "blackhole" => vec![Kind::Partition],
+            other => vec![
+                *Kind::ALL
+                    .iter()
+                    .find(|k| k.name() == other)
+                    .ok_or_else(|| format!("unknown fault {other:?}"))?,
+            ],
+        })
+    }
+
+    /// The kind's name on the command line.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Kill => "kill",
+            Kind::Stop => "stop",
+            Kind::TerminateLock => "terminate-lock",
+            Kind::TerminateRandom => "terminate-random",
+            Kind::Partition => "partition",
+            Kind::Reset => "reset",
+            Kind::RestartFast => "restart-fast",
+            Kind::RestartImmediate => "restart-immediate",
+            Kind::Exhaust => "exhaust",
+            Kind::Graceful => "graceful",
+            Kind::Resign => "resign",
+        }
+    }
+
+    /// The kind as the report's table names it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kind::Kill => "SIGKILL, respawn",
+            Kind::Stop => "SIGSTOP, SIGCONT",
+            Kind::TerminateLock => "terminate the lock session",
+            Kind::TerminateRandom => "terminate a random backend",
+            Kind::Partition => "partition (blackhole), heal",
+            Kind::Reset => "proxy reset",
+            Kind::RestartFast => "server restart, fast",
+            Kind::RestartImmediate => "server restart, immediate",
+            Kind::Exhaust => "pool exhausted",
+            Kind::Graceful => "graceful restart",
+            Kind::Resign => "resign",
+        }
+    }
+
+    /// How often it is drawn, relative to the others (a server restart hits every replica and
+    /// takes a while: half as often).
+    pub(crate) fn weight(self) -> u64 {
+        match self {
+            Kind::RestartFast | Kind::RestartImmediate => 1,
+            _ => 2,
+        }
+    }
+
+    /// Whether it hits the whole fleet rather than one replica.
+    pub(crate) fn server_wide(self) -> bool {
+        matches!(self, Kind::RestartFast | Kind::RestartImmediate)
+    }
+
+    /// Whether it needs a private server (it restarts it).
+    pub(crate) fn needs_private(self) -> bool {
+        self.server_wide()
+    }
+
+    /// Whether it ends the process, so that it cannot hit the slot kept alive.
+    pub(crate) fn ends_process(self) -> bool {
+        matches!(self, Kind::Kill | Kind::Graceful)
+    }
+
+    /// Whether it hits one replica's slot (and so claims it while it lasts).
+    pub(crate) fn per_slot(self) -> bool {
+        !matches!(
+            self,
+            Kind::TerminateLock
+                | Kind::TerminateRandom
+                | Kind::RestartFast
+                | Kind::RestartImmediate
+        )
+    }
+
+    /// The bound at check interval `i` (README, "Guarantees, in multiples of I").
+    pub(crate) fn bound(self, i: Duration) -> Bound {
+        let b = |from_inject, after_heal, overlap, demote| Bound {
+            from_inject,
+            after_heal,
+            overlap,
+            demote,
+        };
+        let zero = Duration::ZERO;
+        let graceful = Some(SESSION_ENDED);
+        match self {
+            // New leader ≤ 1·I after the server sees the socket close; never two.
+            Kind::Kill => b(i, zero, zero, None),
+            // New leader ≤ 5·I; a leader frozen longer than 3·I never acts on resume (checked
+            // apart); after the SIGCONT, the next try within I.
+            Kind::Stop => b(i * 5, i, zero, None),
+            // The old leader demotes within 1 ms + scheduling, before the new term begins (a
+            // grant that was not handed over waits 5 ms): never two; a new leader ≤ 1·I. A
+            // leader that cannot hear (frozen, partitioned) is judged apart.
+            Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset => {
+                b(i, zero, zero, Some(SESSION_ENDED))
+            }
+            // Old demoted ≤ 2·I, new leader ≤ 5·I, never two; after the heal the old session's
+            // close reaches the server, and the next try comes within I.
+            Kind::Partition => b(i * 5, i, zero, Some(i * 2)),
+            // All demote at once; a new leader ≤ 1·I after the server accepts again; never two.
+            Kind::RestartFast | Kind::RestartImmediate => b(zero, i, zero, Some(SESSION_ENDED)),
+            // A standby that cannot borrow does not try: only a leader within I of the end.
+            Kind::Exhaust => b(zero, i, zero, None),
+            // Demoted at once; drain ≤ I (the drain timeout), unlock, new leader ≤ 1·I after.
+            Kind::Graceful | Kind::Resign => b(i * 2, zero, zero, graceful),
+        }
+    }
+
+    /// The bound as the report's table shows it.
+    pub(crate) fn bound_text(self) -> &'static str {
+        match self {
+            Kind::Kill => "≤ 1·I / never",
+            Kind::Stop => "≤ 5·I, SIGCONT + 1·I / never",
+            Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset => "≤ 1·I / never",
+            Kind::Partition => "≤ 5·I, heal + 1·I / never",
+            Kind::RestartFast | Kind::RestartImmediate => "accepting + 1·I / never",
+            Kind::Exhaust => "end + 1·I / never",
+            Kind::Graceful | Kind::Resign => "≤ 2·I (drain + 1·I) / never",
+        }
+    }
+}
+
+/// One injected fault.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    /// Its number in the run (from 0).
+    pub(crate) id: usize,
+    /// What it was.
+    pub(crate) kind: Kind,
+    /// The replica process it hit (for a terminate: the backend's owner).
+    pub(crate) replica: Option<usize>,
+    /// Whether it hit the leader (or the lock session); always for a server restart.
+    pub(crate) on_leader: bool,
+    /// The epoch of the leader it hit, at the injection.
+    pub(crate) epoch: Option<u64>,
+    /// How long it lasted (stop, partition, exhaust), the cooldown (resign) or the respawn
+    /// delay (kill, graceful).
+    pub(crate) param: Duration,
+    /// When it took effect (µs, this machine's clock): the signal, the query, the restart's
+    /// start; for a proxy fault, when the proxy acted (see `inject::proxy_acted`).
+    pub(crate) inject: u64,
+    /// How much later than asked a proxy fault took effect (the soak's own process starved).
+    pub(crate) lag: u64,
+    /// When it was over (SIGCONT, pass, the server accepting again, the borrowers gone); the
+    /// injection for the instantaneous ones.
+    pub(crate) heal: u64,
+    /// Its task is over (the slot respawned, the claim released).
+    pub(crate) done: bool,
+    /// Earlier faults were still in effect when it started.
+    pub(crate) overlapped: bool,
+    /// What else is worth saying (the terminated backend, a failed restart).
+    pub(crate) note: String,
+}
+
+/// What the injector drew for one fault (all from the seed).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    /// The kind.
+    pub(crate) kind: Kind,
+    /// Aim at the leader (else at a random replica).
+    pub(crate) at_leader: bool,
+    /// Picks among the candidates (replicas, backends).
+    pub(crate) pick: u64,
+    /// Its length, cooldown or respawn delay.
+    pub(crate) param: Duration,
+    /// With `--mode mixed`, whether a respawned replica gets fast takeover.
+    pub(crate) fast: bool,
+}
+
+/// The slots and the server, while a fault holds them.
+#[derive(Debug)]
+pub(crate) struct Claims {
+    /// Per slot.
+    pub(crate) slots: Vec<bool>,
+    /// A restart runs.
+    pub(crate) server: bool,
+}
+
+/// Draws the parameter of a fault of `kind` at interval `i`.
+pub(crate) fn draw_param(kind: Kind, i: Duration, rng: &mut Rng) -> Duration {
+    let ms = |d: Duration| d.as_millis() as u64;
+    let between = |rng: &mut Rng, lo: Duration, hi: Duration| {
+        Duration::from_millis(rng.between(ms(lo), ms(hi)))
+    };
+    match kind {
+        Kind::Kill | Kind::Graceful => between(rng, Duration::ZERO, i),
+        // From short (the old leader still leads on resume) to well past 3·I (it must not).
+        Kind::Stop => between(rng, (i / 2).max(Duration::from_millis(150)), i * 6),
+        // From shorter than the old leader's 2·I to longer than the server's 4·I.
+        Kind::Partition => between(rng, i / 2, i * 8),
+        Kind::Exhaust => between(rng, i, i * 4),
+        Kind::Resign => between(rng, Duration::ZERO, i * 4),
+        _ => {
+            // Keep the number of draws the same for every kind.
+            rng.next_u64();
+            Duration::ZERO
+        }
+    }
+}
