@@ -9,7 +9,7 @@
 #![cfg(unix)]
 
 mod common;
-mod replica;
+use pg_elector_harness::replica;
 
 use std::time::Duration;
 
@@ -49,8 +49,23 @@ fn new_fleet(db: &TestDb, key: LockKey, interval: Duration) -> Fleet {
     Fleet::new(CHILD, db.url(), key, interval)
 }
 
-impl Fleet {
+/// What the tests wait for among the harness's fleet of replica processes.
+trait Waits {
     /// Waits until every replica has started and exactly one leads; returns it.
+    async fn one_leader(&self) -> usize;
+
+    /// Waits until `leader` has ticked one I after the last replica started, so that every
+    /// standby is past its first try and on its periodic ones.
+    async fn settled(&self, leader: usize);
+
+    /// Waits for the first event `what` of a replica other than `not` stamped after `after`.
+    async fn first(&self, limit: Duration, what: What, not: Option<usize>, after: u64) -> Event;
+
+    /// Waits for the first event `what` of `replica` stamped after `after`.
+    async fn first_of(&self, limit: Duration, what: What, replica: usize, after: u64) -> Event;
+}
+
+impl Waits for Fleet {
     async fn one_leader(&self) -> usize {
         let n = self.procs.len();
         self.wait(STARTUP, |events| {
@@ -62,8 +77,6 @@ impl Fleet {
         .unwrap_or_else(|| panic!("no single leader among {n} replicas within {STARTUP:?}"))
     }
 
-    /// Waits until `leader` has ticked one I after the last replica started, so that every
-    /// standby is past its first try and on its periodic ones.
     async fn settled(&self, leader: usize) {
         let started = self
             .events()
@@ -76,7 +89,6 @@ impl Fleet {
             .await;
     }
 
-    /// Waits for the first event `what` of a replica other than `not` stamped after `after`.
     async fn first(&self, limit: Duration, what: What, not: Option<usize>, after: u64) -> Event {
         self.wait(limit, |events| {
             events
