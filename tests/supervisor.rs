@@ -26,6 +26,13 @@ fn fast_policy() -> RestartPolicy {
         .budget(4, Duration::from_secs(60))
 }
 
+/// Runs `supervisor` in a spawned task until the returned token is cancelled.
+fn spawn_run(supervisor: Supervisor) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    (shutdown, task)
+}
+
 /// A supervisor with two workers: `pg-elector` runs the election, `sweep` runs `ticker` and
 /// counts its ticks in `ticks`.
 fn supervise_election_and_sweep(
@@ -127,8 +134,7 @@ mod b5 {
                 }
             });
         readiness.add(&supervisor.probe());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        let (shutdown, task) = spawn_run(supervisor);
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(
             attempts.load(Ordering::SeqCst),
@@ -175,8 +181,7 @@ mod b5 {
                 }
             });
         let probe = supervisor.probe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        let (shutdown, task) = spawn_run(supervisor);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(
             attempts.load(Ordering::SeqCst),
@@ -216,8 +221,7 @@ mod b5 {
                 }
             });
         let probe = supervisor.probe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        let (shutdown, task) = spawn_run(supervisor);
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(
             attempts.load(Ordering::SeqCst),
@@ -342,8 +346,7 @@ mod b5 {
         let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(20));
         let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks);
         let probe = supervisor.probe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        let (shutdown, task) = spawn_run(supervisor);
         wait_for(3 * I, || elector.is_leader())
             .await
             .expect("the supervised election leads");
@@ -396,8 +399,7 @@ async fn b6_launchers_and_supervisor_run_on_an_always_leader() {
             }
         }
     });
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    let (shutdown, task) = spawn_run(supervisor);
     tokio::time::sleep(P * 5 / 2).await;
     assert_eq!(ticks.load(Ordering::SeqCst), 3);
     assert_eq!(loops.load(Ordering::SeqCst), 1);
@@ -445,8 +447,7 @@ async fn the_short_path_runs_election_ticker_and_loop_as_workers() {
         "one worker each, named after the election, the ticker and the loop: {supervisor:?}"
     );
     let term = elector.term();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    let (shutdown, task) = spawn_run(supervisor);
     tokio::time::sleep(P * 5 / 2).await;
     assert_eq!(ticks.load(Ordering::SeqCst), 3);
     assert_eq!(loops.load(Ordering::SeqCst), 1);
