@@ -19,10 +19,18 @@ use tokio_util::sync::CancellationToken;
 /// Replica `a`, fenced, at `I` on a pool of two, once it leads (within 3·I).
 async fn a_leads(db: &TestDb, key: LockKey) -> Replica {
     let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     a
+}
+
+/// Replica `b`, fenced, at `I` on a pool of two (a standby while `a` leads).
+fn b_runs(db: &TestDb, key: LockKey) -> Replica {
+    Replica::run(fenced_elector(db.pool(2), key, "b", I))
+}
+
+/// Who wrote each of `rows` (of [`writes`]), in which epoch.
+fn who_in_which_epoch(rows: &[(String, i64, SystemTime)]) -> Vec<(&str, i64)> {
+    rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect()
 }
 
 /// Holds the serial lock, then makes a fresh database with the [`writes_table`].
@@ -131,7 +139,7 @@ mod f3 {
         let key = LockKey::new(0xf3, 1);
         let pool = db.pool(4);
         let a = a_leads(&db, key).await;
-        let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
+        let b = b_runs(&db, key);
 
         // a's tick takes its term, then sleeps before writing; meanwhile its lock session is
         // terminated and b takes over.
@@ -149,7 +157,7 @@ mod f3 {
             .await
             .expect("the new leader's write passes");
         let rows = writes(&db).await;
-        let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+        let who = who_in_which_epoch(&rows);
         assert_eq!(
             who,
             [
@@ -180,7 +188,7 @@ mod f3 {
             .await
             .expect("a leads at its first try");
         let led_at = std::time::Instant::now();
-        let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
+        let b = b_runs(&db, key);
         let (old_term, old_epoch) = leaders_own_write(&app, &a).await;
 
         proxy.blackhole();
@@ -214,7 +222,7 @@ mod f3 {
             .await
             .expect("the new leader's write passes");
         let rows = writes(&db).await;
-        let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+        let who = who_in_which_epoch(&rows);
         assert_eq!(
             who,
             [("a", old_epoch as i64), ("b", new_epoch as i64)],
@@ -268,7 +276,7 @@ mod f3 {
         let key = LockKey::new(0xf3, 3);
         let pool = db.pool(4);
         let a = a_leads(&db, key).await;
-        let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
+        let b = b_runs(&db, key);
         let old_term = a.elector.term();
 
         // a's fenced transaction: fence, first write, then it stays open across the takeover.

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use common::capture::Visitor;
 use common::*;
 use pg_elector::{Elector, LeaderInfo, LockKey, current_leader};
 use tracing::Instrument;
@@ -287,17 +288,6 @@ impl Logged {
 
 /// A span's fields, kept in its extensions.
 struct SpanFields(BTreeMap<String, String>);
-
-struct Visitor<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Visitor<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
 
 impl<S> Layer<S> for WithSpans
 where

@@ -33,6 +33,13 @@ fn spawn_run(supervisor: Supervisor) -> (CancellationToken, tokio::task::JoinHan
     (shutdown, task)
 }
 
+/// Sleeps `wait` (on paused time, the supervisor's restarts go on meanwhile), then reads
+/// `attempts`.
+async fn attempts_after(wait: Duration, attempts: &AtomicUsize) -> usize {
+    tokio::time::sleep(wait).await;
+    attempts.load(Ordering::SeqCst)
+}
+
 /// A supervisor with two workers: `pg-elector` runs the election, `sweep` runs `ticker` and
 /// counts its ticks in `ticks`.
 fn supervise_election_and_sweep(
@@ -135,9 +142,8 @@ mod b5 {
             });
         readiness.add(&supervisor.probe());
         let (shutdown, task) = spawn_run(supervisor);
-        tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(
-            attempts.load(Ordering::SeqCst),
+            attempts_after(Duration::from_secs(10), &attempts).await,
             5,
             "the first run and 4 restarts"
         );
@@ -182,9 +188,8 @@ mod b5 {
             });
         let probe = supervisor.probe();
         let (shutdown, task) = spawn_run(supervisor);
-        tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(
-            attempts.load(Ordering::SeqCst),
+            attempts_after(Duration::from_secs(1), &attempts).await,
             2,
             "restarted after the panic"
         );
@@ -222,9 +227,8 @@ mod b5 {
             });
         let probe = supervisor.probe();
         let (shutdown, task) = spawn_run(supervisor);
-        tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(
-            attempts.load(Ordering::SeqCst),
+            attempts_after(Duration::from_secs(10), &attempts).await,
             5,
             "the first start and 4 restarts"
         );
