@@ -33,6 +33,26 @@ fn spawn_run(supervisor: Supervisor) -> (CancellationToken, tokio::task::JoinHan
     (shutdown, task)
 }
 
+/// A supervisor on [`fast_policy`] with the worker `name`: each start adds one to `attempts`
+/// and calls `start` with the count before it (0 at the first start) and the worker's token.
+fn counted_worker<Fut>(
+    name: &str,
+    attempts: &Arc<AtomicUsize>,
+    mut start: impl FnMut(usize, CancellationToken) -> Fut + Send + 'static,
+) -> Supervisor
+where
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: pg_elector::background::WorkerResult,
+{
+    let attempts = attempts.clone();
+    Supervisor::new()
+        .restart_policy(fast_policy())
+        .worker(name, move |token| {
+            let n = attempts.fetch_add(1, Ordering::SeqCst);
+            start(n, token)
+        })
+}
+
 /// Sleeps `wait` (on paused time, the supervisor's restarts go on meanwhile), then reads
 /// `attempts`.
 async fn attempts_after(wait: Duration, attempts: &AtomicUsize) -> usize {
@@ -120,26 +140,20 @@ mod b5 {
         let readiness = Readiness::new();
         let attempts = Arc::new(AtomicUsize::new(0));
         let healthy = Arc::new(AtomicBool::new(false));
-        let supervisor = Supervisor::new()
-            .restart_policy(fast_policy())
-            .worker("doomed", {
-                let attempts = attempts.clone();
-                move |_token| {
-                    attempts.fetch_add(1, Ordering::SeqCst);
-                    async { Err::<(), _>("schema mismatch") }
-                }
-            })
-            .worker("healthy", {
+        let supervisor = counted_worker("doomed", &attempts, |_, _token| async {
+            Err::<(), _>("schema mismatch")
+        })
+        .worker("healthy", {
+            let healthy = healthy.clone();
+            move |token: CancellationToken| {
                 let healthy = healthy.clone();
-                move |token: CancellationToken| {
-                    let healthy = healthy.clone();
-                    async move {
-                        healthy.store(true, Ordering::SeqCst);
-                        token.cancelled().await;
-                        healthy.store(false, Ordering::SeqCst);
-                    }
+                async move {
+                    healthy.store(true, Ordering::SeqCst);
+                    token.cancelled().await;
+                    healthy.store(false, Ordering::SeqCst);
                 }
-            });
+            }
+        });
         readiness.add(&supervisor.probe());
         let (shutdown, task) = spawn_run(supervisor);
         assert_eq!(
@@ -172,20 +186,16 @@ mod b5 {
         let capture = Capture::default();
         let _log = capture.install();
         let attempts = Arc::new(AtomicUsize::new(0));
-        let supervisor = Supervisor::new()
-            .restart_policy(fast_policy())
-            .worker("crashy", {
-                let attempts = attempts.clone();
-                move |token: CancellationToken| {
-                    let n = attempts.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        if n == 0 {
-                            panic!("unwrap on None");
-                        }
-                        token.cancelled().await;
-                    }
+        let supervisor = counted_worker(
+            "crashy",
+            &attempts,
+            |n, token: CancellationToken| async move {
+                if n == 0 {
+                    panic!("unwrap on None");
                 }
-            });
+                token.cancelled().await;
+            },
+        );
         let probe = supervisor.probe();
         let (shutdown, task) = spawn_run(supervisor);
         assert_eq!(
@@ -210,18 +220,13 @@ mod b5 {
         let capture = Capture::default();
         let _log = capture.install();
         let attempts = Arc::new(AtomicUsize::new(0));
-        let supervisor = Supervisor::new()
-            .restart_policy(fast_policy())
-            .worker("misconfigured", {
-                let attempts = attempts.clone();
-                move |token: CancellationToken| {
-                    // The synchronous part of the start, before any future exists.
-                    attempts.fetch_add(1, Ordering::SeqCst);
-                    let batch: u32 = "ten".parse().expect("SWEEP_BATCH is not a number");
-                    async move {
-                        for _ in 0..batch {
-                            token.cancelled().await;
-                        }
+        let supervisor =
+            counted_worker("misconfigured", &attempts, |_, token: CancellationToken| {
+                // The synchronous part of the start, before any future exists (the count too).
+                let batch: u32 = "ten".parse().expect("SWEEP_BATCH is not a number");
+                async move {
+                    for _ in 0..batch {
+                        token.cancelled().await;
                     }
                 }
             });
