@@ -282,9 +282,7 @@ mod e14 {
     async fn partitioned_leader_demotes_before_another_leads() {
         let _serial = serial();
         let db = fresh_db().await;
-        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-            .await
-            .unwrap();
+        let proxy = shared_server_proxy().await;
         let mut fleet = new_fleet(&db, LockKey::new(14, 1), I);
         // The leader goes through the proxy; the standbys connect straight to the server.
         let old = fleet.spawn(Some(proxy.addr()));
