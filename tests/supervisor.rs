@@ -33,6 +33,12 @@ fn spawn_run(supervisor: Supervisor) -> (CancellationToken, tokio::task::JoinHan
     (shutdown, task)
 }
 
+/// Cancels a [`spawn_run`]'s token and waits for the supervisor to return.
+async fn stop_run(shutdown: CancellationToken, task: tokio::task::JoinHandle<()>) {
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
 /// A supervisor on [`fast_policy`] with the worker `name`: each start adds one to `attempts`
 /// and calls `start` with the count before it (0 at the first start) and the worker's token.
 fn counted_worker<Fut>(
@@ -176,8 +182,7 @@ mod b5 {
         assert_eq!(gave_up.len(), 1);
         assert_eq!(gave_up[0].field("worker"), "doomed");
         assert_eq!(capture.events("worker failed").len(), 4);
-        shutdown.cancel();
-        task.await.unwrap();
+        stop_run(shutdown, task).await;
         assert!(!healthy.load(Ordering::SeqCst));
     }
 
@@ -210,8 +215,7 @@ mod b5 {
         assert_eq!(panicked[0].field("worker"), "crashy");
         assert_eq!(panicked[0].field("panic"), "unwrap on None");
         assert!(!panicked[0].field("backtrace").is_empty());
-        shutdown.cancel();
-        task.await.unwrap();
+        stop_run(shutdown, task).await;
     }
 
     /// A worker whose start panics is restarted within its budget, then given up.
@@ -252,8 +256,7 @@ mod b5 {
             matches!(probe.status(), ProbeStatus::Fail(e) if e.contains("misconfigured") && e.contains("SWEEP_BATCH")),
             "{probe:?}"
         );
-        shutdown.cancel();
-        task.await.unwrap();
+        stop_run(shutdown, task).await;
     }
 
     /// A probe taken before `probe_name` is renamed and still reports.
@@ -412,8 +415,7 @@ async fn b6_launchers_and_supervisor_run_on_an_always_leader() {
     tokio::time::sleep(P * 5 / 2).await;
     assert_eq!(ticks.load(Ordering::SeqCst), 3);
     assert_eq!(loops.load(Ordering::SeqCst), 1);
-    shutdown.cancel();
-    task.await.unwrap();
+    stop_run(shutdown, task).await;
     assert_eq!(
         term.end(),
         Some(TermEnd::Shutdown),
@@ -460,8 +462,7 @@ async fn the_short_path_runs_election_ticker_and_loop_as_workers() {
     tokio::time::sleep(P * 5 / 2).await;
     assert_eq!(ticks.load(Ordering::SeqCst), 3);
     assert_eq!(loops.load(Ordering::SeqCst), 1);
-    shutdown.cancel();
-    task.await.unwrap();
+    stop_run(shutdown, task).await;
     assert_eq!(
         term.end(),
         Some(TermEnd::Shutdown),
