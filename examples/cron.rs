@@ -9,7 +9,9 @@
 //! 5 seconds. With `DATABASE_URL` unset it starts a private PostgreSQL from the machine's
 //! binaries.
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use pg_elector::schedule::{Job, JobRun, Schedule};
 use pg_elector::{Elector, LockKey};
@@ -49,16 +51,9 @@ struct Replica {
 }
 
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=warn".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    common::init_tracing();
     let real = std::env::args().any(|a| a == "--real");
-    let started = Instant::now();
-    let say = |text: String| println!("[{:>6} ms] {text}", started.elapsed().as_millis());
+    let say = common::say_since_now();
 
     let server = PgServer::shared()?;
     let db = server.create_database().await?;

@@ -7,6 +7,8 @@
 //!
 //! With `DATABASE_URL` unset it starts a private PostgreSQL from the machine's binaries.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey, TermEnd, current_leader};
@@ -37,15 +39,8 @@ async fn main() {
 }
 
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=warn".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let started = Instant::now();
-    let say = |text: String| println!("[{:>6} ms] {text}", started.elapsed().as_millis());
+    common::init_tracing();
+    let say = common::say_since_now();
 
     let server = PgServer::shared()?;
     say(format!(

@@ -9,7 +9,9 @@
 //! With `DATABASE_URL` unset it starts a private PostgreSQL from the machine's binaries. It
 //! exits with status 1 if the deposed leader's write commits.
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
 
 use pg_elector::{Elector, LockKey, Term};
 use pg_elector_harness::{FaultProxy, PgServer};
@@ -48,15 +50,8 @@ async fn write(
 }
 
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "pg_elector=warn".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let started = Instant::now();
-    let say = |text: String| println!("[{:>6} ms] {text}", started.elapsed().as_millis());
+    common::init_tracing();
+    let say = common::say_since_now();
 
     let server = PgServer::shared()?;
     let db = server.create_database().await?;

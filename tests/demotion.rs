@@ -17,9 +17,7 @@ mod e5 {
         let db = fresh_db().await;
         let key = LockKey::new(5, 1);
         let (a, a_metrics) = replica_with_gauge(db.pool(2), key);
-        wait_for(3 * I, || a.elector.is_leader())
-            .await
-            .expect("a leads");
+        wait_a_leads(&a).await;
         let (b, _) = replica_with_gauge(db.pool(2), key);
         let term = a.elector.term();
         assert_eq!(gauge(&a_metrics, "pg_elector_leader"), Some(1));
@@ -55,13 +53,9 @@ mod e5 {
         let _serial = serial();
         let db = fresh_db().await;
         let key = LockKey::new(5, 2);
-        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-            .await
-            .unwrap();
+        let proxy = shared_server_proxy().await;
         let (a, a_metrics) = replica_with_gauge(db.pool_via(proxy.addr(), 2), key);
-        wait_for(3 * I, || a.elector.is_leader())
-            .await
-            .expect("a leads");
+        wait_a_leads(&a).await;
         let (b, _) = replica_with_gauge(db.pool(2), key);
         let term = a.elector.term();
 
@@ -96,13 +90,9 @@ async fn e13_a_silent_session_ends_after_four_intervals() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(13, 1);
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let a = Replica::start(db.pool_via(proxy.addr(), 2), key, I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     let b = Replica::start(db.pool(2), key, I);
     let admin = db.connect().await.unwrap();
     assert_eq!(holders(&admin, key).await.len(), 1);

@@ -187,9 +187,7 @@ async fn a_check_lost_in_a_partition_is_lost_as_a_check_timeout() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(11, 33);
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let registry = Registry::new();
     let elector = Elector::builder(db.pool_via(proxy.addr(), 2), key)
         .check_interval(I)

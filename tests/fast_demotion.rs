@@ -85,9 +85,7 @@ mod f2 {
     async fn a_reset_lock_connection_demotes_the_leader_within_100_ms() {
         let _serial = serial();
         let db = fresh_db().await;
-        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-            .await
-            .unwrap();
+        let proxy = shared_server_proxy().await;
         let (a, term, granted) = leading(db.pool_via(proxy.addr(), 2), LockKey::new(0xf2, 2)).await;
 
         let reset = Instant::now();

@@ -19,10 +19,26 @@ use tokio_util::sync::CancellationToken;
 /// Replica `a`, fenced, at `I` on a pool of two, once it leads (within 3·I).
 async fn a_leads(db: &TestDb, key: LockKey) -> Replica {
     let a = Replica::run(fenced_elector(db.pool(2), key, "a", I));
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     a
+}
+
+/// Replica `b`, fenced, at `I` on a pool of two (a standby while `a` leads).
+fn b_runs(db: &TestDb, key: LockKey) -> Replica {
+    Replica::run(fenced_elector(db.pool(2), key, "b", I))
+}
+
+/// Who wrote each of `rows` (of [`writes`]), in which epoch.
+fn who_in_which_epoch(rows: &[(String, i64, SystemTime)]) -> Vec<(&str, i64)> {
+    rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect()
+}
+
+/// Holds the serial lock, then makes a fresh database with the [`writes_table`].
+async fn serial_writes_db() -> (pg_elector_harness::SerialGuard, TestDb) {
+    let serial = serial();
+    let db = fresh_db().await;
+    writes_table(&db).await;
+    (serial, db)
 }
 
 /// The table fenced writes go to: who wrote, in which epoch, at which server time.
@@ -119,13 +135,11 @@ mod f3 {
     /// has not noticed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deposed_leaders_fence_fails_and_the_new_leaders_passes() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        writes_table(&db).await;
+        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 1);
         let pool = db.pool(4);
         let a = a_leads(&db, key).await;
-        let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
+        let b = b_runs(&db, key);
 
         // a's tick takes its term, then sleeps before writing; meanwhile its lock session is
         // terminated and b takes over.
@@ -143,7 +157,7 @@ mod f3 {
             .await
             .expect("the new leader's write passes");
         let rows = writes(&db).await;
-        let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+        let who = who_in_which_epoch(&rows);
         assert_eq!(
             who,
             [
@@ -163,22 +177,18 @@ mod f3 {
     /// check and is refused by the row alone.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leader_deposed_unawares_is_refused_by_the_epoch_row() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        writes_table(&db).await;
+        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 8);
         // The application's pool: direct, healthy, shared by both replicas' writes.
         let app = db.pool(4);
-        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-            .await
-            .unwrap();
+        let proxy = shared_server_proxy().await;
         let slow = 10 * I;
         let a = Replica::run(fenced_elector(db.pool_via(proxy.addr(), 2), key, "a", slow));
         wait_for(3 * I, || a.elector.is_leader())
             .await
             .expect("a leads at its first try");
         let led_at = std::time::Instant::now();
-        let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
+        let b = b_runs(&db, key);
         let (old_term, old_epoch) = leaders_own_write(&app, &a).await;
 
         proxy.blackhole();
@@ -212,7 +222,7 @@ mod f3 {
             .await
             .expect("the new leader's write passes");
         let rows = writes(&db).await;
-        let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+        let who = who_in_which_epoch(&rows);
         assert_eq!(
             who,
             [("a", old_epoch as i64), ("b", new_epoch as i64)],
@@ -233,9 +243,7 @@ mod f3 {
     /// A fence that finds a later epoch in the row fails as superseded.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fence_finding_a_later_epoch_fails_as_superseded() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        writes_table(&db).await;
+        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 2);
         let a = a_leads(&db, key).await;
         let term = a.elector.term();
@@ -264,13 +272,11 @@ mod f3 {
     /// An old leader's open fenced transaction holds the next term until it commits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_open_fenced_transaction_holds_the_next_term() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        writes_table(&db).await;
+        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 3);
         let pool = db.pool(4);
         let a = a_leads(&db, key).await;
-        let b = Replica::run(fenced_elector(db.pool(2), key, "b", I));
+        let b = b_runs(&db, key);
         let old_term = a.elector.term();
 
         // a's fenced transaction: fence, first write, then it stays open across the takeover.
@@ -480,9 +486,7 @@ mod f3 {
     /// PostgreSQL allows only to a role that may update it; nothing more (no `INSERT`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_writer_role_fences_with_select_and_update_on_the_table() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        writes_table(&db).await;
+        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 9);
         let a = a_leads(&db, key).await;
         let term = a.elector.term();

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use common::capture::Visitor;
 use common::*;
 use pg_elector::{Elector, LeaderInfo, LockKey, current_leader};
 use tracing::Instrument;
@@ -59,6 +60,14 @@ async fn application_name(client: &tokio_postgres::Client, pid: i32) -> String {
         .await
         .expect("the lock session is in pg_stat_activity")
         .get(0)
+}
+
+/// What [`current_leader`] reads through `client`, which must find a leader ("someone leads").
+async fn someone_leads(client: &tokio_postgres::Client, key: LockKey) -> LeaderInfo {
+    current_leader(client, key)
+        .await
+        .unwrap()
+        .expect("someone leads")
 }
 
 /// The address the server sees the test's connections come from: the harness reaches its
@@ -138,10 +147,7 @@ async fn current_leader_names_the_holder_its_successor_then_nobody() {
     tokio::time::sleep(I).await;
     assert!(!second.elector.is_leader());
 
-    let info = current_leader(&client, key)
-        .await
-        .unwrap()
-        .expect("someone leads");
+    let info = someone_leads(&client, key).await;
     let first_pid = the_holder(&client, key).await;
     assert_eq!(info.pid, first_pid);
     assert_eq!(info.identity, "sweeper-a");
@@ -194,10 +200,7 @@ async fn with_fencing_current_leader_reports_epoch_and_since() {
     let client = db.connect().await.unwrap();
     // The first grant created `pg_elector_epochs` in this fresh database, so the free
     // function reads the epoch row too.
-    let info = current_leader(&client, key)
-        .await
-        .unwrap()
-        .expect("someone leads");
+    let info = someone_leads(&client, key).await;
     let epoch = first
         .elector
         .term()
@@ -260,10 +263,7 @@ async fn an_identity_over_63_bytes_leads_and_shows_its_prefix() {
     let shown = application_name(&client, pid).await;
     assert_eq!(shown, &long[..PG_NAME_BYTES]);
     assert_eq!(shown.len(), PG_NAME_BYTES);
-    let info = current_leader(&client, key)
-        .await
-        .unwrap()
-        .expect("someone leads");
+    let info = someone_leads(&client, key).await;
     assert_eq!(info.identity, &long[..PG_NAME_BYTES]);
     assert_eq!(info.pid, pid);
     replica.stop().await.unwrap();
@@ -288,17 +288,6 @@ impl Logged {
 
 /// A span's fields, kept in its extensions.
 struct SpanFields(BTreeMap<String, String>);
-
-struct Visitor<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Visitor<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
 
 impl<S> Layer<S> for WithSpans
 where
@@ -437,10 +426,7 @@ async fn what_current_leader_needs_from_another_role() {
     // Without fencing: pid and identity, no address.
     let plain = replica_named(&db, key, Some("watched"));
     leads(&plain).await;
-    let info = current_leader(&watcher, key)
-        .await
-        .unwrap()
-        .expect("someone leads");
+    let info = someone_leads(&watcher, key).await;
     assert_eq!(info.identity, "watched");
     assert_eq!(info.pid, the_holder(&admin, key).await);
     assert_eq!(
@@ -460,10 +446,7 @@ async fn what_current_leader_needs_from_another_role() {
         .batch_execute(&format!("GRANT SELECT ON pg_elector_epochs TO \"{role}\""))
         .await
         .unwrap();
-    let info = current_leader(&watcher, key)
-        .await
-        .unwrap()
-        .expect("someone leads");
+    let info = someone_leads(&watcher, key).await;
     assert_eq!(info.identity, "watched");
     assert_eq!(info.epoch, fenced.elector.term().epoch());
     assert_eq!(info.client_addr, None);
@@ -472,10 +455,7 @@ async fn what_current_leader_needs_from_another_role() {
         .batch_execute(&format!("GRANT pg_read_all_stats TO \"{role}\""))
         .await
         .unwrap();
-    let info = current_leader(&watcher, key)
-        .await
-        .unwrap()
-        .expect("someone leads");
+    let info = someone_leads(&watcher, key).await;
     assert_client_addr(&info);
     drop(watcher);
     drop(pool);

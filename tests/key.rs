@@ -72,18 +72,13 @@ mod e1 {
             .await
             .expect("the elector leads beside a bigint lock with the same halves");
 
-        let subids: Vec<i16> = client
-            .query(
-                "SELECT objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+        let subids: Vec<i16> = first_column(
+            &client,
+            "SELECT objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              ORDER BY objsubid",
-                &[],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        )
+        .await;
         assert_eq!(
             subids,
             vec![1, 2],
@@ -188,20 +183,15 @@ mod e1 {
 
         // The pg_locks query of `LockKey::from_name`'s docs, as written there.
         let client = db.connect().await.unwrap();
-        let pids: Vec<i32> = client
-            .query(
-                "SELECT l.pid FROM pg_locks l
+        let pids: Vec<i32> = first_column(
+            &client,
+            "SELECT l.pid FROM pg_locks l
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.classid::int8 = ('x' || substr(md5('billing/invoice-sweep'), 1, 8))::bit(32)::int8
   AND l.objid::int8 = ('x' || substr(md5('billing/invoice-sweep'), 9, 8))::bit(32)::int8
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());",
-                &[],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        )
+        .await;
         assert_eq!(pids.len(), 1, "one backend holds the named key: {pids:?}");
         assert_eq!(
             holders(&client, key).await,

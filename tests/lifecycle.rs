@@ -18,9 +18,7 @@ mod e6 {
         let db = fresh_db().await;
         let key = LockKey::new(6, 1);
         let (a, registry) = replica_with_gauge(db.pool(2), key);
-        wait_for(3 * I, || a.elector.is_leader())
-            .await
-            .expect("a leads");
+        wait_a_leads(&a).await;
         let b = Replica::start(db.pool(2), key, I);
         tokio::time::sleep(I).await;
         assert!(!b.elector.is_leader());
@@ -45,9 +43,7 @@ mod e6 {
     async fn shutdown_against_a_silent_server_returns_within_2_s() {
         let _serial = serial();
         let db = fresh_db().await;
-        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-            .await
-            .unwrap();
+        let proxy = shared_server_proxy().await;
         // A long interval, so that no leader check demotes before the shutdown.
         let a = Replica::start(
             db.pool_via(proxy.addr(), 2),
@@ -83,9 +79,7 @@ mod e7 {
         let db = fresh_db().await;
         let key = LockKey::new(7, 1);
         let (a, registry) = replica_with_gauge(db.pool(2), key);
-        wait_for(3 * I, || a.elector.is_leader())
-            .await
-            .expect("a leads");
+        wait_a_leads(&a).await;
         let term = a.elector.term();
         let admin = db.connect().await.unwrap();
         assert_eq!(holders(&admin, key).await.len(), 1);

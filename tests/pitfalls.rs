@@ -10,9 +10,7 @@ use pg_elector::LockKey;
 /// A pool of one connection through a proxy to the shared server, opened and idle; the proxy
 /// then blackholes it.
 async fn one_blackholed_connection(db: &TestDb) -> (FaultProxy, deadpool_postgres::Pool) {
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let pool = db.pool_via(proxy.addr(), 1);
     drop(pool.get().await.unwrap());
     assert_eq!(pool.status().size, 1);
@@ -62,9 +60,7 @@ async fn closing_the_pool_leaves_the_lock_connection_alone() {
     let key = LockKey::new(70, 3);
     let pool = db.pool(2);
     let a = Replica::start(pool.clone(), key, I);
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     let admin = db.connect().await.unwrap();
     let pid = holders(&admin, key).await;
 

@@ -282,9 +282,7 @@ mod e14 {
     async fn partitioned_leader_demotes_before_another_leads() {
         let _serial = serial();
         let db = fresh_db().await;
-        let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-            .await
-            .unwrap();
+        let proxy = shared_server_proxy().await;
         let mut fleet = new_fleet(&db, LockKey::new(14, 1), I);
         // The leader goes through the proxy; the standbys connect straight to the server.
         let old = fleet.spawn(Some(proxy.addr()));
@@ -476,10 +474,7 @@ async fn f5_three_processes_run_each_due_once_through_failovers() {
     // Dues count from the job's registration, which the leader makes after it is elected:
     // the first instant the row is seen is after it, so every due from then on is owed.
     wait_for_async(5 * I, || async {
-        admin
-            .query_opt("SELECT 1 FROM pg_elector_jobs", &[])
-            .await
-            .is_ok_and(|row| row.is_some())
+        finds_row(&admin, "SELECT 1 FROM pg_elector_jobs").await
     })
     .await
     .expect("the leader registers its job");
@@ -522,16 +517,11 @@ async fn f5_three_processes_run_each_due_once_through_failovers() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let abandoned: std::collections::BTreeSet<std::time::SystemTime> = admin
-        .query(
-            "SELECT due FROM pg_elector_job_runs WHERE outcome = 'abandoned'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let abandoned: std::collections::BTreeSet<std::time::SystemTime> = first_column(
+        &admin,
+        "SELECT due FROM pg_elector_job_runs WHERE outcome = 'abandoned'",
+    )
+    .await;
     let period = 200u128;
     let start = from
         .duration_since(std::time::UNIX_EPOCH)

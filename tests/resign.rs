@@ -397,9 +397,7 @@ async fn a_standby_resigning_mid_try_does_not_lead_in_the_cooldown() {
     let _serial = serial();
     let db = fresh_db().await;
     let key = LockKey::new(0x2e, 6);
-    let proxy = FaultProxy::start(PgServer::shared().unwrap().addr())
-        .await
-        .unwrap();
+    let proxy = shared_server_proxy().await;
     let pool = db.pool_via(proxy.addr(), 2);
     // An open connection in the pool, so that the try is sent at once, without a connect.
     drop(pool.get().await.unwrap());
@@ -440,9 +438,7 @@ async fn a_resign_without_end_drains_unlocks_and_stays_away() {
             .build()
             .unwrap(),
     );
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     let b = Replica::start(db.pool(2), key, I);
     let started = Arc::new(tokio::sync::Notify::new());
     let work = tokio::spawn({

@@ -20,17 +20,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The table the test jobs write to: one row per run, with the due it ran for.
-async fn log_table(db: &TestDb) {
-    db.connect()
-        .await
-        .unwrap()
-        .batch_execute(
-            "CREATE TABLE job_log (job text NOT NULL, due timestamptz NOT NULL, \
-             replica text NOT NULL, kind text NOT NULL)",
-        )
-        .await
-        .unwrap();
-}
+const JOB_LOG: &str = "CREATE TABLE job_log (job text NOT NULL, due timestamptz NOT NULL, \
+             replica text NOT NULL, kind text NOT NULL)";
 
 /// A job body that logs its run.
 fn logging(
@@ -55,31 +46,36 @@ fn logging(
 
 /// How many times each due of `job` ran, by due.
 async fn runs_per_due(db: &TestDb, job: &str) -> BTreeMap<SystemTime, i64> {
-    db.connect()
-        .await
-        .unwrap()
-        .query(
-            "SELECT due, count(*) FROM job_log WHERE job = $1 AND kind <> 'Triggered' GROUP BY due",
-            &[&job],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
+    by_due(
+        db,
+        "SELECT due, count(*) FROM job_log WHERE job = $1 AND kind <> 'Triggered' GROUP BY due",
+        job,
+    )
+    .await
 }
 
 /// The stored outcome of each run of `job`, by due (a `skipped` row, such as the one that
 /// records an abandoned run's due as not rerun, is not a run).
 async fn outcomes(db: &TestDb, job: &str) -> BTreeMap<SystemTime, String> {
+    by_due(
+        db,
+        "SELECT due, outcome FROM pg_elector_job_runs WHERE job = $1 AND kind <> 'triggered' \
+         AND outcome <> 'skipped'",
+        job,
+    )
+    .await
+}
+
+/// What `sql` answers for `job` (its `$1`), by the due in its first column.
+async fn by_due<T: tokio_postgres::types::FromSqlOwned>(
+    db: &TestDb,
+    sql: &str,
+    job: &str,
+) -> BTreeMap<SystemTime, T> {
     db.connect()
         .await
         .unwrap()
-        .query(
-            "SELECT due, outcome FROM pg_elector_job_runs WHERE job = $1 AND kind <> 'triggered' \
-             AND outcome <> 'skipped'",
-            &[&job],
-        )
+        .query(sql, &[&job])
         .await
         .unwrap()
         .iter()
@@ -137,9 +133,7 @@ mod f5 {
     /// Three replicas run each due once through a terminate, a crash and a handover.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn three_replicas_run_each_due_once_through_failovers() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let key = LockKey::new(0xf5, 1);
         let period = Duration::from_millis(200);
         let job = || Job::every("tick", period).catch_up(CatchUp::All);
@@ -209,9 +203,7 @@ mod f5 {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_replicas_leading_at_once_still_run_each_due_once() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let period = Duration::from_millis(100);
         // Two manual electors both promoted: the overlap window, made to last.
         let shutdown = CancellationToken::new();
@@ -317,9 +309,7 @@ mod f5 {
     /// After a leaderless gap, `Skip`, `Latest` and `All` catch up as they say.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn after_a_gap_skip_latest_and_all_catch_up_as_they_say() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let (elector, control) = Elector::manual();
         let period = Duration::from_millis(100);
         let pool = db.pool(4);
@@ -394,9 +384,7 @@ mod f5 {
     /// A job rescheduled at run time keeps its history and follows the new schedule.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_rescheduled_at_run_time_keeps_its_history() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let (elector, control) = Elector::manual();
         control.promote();
         let schedule = Schedule::new(&elector, db.pool(2))
@@ -463,9 +451,7 @@ mod f5 {
     /// A job row lost after it was written is reported, and the job starts over from now.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lost_job_row_is_reported_and_the_job_starts_over() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let capture = Capture::default();
         let (elector, control) = Elector::manual();
         control.promote();

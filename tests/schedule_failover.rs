@@ -23,17 +23,8 @@ use tracing::instrument::WithSubscriber;
 type Starts = Arc<Mutex<Vec<(&'static str, SystemTime, Instant)>>>;
 
 /// The table the test jobs write to when a run ends: one row per finished run.
-async fn log_table(db: &TestDb) {
-    db.connect()
-        .await
-        .unwrap()
-        .batch_execute(
-            "CREATE TABLE job_log (job text NOT NULL, due timestamptz NOT NULL, \
-             replica text NOT NULL, kind text NOT NULL, attempt int4 NOT NULL)",
-        )
-        .await
-        .unwrap();
-}
+const JOB_LOG: &str = "CREATE TABLE job_log (job text NOT NULL, due timestamptz NOT NULL, \
+             replica text NOT NULL, kind text NOT NULL, attempt int4 NOT NULL)";
 
 /// A job body that says when it starts, works for `lasts`, then logs its run.
 fn slow(
@@ -164,8 +155,7 @@ async fn crash_mid_run(
     Vec<(SystemTime, String, String, i32, String)>,
     Capture,
 ) {
-    let db = fresh_db().await;
-    log_table(&db).await;
+    let db = fresh_db_with(JOB_LOG).await;
     let key = LockKey::new(0xf5, if rerun { 0xab2 } else { 0xab1 });
     let starts: Starts = Arc::default();
     let capture = Capture::default();
@@ -268,9 +258,7 @@ mod f5 {
     /// once, rather than after the silence a run of another process is given.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_run_cut_off_at_its_terms_end_is_abandoned_at_once() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let capture = Capture::default();
         let (elector, control) = Elector::manual();
         let starts: Starts = Arc::default();
@@ -343,9 +331,7 @@ mod f5 {
     /// by the epoch row. Every due runs once, and those after the bump on b.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deposed_leaders_claims_are_refused_by_the_epoch() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        log_table(&db).await;
+        let (_serial, db) = serial_db_with(JOB_LOG).await;
         let key = LockKey::new(0xf5, 0xfe);
         let period = Duration::from_millis(100);
         let proxy = shared_server_proxy().await;

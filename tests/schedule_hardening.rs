@@ -202,10 +202,7 @@ async fn h7_handle_calls_in_a_partition_time_out_within_its_wait() {
     let sched = ManualSchedule::spawn(control, schedule);
     let admin = db.connect().await.unwrap();
     wait_for_async(Duration::from_secs(3), || async {
-        admin
-            .query_opt("SELECT 1 FROM pg_elector_jobs WHERE job = 'report'", &[])
-            .await
-            .is_ok_and(|row| row.is_some())
+        finds_row(&admin, "SELECT 1 FROM pg_elector_jobs WHERE job = 'report'").await
     })
     .await
     .expect("the leader registers the job");
@@ -378,17 +375,12 @@ mod h8 {
         sched.stop().await;
         let after = columns(&admin, "pg_elector_job_runs").await;
         assert!(after.contains(&"heartbeat_period".to_owned()), "{after:?}");
-        let promised: Vec<f64> = admin
-            .query(
-                "SELECT extract(epoch FROM heartbeat_period)::float8 FROM pg_elector_job_runs \
+        let promised: Vec<f64> = first_column(
+            &admin,
+            "SELECT extract(epoch FROM heartbeat_period)::float8 FROM pg_elector_job_runs \
              WHERE job = 'count' AND outcome = 'succeeded'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        )
+        .await;
         assert!(promised.len() >= 3, "{promised:?}");
         assert!(
             promised.iter().all(|p| (*p - 0.05).abs() < 1e-9),
@@ -664,15 +656,12 @@ async fn a_claim_whose_commit_is_slow(lost: LostCommit) {
     if lost == LostCommit::Reset {
         // While the claim's transaction sleeps in its commit.
         wait_for_async(Duration::from_secs(3), || async {
-            admin
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' \
+            query_i64(
+                &admin,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' \
                      AND datname = current_database()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
+            )
+            .await
                 == 1
         })
         .await

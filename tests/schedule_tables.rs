@@ -359,32 +359,24 @@ mod f5 {
             .await
             .expect("a trigger finds the job");
         wait_for_async(Duration::from_secs(2), || async {
-            admin
-                .query_one(
-                    "SELECT count(*) FROM \"Ops\".\"My \"\"jobs\"\"; --job_runs\" \
+            query_i64(
+                &admin,
+                "SELECT count(*) FROM \"Ops\".\"My \"\"jobs\"\"; --job_runs\" \
                  WHERE kind = 'triggered'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
+            )
+            .await
                 == 1
         })
         .await
         .expect("the triggered run is recorded in the quoted table");
         running.stop().await;
 
-        let tables: Vec<String> = admin
-        .query(
+        let tables: Vec<String> = first_column(
+            &admin,
             "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = 'Ops' ORDER BY 1",
-            &[],
         )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await;
         assert_eq!(
             tables,
             [

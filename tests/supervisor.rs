@@ -26,6 +26,46 @@ fn fast_policy() -> RestartPolicy {
         .budget(4, Duration::from_secs(60))
 }
 
+/// Runs `supervisor` in a spawned task until the returned token is cancelled.
+fn spawn_run(supervisor: Supervisor) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    (shutdown, task)
+}
+
+/// Cancels a [`spawn_run`]'s token and waits for the supervisor to return.
+async fn stop_run(shutdown: CancellationToken, task: tokio::task::JoinHandle<()>) {
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+/// A supervisor on [`fast_policy`] with the worker `name`: each start adds one to `attempts`
+/// and calls `start` with the count before it (0 at the first start) and the worker's token.
+fn counted_worker<Fut>(
+    name: &str,
+    attempts: &Arc<AtomicUsize>,
+    mut start: impl FnMut(usize, CancellationToken) -> Fut + Send + 'static,
+) -> Supervisor
+where
+    Fut: std::future::Future + Send + 'static,
+    Fut::Output: pg_elector::background::WorkerResult,
+{
+    let attempts = attempts.clone();
+    Supervisor::new()
+        .restart_policy(fast_policy())
+        .worker(name, move |token| {
+            let n = attempts.fetch_add(1, Ordering::SeqCst);
+            start(n, token)
+        })
+}
+
+/// Sleeps `wait` (on paused time, the supervisor's restarts go on meanwhile), then reads
+/// `attempts`.
+async fn attempts_after(wait: Duration, attempts: &AtomicUsize) -> usize {
+    tokio::time::sleep(wait).await;
+    attempts.load(Ordering::SeqCst)
+}
+
 /// A supervisor with two workers: `pg-elector` runs the election, `sweep` runs `ticker` and
 /// counts its ticks in `ticks`.
 fn supervise_election_and_sweep(
@@ -106,32 +146,24 @@ mod b5 {
         let readiness = Readiness::new();
         let attempts = Arc::new(AtomicUsize::new(0));
         let healthy = Arc::new(AtomicBool::new(false));
-        let supervisor = Supervisor::new()
-            .restart_policy(fast_policy())
-            .worker("doomed", {
-                let attempts = attempts.clone();
-                move |_token| {
-                    attempts.fetch_add(1, Ordering::SeqCst);
-                    async { Err::<(), _>("schema mismatch") }
-                }
-            })
-            .worker("healthy", {
+        let supervisor = counted_worker("doomed", &attempts, |_, _token| async {
+            Err::<(), _>("schema mismatch")
+        })
+        .worker("healthy", {
+            let healthy = healthy.clone();
+            move |token: CancellationToken| {
                 let healthy = healthy.clone();
-                move |token: CancellationToken| {
-                    let healthy = healthy.clone();
-                    async move {
-                        healthy.store(true, Ordering::SeqCst);
-                        token.cancelled().await;
-                        healthy.store(false, Ordering::SeqCst);
-                    }
+                async move {
+                    healthy.store(true, Ordering::SeqCst);
+                    token.cancelled().await;
+                    healthy.store(false, Ordering::SeqCst);
                 }
-            });
+            }
+        });
         readiness.add(&supervisor.probe());
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (shutdown, task) = spawn_run(supervisor);
         assert_eq!(
-            attempts.load(Ordering::SeqCst),
+            attempts_after(Duration::from_secs(10), &attempts).await,
             5,
             "the first run and 4 restarts"
         );
@@ -150,8 +182,7 @@ mod b5 {
         assert_eq!(gave_up.len(), 1);
         assert_eq!(gave_up[0].field("worker"), "doomed");
         assert_eq!(capture.events("worker failed").len(), 4);
-        shutdown.cancel();
-        task.await.unwrap();
+        stop_run(shutdown, task).await;
         assert!(!healthy.load(Ordering::SeqCst));
     }
 
@@ -160,26 +191,20 @@ mod b5 {
         let capture = Capture::default();
         let _log = capture.install();
         let attempts = Arc::new(AtomicUsize::new(0));
-        let supervisor = Supervisor::new()
-            .restart_policy(fast_policy())
-            .worker("crashy", {
-                let attempts = attempts.clone();
-                move |token: CancellationToken| {
-                    let n = attempts.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        if n == 0 {
-                            panic!("unwrap on None");
-                        }
-                        token.cancelled().await;
-                    }
+        let supervisor = counted_worker(
+            "crashy",
+            &attempts,
+            |n, token: CancellationToken| async move {
+                if n == 0 {
+                    panic!("unwrap on None");
                 }
-            });
+                token.cancelled().await;
+            },
+        );
         let probe = supervisor.probe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (shutdown, task) = spawn_run(supervisor);
         assert_eq!(
-            attempts.load(Ordering::SeqCst),
+            attempts_after(Duration::from_secs(1), &attempts).await,
             2,
             "restarted after the panic"
         );
@@ -190,8 +215,7 @@ mod b5 {
         assert_eq!(panicked[0].field("worker"), "crashy");
         assert_eq!(panicked[0].field("panic"), "unwrap on None");
         assert!(!panicked[0].field("backtrace").is_empty());
-        shutdown.cancel();
-        task.await.unwrap();
+        stop_run(shutdown, task).await;
     }
 
     /// A worker whose start panics is restarted within its budget, then given up.
@@ -200,27 +224,20 @@ mod b5 {
         let capture = Capture::default();
         let _log = capture.install();
         let attempts = Arc::new(AtomicUsize::new(0));
-        let supervisor = Supervisor::new()
-            .restart_policy(fast_policy())
-            .worker("misconfigured", {
-                let attempts = attempts.clone();
-                move |token: CancellationToken| {
-                    // The synchronous part of the start, before any future exists.
-                    attempts.fetch_add(1, Ordering::SeqCst);
-                    let batch: u32 = "ten".parse().expect("SWEEP_BATCH is not a number");
-                    async move {
-                        for _ in 0..batch {
-                            token.cancelled().await;
-                        }
+        let supervisor =
+            counted_worker("misconfigured", &attempts, |_, token: CancellationToken| {
+                // The synchronous part of the start, before any future exists (the count too).
+                let batch: u32 = "ten".parse().expect("SWEEP_BATCH is not a number");
+                async move {
+                    for _ in 0..batch {
+                        token.cancelled().await;
                     }
                 }
             });
         let probe = supervisor.probe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (shutdown, task) = spawn_run(supervisor);
         assert_eq!(
-            attempts.load(Ordering::SeqCst),
+            attempts_after(Duration::from_secs(10), &attempts).await,
             5,
             "the first start and 4 restarts"
         );
@@ -239,8 +256,7 @@ mod b5 {
             matches!(probe.status(), ProbeStatus::Fail(e) if e.contains("misconfigured") && e.contains("SWEEP_BATCH")),
             "{probe:?}"
         );
-        shutdown.cancel();
-        task.await.unwrap();
+        stop_run(shutdown, task).await;
     }
 
     /// A probe taken before `probe_name` is renamed and still reports.
@@ -342,8 +358,7 @@ mod b5 {
         let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(20));
         let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks);
         let probe = supervisor.probe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(supervisor.run(shutdown.clone()));
+        let (shutdown, task) = spawn_run(supervisor);
         wait_for(3 * I, || elector.is_leader())
             .await
             .expect("the supervised election leads");
@@ -396,13 +411,11 @@ async fn b6_launchers_and_supervisor_run_on_an_always_leader() {
             }
         }
     });
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    let (shutdown, task) = spawn_run(supervisor);
     tokio::time::sleep(P * 5 / 2).await;
     assert_eq!(ticks.load(Ordering::SeqCst), 3);
     assert_eq!(loops.load(Ordering::SeqCst), 1);
-    shutdown.cancel();
-    task.await.unwrap();
+    stop_run(shutdown, task).await;
     assert_eq!(
         term.end(),
         Some(TermEnd::Shutdown),
@@ -445,13 +458,11 @@ async fn the_short_path_runs_election_ticker_and_loop_as_workers() {
         "one worker each, named after the election, the ticker and the loop: {supervisor:?}"
     );
     let term = elector.term();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(supervisor.run(shutdown.clone()));
+    let (shutdown, task) = spawn_run(supervisor);
     tokio::time::sleep(P * 5 / 2).await;
     assert_eq!(ticks.load(Ordering::SeqCst), 3);
     assert_eq!(loops.load(Ordering::SeqCst), 1);
-    shutdown.cancel();
-    task.await.unwrap();
+    stop_run(shutdown, task).await;
     assert_eq!(
         term.end(),
         Some(TermEnd::Shutdown),

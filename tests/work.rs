@@ -273,9 +273,7 @@ async fn e12_the_gauge_is_one_on_the_leader_and_zero_after_shutdown() {
             .unwrap()
     };
     let a = Replica::run(build());
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     assert_eq!(gauge(&registry, "pg_elector_leader"), Some(1));
 
     // A second elector on the same registry: one series, still 1.

@@ -203,21 +203,15 @@ impl PrivateServer {
     /// primary (as far as `pg_ctl` can tell).
     pub(crate) fn promote(&self) -> Result<(), HarnessError> {
         let _guard = lock(&self.control);
+        self.pg_ctl("promote", &[], "promoting the standby")
+    }
+
+    /// `pg_ctl {action} -w -t {PG_CTL_TIMEOUT_SECS} -s -D {data dir} {extra…}`, checked.
+    fn pg_ctl(&self, action: &str, extra: &[&str], what: &str) -> Result<(), HarnessError> {
         let data = self.data_dir.to_string_lossy().into_owned();
-        let what = "promoting the standby";
-        let out = self.run(
-            "pg_ctl",
-            &[
-                "promote",
-                "-w",
-                "-t",
-                PG_CTL_TIMEOUT_SECS,
-                "-s",
-                "-D",
-                &data,
-            ],
-            what,
-        )?;
+        let mut args = vec![action, "-w", "-t", PG_CTL_TIMEOUT_SECS, "-s", "-D", &data];
+        args.extend_from_slice(extra);
+        let out = self.run("pg_ctl", &args, what)?;
         self.check(&out, what)
     }
 
@@ -370,24 +364,8 @@ impl PrivateServer {
 
     /// `pg_ctl start`, then waits until a connection succeeds.
     fn start_and_wait(&self, what: &str) -> Result<(), HarnessError> {
-        let data = self.data_dir.to_string_lossy().into_owned();
         let log = self.log_file.to_string_lossy().into_owned();
-        let out = self.run(
-            "pg_ctl",
-            &[
-                "start",
-                "-w",
-                "-t",
-                PG_CTL_TIMEOUT_SECS,
-                "-s",
-                "-D",
-                &data,
-                "-l",
-                &log,
-            ],
-            what,
-        )?;
-        self.check(&out, what)?;
+        self.pg_ctl("start", &["-l", &log], what)?;
         self.wait_accepting(what)
     }
 
@@ -466,48 +444,14 @@ impl PrivateServer {
     }
 
     fn pg_ctl_stop(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
-        let data = self.data_dir.to_string_lossy().into_owned();
-        let out = self.run(
-            "pg_ctl",
-            &[
-                "stop",
-                "-w",
-                "-t",
-                PG_CTL_TIMEOUT_SECS,
-                "-s",
-                "-D",
-                &data,
-                "-m",
-                mode.as_str(),
-            ],
-            "stopping the server",
-        )?;
-        self.check(&out, "stopping the server")
+        self.pg_ctl("stop", &["-m", mode.as_str()], "stopping the server")
     }
 
     pub(crate) fn restart(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
         let _guard = lock(&self.control);
-        let data = self.data_dir.to_string_lossy().into_owned();
         let log = self.log_file.to_string_lossy().into_owned();
         let what = "restarting the server";
-        let out = self.run(
-            "pg_ctl",
-            &[
-                "restart",
-                "-w",
-                "-t",
-                PG_CTL_TIMEOUT_SECS,
-                "-s",
-                "-D",
-                &data,
-                "-l",
-                &log,
-                "-m",
-                mode.as_str(),
-            ],
-            what,
-        )?;
-        self.check(&out, what)?;
+        self.pg_ctl("restart", &["-l", &log, "-m", mode.as_str()], what)?;
         self.wait_accepting(what)
     }
 

@@ -6,7 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pg_elector_harness::{
-    FaultProxy, HarnessError, PgServer, Pgbouncer, PoolMode, ShutdownMode, serial,
+    FaultProxy, HarnessError, PgServer, Pgbouncer, PoolMode, SerialGuard, ShutdownMode, TestDb,
+    serial,
 };
 use tokio::time::timeout;
 
@@ -27,6 +28,40 @@ async fn try_lock(client: &tokio_postgres::Client, key: i64) -> bool {
         .await
         .unwrap()
         .get(0)
+}
+
+/// Holds the serial lock, then makes a fresh database on the shared server and a
+/// [`FaultProxy`] in front of that server.
+async fn proxied_db() -> (SerialGuard, TestDb, FaultProxy) {
+    let serial = serial();
+    let server = shared();
+    let db = server.create_database().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    (serial, db, proxy)
+}
+
+/// A client through `proxy`, its connection driven by a spawned task.
+async fn client_via(db: &TestDb, proxy: &FaultProxy) -> tokio_postgres::Client {
+    connect(db.config_via(proxy.addr())).await
+}
+
+async fn connect(config: tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Waits (2 s at the most) until `direct` can take the advisory lock `key`: the
+/// server ended the session a reset killed.
+async fn wait_lock_free_after_reset(direct: &tokio_postgres::Client, key: i64) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !try_lock(direct, key).await {
+        assert!(
+            Instant::now() < deadline,
+            "server kept the session after reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Waits until `path` no longer exists.
@@ -191,16 +226,8 @@ async fn external_server_is_usable_but_not_controllable() {
 
 #[tokio::test]
 async fn proxy_pass_forwards() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    let (client, conn) = db
-        .config_via(proxy.addr())
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let (_serial, db, proxy) = proxied_db().await;
+    let client = client_via(&db, &proxy).await;
     assert_eq!(query_one_i64(&client, "SELECT 7::bigint").await, 7);
     assert_eq!(proxy.accepted(), 1);
     assert_eq!(proxy.open(), 1);
@@ -225,10 +252,7 @@ async fn proxy_pass_forwards() {
 
 #[tokio::test]
 async fn proxy_blackhole_then_pass() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let pool = db.pool_via(proxy.addr(), 4);
     let old = pool.get().await.unwrap();
     old.simple_query("SELECT 1").await.unwrap();
@@ -266,10 +290,7 @@ async fn proxy_blackhole_then_pass() {
 
 #[tokio::test]
 async fn proxy_reset_kills_connections_on_both_sides() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let (client, conn) = db
         .config_via(proxy.addr())
         .connect(tokio_postgres::NoTls)
@@ -294,14 +315,7 @@ async fn proxy_reset_kills_connections_on_both_sides() {
     assert!(conn_result.is_err() || client.is_closed());
 
     // The server saw the RST: the session ended and released its lock.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !try_lock(&direct, 99).await {
-        assert!(
-            Instant::now() < deadline,
-            "server kept the session after reset"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_lock_free_after_reset(&direct, 99).await;
     eprintln!("lock free after reset: {:?}", t.elapsed());
 
     // New connections work in pass mode; the count goes on.
@@ -318,17 +332,9 @@ async fn proxy_reset_kills_connections_on_both_sides() {
 
 #[tokio::test]
 async fn dropping_the_proxy_closes_everything() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let addr = proxy.addr();
-    let (client, conn) = db
-        .config_via(addr)
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
     drop(proxy);
     let r = timeout(Duration::from_secs(1), client.simple_query("SELECT 1")).await;
@@ -342,17 +348,9 @@ const DELAY: Duration = Duration::from_millis(300);
 /// Slack on top of [`DELAY`] for a loaded 2-core CI machine.
 const SLACK: Duration = Duration::from_millis(250);
 
-/// A client through `proxy`, its connection driven by a spawned task.
-async fn client_via(db: &pg_elector_harness::TestDb, proxy: &FaultProxy) -> tokio_postgres::Client {
-    connect(db.config_via(proxy.addr())).await
-}
-
 #[tokio::test]
 async fn proxy_delay_adds_latency_per_answer() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
 
@@ -377,10 +375,7 @@ async fn proxy_delay_adds_latency_per_answer() {
 
 #[tokio::test]
 async fn proxy_delay_is_per_chunk_not_cumulative() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
 
@@ -427,10 +422,7 @@ async fn proxy_delay_is_per_chunk_not_cumulative() {
 
 #[tokio::test]
 async fn proxy_delay_zero_turns_it_off() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     proxy.delay(DELAY);
     let t = Instant::now();
@@ -467,10 +459,7 @@ async fn proxy_delay_zero_turns_it_off() {
 
 #[tokio::test]
 async fn proxy_blackhole_holds_delayed_answers() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
     proxy.delay(DELAY);
@@ -523,10 +512,7 @@ async fn proxy_blackhole_holds_delayed_answers() {
 
 #[tokio::test]
 async fn proxy_reset_works_while_delayed() {
-    let _serial = serial();
-    let server = shared();
-    let db = server.create_database().await.unwrap();
-    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let (_serial, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     assert!(try_lock(&client, 77).await);
     let direct = db.connect().await.unwrap();
@@ -543,14 +529,7 @@ async fn proxy_reset_works_while_delayed() {
         .expect("the reset waited for the delay");
     r.expect_err("query succeeded after reset");
     // The server saw the RST: the session ended and released its lock.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !try_lock(&direct, 77).await {
-        assert!(
-            Instant::now() < deadline,
-            "server kept the session after reset"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_lock_free_after_reset(&direct, 77).await;
     eprintln!("lock free after reset: {:?}", t.elapsed());
 }
 
@@ -753,12 +732,6 @@ async fn pgbouncer_transaction_mode_shares_one_session_and_session_mode_does_not
     assert!(try_lock(&a, 7).await);
     assert!(!try_lock(&b, 7).await);
     assert!(bouncer.log_tail(50).contains("listening on"));
-}
-
-async fn connect(config: tokio_postgres::Config) -> tokio_postgres::Client {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
 }
 
 #[test]

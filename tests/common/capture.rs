@@ -84,7 +84,9 @@ impl Capture {
     }
 }
 
-struct Visitor<'a>(&'a mut BTreeMap<String, String>);
+/// Records an event's or a span's fields into the map, by name, `Debug`-formatted but for
+/// strings, which go as they are.
+pub struct Visitor<'a>(pub &'a mut BTreeMap<String, String>);
 
 impl tracing::field::Visit for Visitor<'_> {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use pg_elector::{Elector, LockKey};
 use pg_elector_harness::TestDb;
 
-use super::{I, Replica, wait_for};
+use super::{I, Replica, wait_a_leads};
 
 /// Replicas `a` and `b` at interval `I` on pools of two, with a drain timeout of 2 s: `a` starts
 /// first and leads (within 3·I), then `b` starts, a standby. Returns `(a, b)`.
@@ -20,9 +20,7 @@ pub async fn a_leads_b_stands_by(db: &TestDb, key: LockKey) -> (Replica, Replica
             .unwrap()
     };
     let a = Replica::run(build());
-    wait_for(3 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
+    wait_a_leads(&a).await;
     let b = Replica::run(build());
     (a, b)
 }

@@ -136,6 +136,60 @@ pub fn fenced_elector(pool: Pool, key: LockKey, identity: &str, interval: Durati
         .expect("valid elector")
 }
 
+/// A fresh database with `ddl` (the tables a test writes to) run in it.
+pub async fn fresh_db_with(ddl: &str) -> TestDb {
+    let db = fresh_db().await;
+    db.connect()
+        .await
+        .unwrap()
+        .batch_execute(ddl)
+        .await
+        .unwrap();
+    db
+}
+
+/// Holds the serial lock, then makes a [`fresh_db_with`] `ddl`.
+pub async fn serial_db_with(ddl: &str) -> (pg_elector_harness::SerialGuard, TestDb) {
+    let serial = serial();
+    (serial, fresh_db_with(ddl).await)
+}
+
+/// The `bigint` in the first column of the one row `sql` (no parameters) answers, such as a
+/// `count(*)`.
+pub async fn query_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
+}
+
+/// Whether `sql` (no parameters) answers a row; false too when it fails (a table not there yet).
+pub async fn finds_row(client: &tokio_postgres::Client, sql: &str) -> bool {
+    client
+        .query_opt(sql, &[])
+        .await
+        .is_ok_and(|row| row.is_some())
+}
+
+/// The first column of each row `sql` (no parameters) answers.
+pub async fn first_column<T, C>(client: &tokio_postgres::Client, sql: &str) -> C
+where
+    T: tokio_postgres::types::FromSqlOwned,
+    C: FromIterator<T>,
+{
+    client
+        .query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Waits up to 3·I for replica `a` to lead (or panics saying "a leads").
+pub async fn wait_a_leads(a: &Replica) {
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+}
+
 /// A replica at interval `I` on a pool of two, once it leads (within 3·I).
 pub async fn leading_replica(db: &TestDb, key: LockKey) -> Replica {
     let replica = Replica::start(db.pool(2), key, I);
