@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::intervals::{Iv, extend, normalize};
 use super::{Input, us};
-use crate::faults::{Kind, SESSION_ENDED};
+use crate::faults::{Kind, SCHEDULING, SESSION_ENDED};
 use crate::fleet::What;
 
 /// The spans the faults excuse, and the stalls.
@@ -90,6 +90,17 @@ impl Excuses {
                     overlap_windows.push((window, g.id));
                     deaf_overlaps.push((g.id, f.id));
                 }
+            }
+        }
+        // A leader that hears its session end steps down before the next term begins, unless
+        // its process waits longer than the term's 5 ms for the CPU (see [`SCHEDULING`]).
+        for f in faults.iter().filter(|f| f.on_leader) {
+            if matches!(
+                f.kind,
+                Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset
+            ) {
+                let window = (f.inject, f.inject + us(SCHEDULING));
+                overlap_windows.push((extend(window, stalls_of(f.replica)), f.id));
             }
         }
         let overlap_excused = normalize(overlap_windows.iter().map(|w| w.0).collect());

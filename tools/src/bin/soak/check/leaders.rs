@@ -107,7 +107,7 @@ impl Checker<'_> {
                         ms(piece.1 - piece.0),
                         match latest_fault(piece.0) {
                             Some(id) => format!(
-                                " ({} ms after fault #{id}, {}, which allows no overlap)",
+                                " ({} ms after fault #{id}, {}, outside every overlap allowance)",
                                 ms(piece.0 - faults[id].inject),
                                 faults[id].kind.name()
                             ),
