@@ -25,7 +25,7 @@ pub(super) enum Start {
 }
 
 /// Starts a term on `grant`, whose session `held` guards from here on (a drop or a panic
-/// closes it, E7), unless something stands in the way.
+/// closes it without an unlock), unless something stands in the way.
 pub(super) async fn start_term(
     shared: &Shared,
     pg: &PgSettings,
