@@ -67,6 +67,8 @@ pub(crate) enum Mode {
     Postgres(PgSettings),
     /// Local modes: leader from the start, or promoted and demoted by hand.
     Local(LocalKind),
+    /// One shard of a group, promoted and demoted by the group's `run`.
+    Shard(PgSettings),
 }
 
 impl Elector {
@@ -125,9 +127,9 @@ impl Elector {
     }
 
     /// The election's settings; `None` for a local elector.
-    fn pg(&self) -> Option<&PgSettings> {
+    pub(crate) fn pg(&self) -> Option<&PgSettings> {
         match &*self.mode {
-            Mode::Postgres(pg) => Some(pg),
+            Mode::Postgres(pg) | Mode::Shard(pg) => Some(pg),
             Mode::Local(_) => None,
         }
     }
@@ -334,6 +336,8 @@ impl Elector {
                 self.shared.ask_resign();
                 was_leader
             }
+            // A shard moves by the group's assignment, not by hand.
+            Mode::Shard(_) => false,
             Mode::Postgres(pg) => {
                 if !self.shared.is_running() {
                     return false;
@@ -373,7 +377,7 @@ impl Elector {
     ///
     /// Cancel safe: it only reads.
     pub async fn current_leader(&self) -> Result<Option<crate::LeaderInfo>, Error> {
-        let Mode::Postgres(pg) = &*self.mode else {
+        let Some(pg) = self.pg() else {
             return Ok(None);
         };
         crate::postgres::leader_via(&pg.pool, pg.key, pg.fencing.as_deref(), pg.interval).await
@@ -383,10 +387,8 @@ impl Elector {
     /// …`), for a migration run by a role that may create tables; `None` without fencing.
     /// The elector's own role then needs `SELECT, INSERT, UPDATE` on it.
     pub fn fencing_ddl(&self) -> Option<String> {
-        match &*self.mode {
-            Mode::Postgres(pg) => pg.fencing.as_ref().map(|t| t.ddl().to_owned()),
-            Mode::Local(_) => None,
-        }
+        self.pg()
+            .and_then(|pg| pg.fencing.as_ref().map(|t| t.ddl().to_owned()))
     }
 
     /// Spawns [`run`](Self::run) on the current tokio runtime: the short form of
@@ -430,6 +432,7 @@ impl Elector {
                     .await
             }
             Mode::Local(kind) => crate::local::run(&self.shared, *kind, shutdown).await,
+            Mode::Shard(_) => Err(Error::ShardRunByGroup),
         }
     }
 }

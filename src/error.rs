@@ -70,6 +70,21 @@ pub enum Error {
         name: String,
     },
 
+    /// A group of shards needs 1 to 16 384 shards.
+    #[error("a group of shards needs 1 to {max} shards, not {count}")]
+    InvalidShardCount {
+        /// The count that was given.
+        count: u32,
+        /// The largest count a group may have.
+        max: u32,
+    },
+
+    /// [`run`](crate::Elector::run) was called on the handle of one shard
+    /// ([`Shards::elector`](crate::shards::Shards::elector)); the group's
+    /// [`Shards::run`](crate::shards::Shards::run) runs every shard.
+    #[error("a shard's elector is run by its group: call Shards::run")]
+    ShardRunByGroup,
+
     /// The registry already holds a metric of this name that is not one of `pg-elector`'s
     /// (another collector type, or a metric of the application's own).
     #[cfg(feature = "prometheus")]

@@ -33,6 +33,7 @@ mod local;
 mod metrics;
 mod postgres;
 pub mod schedule;
+pub mod shards;
 mod state;
 mod sync;
 mod term;
@@ -42,6 +43,9 @@ pub use builder::{DEFAULT_CHECK_INTERVAL, ElectorBuilder, MAX_CHECK_INTERVAL, MI
 pub use elector::{Elector, ManualControl};
 pub use error::{Error, Fenced};
 pub use key::LockKey;
-pub use metrics::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME};
+pub use metrics::{
+    CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME, SHARD_MOVES_NAME,
+    SHARDS_OWNED_NAME,
+};
 pub use postgres::{LeaderInfo, current_leader};
 pub use term::{Leadership, LossCause, Term, TermEnd};

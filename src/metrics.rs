@@ -14,6 +14,12 @@ pub const CHECK_DURATION_NAME: &str = "pg_elector_check_duration_seconds";
 /// The gauge of the current term's fencing epoch, labelled by `key`.
 pub const EPOCH_NAME: &str = "pg_elector_epoch";
 
+/// The gauge of the shards this replica owns, labelled by `group`.
+pub const SHARDS_OWNED_NAME: &str = "pg_elector_shards_owned";
+
+/// The counter of shards gained and given up, labelled by `group` and `cause`.
+pub const SHARD_MOVES_NAME: &str = "pg_elector_shard_moves_total";
+
 use crate::term::LossCause;
 
 /// Why leadership changed, as the `cause` label of the changes counter says it.
@@ -51,10 +57,10 @@ impl Change {
 }
 
 #[cfg(feature = "prometheus")]
-pub(crate) use enabled::{JobMetrics, Metrics, MetricsSpec};
+pub(crate) use enabled::{JobMetrics, Metrics, MetricsSpec, ShardMetrics};
 
 #[cfg(not(feature = "prometheus"))]
-pub(crate) use disabled::{Metrics, MetricsSpec};
+pub(crate) use disabled::{Metrics, MetricsSpec, ShardMetrics};
 
 #[cfg(not(feature = "prometheus"))]
 mod disabled {
@@ -84,6 +90,15 @@ mod disabled {
         pub(crate) fn observe_check(&self, _took: Duration) {}
         pub(crate) fn set_epoch(&self, _epoch: u64) {}
     }
+
+    /// Without the `prometheus` feature, a group of shards records nothing.
+    #[derive(Debug)]
+    pub(crate) struct ShardMetrics;
+
+    impl ShardMetrics {
+        pub(crate) fn set_owned(&self, _owned: usize) {}
+        pub(crate) fn count_move(&self, _cause: &str, _shards: usize) {}
+    }
 }
 
 #[cfg(feature = "prometheus")]
@@ -100,7 +115,10 @@ mod enabled {
         Registry,
     };
 
-    use super::{CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME, EPOCH_NAME};
+    use super::{
+        CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME, EPOCH_NAME,
+        SHARD_MOVES_NAME, SHARDS_OWNED_NAME,
+    };
     use crate::Error;
     use crate::schedule::plan::SkipReason;
 
@@ -214,6 +232,55 @@ mod enabled {
     impl Drop for Metrics {
         fn drop(&mut self) {
             self.set_leading(false);
+        }
+    }
+
+    /// A group of shards' series on this replica.
+    #[derive(Debug)]
+    pub(crate) struct ShardMetrics {
+        owned: IntGauge,
+        moves: IntCounterVec,
+        group: String,
+    }
+
+    impl ShardMetrics {
+        pub(crate) fn register(registry: &Registry, group: &str) -> Result<Self, Error> {
+            let owned: IntGaugeVec = register_shared(
+                registry,
+                SHARDS_OWNED_NAME,
+                IntGaugeVec::new(
+                    Opts::new(SHARDS_OWNED_NAME, "Shards of the group this replica owns."),
+                    &["group"],
+                ),
+            )?;
+            let moves: IntCounterVec = register_shared(
+                registry,
+                SHARD_MOVES_NAME,
+                IntCounterVec::new(
+                    Opts::new(
+                        SHARD_MOVES_NAME,
+                        "Shards this replica gained or gave up, by group and cause.",
+                    ),
+                    &["group", "cause"],
+                ),
+            )?;
+            Ok(Self {
+                owned: owned.with_label_values(&[group]),
+                moves,
+                group: group.to_owned(),
+            })
+        }
+
+        pub(crate) fn set_owned(&self, owned: usize) {
+            self.owned.set(i64::try_from(owned).unwrap_or(i64::MAX));
+        }
+
+        /// `shards` shards gained or given up for `cause` (`gained`, `moved`, `released`, or
+        /// a [`LossCause`](crate::LossCause)'s label).
+        pub(crate) fn count_move(&self, cause: &str, shards: usize) {
+            self.moves
+                .with_label_values(&[self.group.as_str(), cause])
+                .inc_by(shards as u64);
         }
     }
 

@@ -108,7 +108,7 @@ async fn lead(
 /// Completes, with the cause, when the lock connection closes or the local lease expires,
 /// within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
 /// term (and cancels its token) at once rather than at its next tick or when its check ends.
-async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
+pub(super) async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     loop {
         if session.is_closed() {
             return LossCause::ConnectionClosed;

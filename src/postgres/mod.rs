@@ -31,6 +31,7 @@ mod loss;
 mod repeats;
 mod session;
 pub(crate) mod settings;
+pub(crate) mod shards;
 mod standby;
 mod waiter;
 

@@ -26,6 +26,9 @@ use crate::lease::now_ms;
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
 ///
+/// `$10` asks for the key's shared lock instead (the membership lock of [`crate::shards`],
+/// which every member holds at once); everything else about the grant is the same.
+///
 /// The other columns read back the bounds as the server applied them to the session (a
 /// keepalive setting the kernel refused shows the kernel's value); they are logged at the grant.
 /// `OFFSET 0` keeps the answer's subquery from being flattened, so the settings are read
@@ -45,7 +48,8 @@ const TRY_LOCK: &str = "SELECT answer, \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.visited', $3::text, false) = $3::text \
             THEN 'marked' END \
-     WHEN pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) THEN \
+     WHEN CASE WHEN $10::bool THEN pg_catalog.pg_try_advisory_lock_shared($1::int4, $2::int4) \
+               ELSE pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) END THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
              AND pg_catalog.set_config('application_name', $9::text, false) IS NOT NULL \
              AND pg_catalog.set_config('tcp_user_timeout', $5::text, false) IS NOT NULL \
@@ -74,6 +78,15 @@ const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
 /// [`super::standby::SETTLE`], five times this, before its term starts, so that an old leader whose
 /// session was ended under it has stepped down first, whichever mode either of them runs in.
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(1);
+
+/// Which lock of the key a try asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockMode {
+    /// The key's exclusive lock: one holder, the leader.
+    Exclusive,
+    /// The key's shared lock: every member of a group of shards holds it at once.
+    Shared,
+}
 
 /// Why a try or a check failed. Displays the server's own message for a server error.
 #[derive(Debug, thiserror::Error)]
@@ -326,6 +339,7 @@ impl Borrower {
 pub(crate) async fn try_acquire(
     borrower: &mut Borrower,
     key: LockKey,
+    mode: LockMode,
     identity: &str,
     bounds: &SessionBounds,
     wait: Duration,
@@ -351,6 +365,7 @@ pub(crate) async fn try_acquire(
                     (&k_interval, Type::TEXT),
                     (&k_count, Type::TEXT),
                     (&identity, Type::TEXT),
+                    (&(mode == LockMode::Shared), Type::BOOL),
                 ],
             )
             .await?;
@@ -440,6 +455,12 @@ impl LockSession {
     /// [`handover`]).
     pub(crate) async fn unlock(&self, bound: Duration) -> Result<Unlocked, SessionError> {
         bounded(bound, handover::unlock(&self.client, self.key)).await
+    }
+
+    /// This grant's mark on the server session, which every statement of a shard member's
+    /// session checks before it takes a lock.
+    pub(crate) fn mark(&self) -> &str {
+        &self.mark
     }
 
     /// The client of the lock session, for the fencing bump.

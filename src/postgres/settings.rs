@@ -35,6 +35,19 @@ impl PgSettings {
             .saturating_add(RELEASE_BOUND)
     }
 
+    /// The same settings for another key: one shard of a group.
+    pub(crate) fn for_key(&self, key: LockKey) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            key,
+            interval: self.interval,
+            identity: self.identity.clone(),
+            fencing: self.fencing.clone(),
+            drain_timeout: self.drain_timeout,
+            fast_takeover: false,
+        }
+    }
+
     /// Where a term's fenced writes check its epoch; `None` without fencing.
     pub(crate) fn fence_target(&self) -> Option<FenceTarget> {
         self.fencing.as_ref().map(|table| FenceTarget {

@@ -10,10 +10,12 @@ use tokio_util::sync::CancellationToken;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{
-    AppliedBounds, Attempt, Borrower, LockSession, SessionBounds, SessionError, try_acquire,
+    AppliedBounds, Attempt, Borrower, LockMode, LockSession, SessionBounds, SessionError,
+    try_acquire,
 };
 use super::settings::PgSettings;
 use super::waiter::{self, WaitSpec, Waiter};
+use crate::key::LockKey;
 use crate::state::Shared;
 
 const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
@@ -24,7 +26,7 @@ const SHARED_TRY: &str = "this try ran on a server session that another elector 
 /// connection must be closed, since the lock may have been granted unseen. So a standby with
 /// a very short interval does not give up on a merely slow answer; this is far above any
 /// healthy round trip, and the try still waits at most I for a pool connection.
-const MIN_TRY_BOUND: Duration = Duration::from_secs(1);
+pub(super) const MIN_TRY_BOUND: Duration = Duration::from_secs(1);
 
 /// How long a term whose lock was not handed over gracefully waits before it starts, counted
 /// from the grant. Such a lock was freed by a session that ended: its leader may be alive and
@@ -199,6 +201,7 @@ impl Standby<'_> {
             attempt = try_acquire(
                 &mut self.borrower,
                 pg.key,
+                LockMode::Exclusive,
                 &pg.identity,
                 &self.bounds,
                 pg.interval,
@@ -217,22 +220,7 @@ impl Standby<'_> {
         records: &mut Records,
     ) {
         let key = self.pg.key;
-        let repeats = &mut records.tries;
         match attempt {
-            Ok(Attempt::Granted { .. }) => {}
-            Ok(Attempt::Refused) => {
-                repeats.clear();
-                tracing::trace!(key = %key, "lock held by another session")
-            }
-            Ok(Attempt::QueueFull) => {
-                tracing::trace!(key = %key, "every waiting slot is taken; this standby only tries")
-            }
-            Ok(Attempt::InRecovery) => {
-                loud_or_debug!(repeats.loud("recovery"), error, key = %key, "{RECOVERY}")
-            }
-            Ok(Attempt::SharedSession) => {
-                loud_or_debug!(repeats.loud("pooler"), error, key = %key, "{POOLER}: {SHARED_TRY}")
-            }
             // A waiting session that could not get a pool connection: the tries, which use the
             // same pool, say so at their level.
             Err(e @ SessionError::PoolTimeout(_)) if from_wait => {
@@ -241,9 +229,35 @@ impl Standby<'_> {
             Err(e) if from_wait => {
                 loud_or_debug!(records.wait.loud("wait"), warn, key = %key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
             }
-            Err(e) => {
-                loud_or_debug!(repeats.loud("acquire"), warn, key = %key, error = %e, "acquire lock connection")
-            }
+            tried => report_try(key, tried, &mut records.tries),
+        }
+    }
+}
+
+/// Logs a try that was not granted; a repeated failure at DEBUG in between. Shard members
+/// report their membership tries here too.
+pub(super) fn report_try(
+    key: LockKey,
+    attempt: Result<Attempt, SessionError>,
+    repeats: &mut Repeats,
+) {
+    match attempt {
+        Ok(Attempt::Granted { .. }) => {}
+        Ok(Attempt::Refused) => {
+            repeats.clear();
+            tracing::trace!(key = %key, "lock held by another session")
+        }
+        Ok(Attempt::QueueFull) => {
+            tracing::trace!(key = %key, "every waiting slot is taken; this standby only tries")
+        }
+        Ok(Attempt::InRecovery) => {
+            loud_or_debug!(repeats.loud("recovery"), error, key = %key, "{RECOVERY}")
+        }
+        Ok(Attempt::SharedSession) => {
+            loud_or_debug!(repeats.loud("pooler"), error, key = %key, "{POOLER}: {SHARED_TRY}")
+        }
+        Err(e) => {
+            loud_or_debug!(repeats.loud("acquire"), warn, key = %key, error = %e, "acquire lock connection")
         }
     }
 }

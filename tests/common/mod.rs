@@ -6,6 +6,7 @@ pub mod capture;
 pub mod handover;
 pub mod roles;
 pub mod schedules;
+pub mod shards;
 
 use std::future::Future;
 use std::sync::{Arc, Once};

@@ -1,0 +1,72 @@
+//! The loop behind [`Shards::run`](crate::shards::Shards::run): join the group with the same
+//! try as a single elector's standby (its shared lock instead of the exclusive one, with the
+//! same bounds, identity, read-replica and pooler checks), then serve as a member
+//! ([`member`]) until the session is lost or shutdown comes.
+
+use tokio::time::{MissedTickBehavior, interval};
+use tokio_util::sync::CancellationToken;
+
+use super::repeats::Repeats;
+use super::session::{Attempt, Borrower, LockMode, SessionBounds, try_acquire};
+use super::standby::{MIN_TRY_BOUND, report_try};
+use crate::error::Error;
+use crate::shards::Inner;
+
+mod member;
+mod sql;
+
+use member::{Member, Served};
+
+/// The group's membership on PostgreSQL, until `shutdown`.
+pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<(), Error> {
+    let Some(pg) = inner.member.pg() else {
+        return Ok(());
+    };
+    let _slot = inner.member.shared.claim_run()?;
+    let mut ticks = interval(pg.interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let bounds = SessionBounds::for_interval(pg.interval);
+    let mut borrower = Borrower::new(pg.pool.clone());
+    let mut repeats = Repeats::default();
+    loop {
+        let attempt = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            attempt = async {
+                ticks.tick().await;
+                try_acquire(
+                    &mut borrower,
+                    pg.key,
+                    LockMode::Shared,
+                    &pg.identity,
+                    &bounds,
+                    pg.interval,
+                    pg.interval.max(MIN_TRY_BOUND),
+                )
+                .await
+            } => attempt,
+        };
+        let Ok(Attempt::Granted {
+            session,
+            sent_at,
+            unbounded,
+            ..
+        }) = attempt
+        else {
+            report_try(pg.key, attempt, &mut repeats);
+            continue;
+        };
+        repeats.clear();
+        // A member tries again only after its session is lost: no borrow may hold a pool
+        // connection meanwhile.
+        borrower.let_go();
+        if unbounded {
+            inner.member.shared.warn_no_idle_session_timeout(pg.key);
+        }
+        let mut member = Member::join(inner, pg, session, sent_at);
+        match member.serve(&shutdown, &mut ticks).await {
+            Served::Shutdown => return Ok(()),
+            Served::Lost => continue,
+        }
+    }
+}

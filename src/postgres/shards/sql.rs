@@ -1,0 +1,164 @@
+//! The statements of a shard member's lock session: the check, the tries, the unlocks. Each is
+//! one unnamed statement, bounded on the client's clock, as the single elector's are.
+
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use crate::postgres::session::{LockSession, SessionError, bounded};
+
+/// The member's check, once per interval: the session answers, still carries this grant's
+/// mark and no other elector's visit (a transaction pooler), and lists the group's locks:
+/// the shards this session holds, and the members (every session holding the group's shared
+/// lock, by pid). `$1` is the group's class, `$2` the member key's object, `$3` the mark.
+const CHECK: &str = "WITH held AS MATERIALIZED ( \
+       SELECT pid, objid, mode FROM pg_catalog.pg_locks \
+       WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 AND granted \
+         AND database = (SELECT oid FROM pg_catalog.pg_database \
+                         WHERE datname = pg_catalog.current_database())) \
+     SELECT pg_catalog.pg_backend_pid(), \
+       coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
+       coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = '', \
+       ARRAY(SELECT objid::int8 FROM held WHERE pid = pg_catalog.pg_backend_pid() \
+             AND mode = 'ExclusiveLock' AND objid <> $2), \
+       ARRAY(SELECT pid FROM held WHERE objid = $2 AND mode = 'ShareLock')";
+
+/// The tries of the shards this member should own and does not hold (never one it holds: the
+/// lock would stack). Only on a session that still carries this grant's mark and no visit, so
+/// that behind a transaction pooler no lock is ever taken on someone else's server session.
+const TRY: &str = "SELECT s FROM pg_catalog.unnest($2::int4[]) AS s \
+     WHERE CASE WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text \
+                 AND coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = '' \
+           THEN pg_catalog.pg_try_advisory_lock($1::int4, s) ELSE false END";
+
+const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
+
+const UNLOCK_ALL: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
+
+/// What a member's check found.
+#[derive(Debug)]
+pub(super) struct View {
+    /// The lock session's backend.
+    pub(super) pid: i32,
+    /// The session carries this grant's mark and no other elector's visit.
+    pub(super) ours: bool,
+    /// The shards (indices) this session holds.
+    pub(super) held: Vec<u32>,
+    /// The members' pids, this one's included while it holds the shared lock.
+    pub(super) members: Vec<i32>,
+}
+
+pub(super) async fn check(
+    session: &LockSession,
+    class: i32,
+    member_object: i32,
+    bound: Duration,
+) -> Result<View, SessionError> {
+    let (class, object) = (class as u32, member_object as u32);
+    let row = bounded(bound, async {
+        let rows = session
+            .client()
+            .query_typed(
+                CHECK,
+                &[
+                    (&class, Type::OID),
+                    (&object, Type::OID),
+                    (&session.mark(), Type::TEXT),
+                ],
+            )
+            .await?;
+        rows.into_iter()
+            .next()
+            .map(|row| {
+                Ok::<_, tokio_postgres::Error>((
+                    row.try_get::<_, i32>(0)?,
+                    row.try_get::<_, bool>(1)? && row.try_get::<_, bool>(2)?,
+                    row.try_get::<_, Vec<i64>>(3)?,
+                    row.try_get::<_, Vec<i32>>(4)?,
+                ))
+            })
+            .transpose()
+    })
+    .await?;
+    // A SELECT without FROM always returns one row.
+    let Some((pid, ours, held, members)) = row else {
+        return Err(SessionError::Unexpected(None));
+    };
+    Ok(View {
+        pid,
+        ours,
+        held: held
+            .into_iter()
+            .filter_map(|s| u32::try_from(s).ok())
+            .collect(),
+        members,
+    })
+}
+
+/// Why the tries failed.
+#[derive(Debug)]
+pub(super) enum TryError {
+    /// The server's shared lock table is full: the session goes on, with what it holds.
+    LockTableFull(tokio_postgres::Error),
+    /// Anything else: the session's state is unknown.
+    Session(SessionError),
+}
+
+/// Tries `shards`; returns those granted.
+pub(super) async fn try_lock(
+    session: &LockSession,
+    class: i32,
+    shards: &[i32],
+    bound: Duration,
+) -> Result<Vec<u32>, TryError> {
+    let rows = bounded(
+        bound,
+        session.client().query_typed(
+            TRY,
+            &[
+                (&class, Type::INT4),
+                (&shards, Type::INT4_ARRAY),
+                (&session.mark(), Type::TEXT),
+            ],
+        ),
+    )
+    .await
+    .map_err(|e| match e {
+        SessionError::Query(e) if e.code() == Some(&SqlState::OUT_OF_MEMORY) => {
+            TryError::LockTableFull(e)
+        }
+        e => TryError::Session(e),
+    })?;
+    rows.iter()
+        .map(|row| row.try_get::<_, i32>(0).map(|s| s as u32))
+        .collect::<Result<_, _>>()
+        .map_err(|e| TryError::Session(SessionError::Query(e)))
+}
+
+/// Unlocks one shard; says whether the session held it.
+pub(super) async fn unlock(
+    session: &LockSession,
+    class: i32,
+    shard: u32,
+    bound: Duration,
+) -> Result<bool, SessionError> {
+    let row = bounded(
+        bound,
+        session.client().query_typed(
+            UNLOCK,
+            &[(&class, Type::INT4), (&(shard as i32), Type::INT4)],
+        ),
+    )
+    .await?;
+    Ok(row
+        .first()
+        .and_then(|r| r.try_get::<_, bool>(0).ok())
+        .unwrap_or(false))
+}
+
+/// Unlocks every advisory lock of the session, the membership's and every shard's.
+pub(super) async fn unlock_all(session: &LockSession, bound: Duration) -> Result<(), SessionError> {
+    bounded(bound, session.client().query_typed(UNLOCK_ALL, &[])).await?;
+    Ok(())
+}

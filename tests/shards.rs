@@ -1,0 +1,329 @@
+//! Shards (F6): membership from the server, a balanced assignment, ownership by the lock, one
+//! session per member, moves only after their drain, and every way a member goes away.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::shards::{Member, Monitor, balanced, shares};
+use common::{I, fresh_db, serial, wait_for};
+use pg_elector::shards::Shards;
+use pg_elector::{Error, TermEnd};
+
+/// The lock sessions holding any key of `shards`' group, per `pg_locks`.
+async fn sessions(client: &tokio_postgres::Client, shards: &Shards) -> i64 {
+    let class = shards.shard(0).unwrap().key().class();
+    client
+        .query_one(
+            "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objsubid = 2 \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&(class as u32)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+mod f6 {
+    use super::*;
+
+    /// Three members over 32 shards: each owns 10 or 11 within 2·I of the last join, every
+    /// shard has one owner, and the three hold one lock session each.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn three_members_balance_on_one_session_each() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let monitor = Monitor::start(32);
+        let members: Vec<Member> = (0..3)
+            .map(|_| Member::start(db.pool(2), "balance", 32, I))
+            .collect();
+        for m in &members {
+            monitor.watch(&m.shards);
+        }
+        let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
+        let took = wait_for(2 * I + I / 2, || balanced(&handles, 32)).await;
+        assert!(
+            took.is_some(),
+            "balanced within 2·I of the joins: {:?}",
+            shares(&handles)
+        );
+        let admin = db.connect().await.unwrap();
+        assert_eq!(
+            sessions(&admin, &members[0].shards).await,
+            3,
+            "one lock session per member"
+        );
+        for m in members {
+            m.stop().await.unwrap();
+        }
+        let seen = monitor.finish().await;
+        assert!(
+            seen.two_owners.is_empty(),
+            "two owners: {:?}",
+            &seen.two_owners[..seen.two_owners.len().min(5)]
+        );
+        assert_eq!(
+            sessions(&admin, &handles_group(&db)).await,
+            0,
+            "every lock released"
+        );
+    }
+
+    fn handles_group(db: &common::TestDb) -> Shards {
+        Shards::builder(db.pool(1), "balance", 32).build().unwrap()
+    }
+
+    /// A member joins, one is killed, one leaves gracefully: never two owners of a shard; the
+    /// killed member's shards are owned again within 1·I of its session closing, the leaver's
+    /// within 1·I of its unlock; balanced again within 2·I after each step.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joins_kills_and_leaves_never_give_a_shard_two_owners() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let count = 32;
+        let monitor = Monitor::start(count);
+        let a = Member::start(db.pool(2), "churn", count, I);
+        monitor.watch(&a.shards);
+        wait_for(2 * I, || a.shards.owned().len() == count as usize)
+            .await
+            .expect("a lone member owns every shard within 2·I");
+        let (b, c) = (
+            Member::start(db.pool(2), "churn", count, I),
+            Member::start(db.pool(2), "churn", count, I),
+        );
+        monitor.watch(&b.shards);
+        monitor.watch(&c.shards);
+        let three = [&a.shards, &b.shards, &c.shards];
+        wait_for(2 * I + I / 2, || balanced(&three, count))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "balanced within 2·I + drain of the joins: {:?}",
+                    shares(&three)
+                )
+            });
+
+        let killed = c.shards.owned().len();
+        c.kill().await;
+        let killed_at = Instant::now();
+        let two = [&a.shards, &b.shards];
+        let took = wait_for(2 * I, || balanced(&two, count))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "the killed member's {killed} shards owned again: {:?}",
+                    shares(&two)
+                )
+            });
+        assert!(
+            took <= I + I / 2,
+            "owned again within 1·I (+ slack) of the kill: {took:?}"
+        );
+        eprintln!(
+            "killed member's {killed} shards owned again after {:?}",
+            killed_at.elapsed()
+        );
+
+        b.stop().await.unwrap();
+        let took = wait_for(2 * I, || a.shards.owned().len() == count as usize)
+            .await
+            .expect("the leaver's shards owned again");
+        assert!(
+            took <= I + I / 2,
+            "owned again within 1·I (+ slack) of the unlock: {took:?}"
+        );
+
+        a.stop().await.unwrap();
+        let seen = monitor.finish().await;
+        assert!(
+            seen.two_owners.is_empty(),
+            "two owners: {:?}",
+            &seen.two_owners[..seen.two_owners.len().min(5)]
+        );
+        assert!(
+            seen.longest_unowned <= 2 * I,
+            "no shard unowned past 1·I (+ slack) while members ran: {:?}",
+            seen.longest_unowned
+        );
+    }
+
+    /// A shard moves only after its work drained: a's `do_work` on a shard that moves to b
+    /// returns before b's term of it starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_moving_shard_waits_for_its_work_to_drain() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let a = Member::build(
+            Shards::builder(db.pool(2), "drain", 2)
+                .check_interval(I)
+                .drain_timeout(4 * I),
+        );
+        wait_for(2 * I, || a.shards.owned().len() == 2)
+            .await
+            .expect("a owns both");
+        let work: Vec<_> = a
+            .shards
+            .all()
+            .map(|shard| {
+                let shards = a.shards.clone();
+                tokio::spawn(async move {
+                    shards
+                        .do_work(shard, |_term| async {
+                            tokio::time::sleep(2 * I).await;
+                            Ok::<_, ()>(Instant::now())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(I / 4).await;
+        let b = Member::start(db.pool(2), "drain", 2, I);
+        let moved = wait_for(6 * I, || b.shards.owned().len() == 1)
+            .await
+            .expect("one shard moves to b");
+        let gained_at = Instant::now();
+        let shard = b.shards.owned()[0];
+        assert!(!a.shards.is_owner(shard));
+        let mut ends = Vec::new();
+        for w in work {
+            ends.push(w.await.unwrap());
+        }
+        // The moved shard's work ended with its term: its outcome is dropped.
+        let done: Vec<Instant> = ends.iter().filter_map(|e| *e.as_ref().unwrap()).collect();
+        assert_eq!(
+            done.len(),
+            1,
+            "the kept shard's work returns its outcome: {ends:?}"
+        );
+        assert!(
+            moved >= 2 * I - I / 4 - I / 10,
+            "b gained the shard only after the work (2·I) drained: {moved:?}"
+        );
+        assert!(
+            moved <= 2 * I + 3 * I,
+            "and within 2·I of the drain: {moved:?}"
+        );
+        let _ = gained_at;
+        b.stop().await.unwrap();
+        a.stop().await.unwrap();
+    }
+
+    /// A member whose lock session is terminated ends every shard's term at once, and the
+    /// others own them within 1·I, with no instant of two owners.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminated_session_ends_every_term_of_its_member() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let count = 16;
+        let monitor = Monitor::start(count);
+        let a = Member::start(db.pool(2), "terminate", count, I);
+        let b = Member::start(db.pool(2), "terminate", count, I);
+        monitor.watch(&a.shards);
+        monitor.watch(&b.shards);
+        let two = [&a.shards, &b.shards];
+        wait_for(3 * I, || balanced(&two, count))
+            .await
+            .expect("balanced");
+        let terms: Vec<_> = a
+            .shards
+            .owned()
+            .into_iter()
+            .map(|s| a.shards.term(s))
+            .collect();
+        let admin = db.connect().await.unwrap();
+        let pid: i32 = admin
+            .query_one(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' \
+                 AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = $1)",
+                &[&(a.shards.shard(0).unwrap().key().object() as u32)],
+            )
+            .await
+            .map(|r| r.get(0))
+            .unwrap_or(0);
+        let victim = if a.shards.is_owner(a.shards.shard(0).unwrap()) {
+            &a
+        } else {
+            &b
+        };
+        let victim_terms: Vec<_> = victim
+            .shards
+            .owned()
+            .into_iter()
+            .map(|s| victim.shards.term(s))
+            .collect();
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+        let start = Instant::now();
+        for term in &victim_terms {
+            tokio::time::timeout(Duration::from_millis(100), term.cancelled())
+                .await
+                .expect("every term of the member ends within 100 ms of the terminate");
+            assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
+        }
+        let took = wait_for(3 * I, || {
+            a.shards.owned().len() + b.shards.owned().len() == count as usize
+        })
+        .await
+        .expect("every shard owned again");
+        eprintln!(
+            "terms ended after {:?}; all owned again after {took:?}",
+            start.elapsed()
+        );
+        assert!(
+            took <= I + I / 2,
+            "owned again within 1·I (+ slack): {took:?}"
+        );
+        drop(terms);
+        let seen = monitor.finish().await;
+        assert!(
+            seen.two_owners.is_empty(),
+            "two owners: {:?}",
+            &seen.two_owners[..seen.two_owners.len().min(5)]
+        );
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+    }
+}
+
+mod e17 {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_count_out_of_range_is_an_error() {
+        let db = fresh_db().await;
+        for count in [0, 16_385, u32::MAX] {
+            let err = Shards::builder(db.pool(1), "g", count).build().unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidShardCount { .. }),
+                "{count}: {err}"
+            );
+        }
+        let err = Shards::builder(db.pool(1), "g", 4)
+            .check_interval(Duration::from_millis(1))
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, Error::IntervalTooSmall { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_shards_elector_is_run_by_its_group() {
+        let db = fresh_db().await;
+        let shards = Shards::builder(db.pool(1), "g", 4).build().unwrap();
+        let elector = shards.elector(shards.shard(3).unwrap()).unwrap();
+        let err = elector.run(Default::default()).await.unwrap_err();
+        assert!(matches!(err, Error::ShardRunByGroup), "{err}");
+        assert!(!elector.resign(Duration::ZERO).await);
+        assert!(shards.shard(4).is_none());
+        let other = Shards::builder(db.pool(1), "h", 8).build().unwrap();
+        let foreign = other.shard(1).unwrap();
+        assert!(
+            shards.elector(foreign).is_none(),
+            "a shard of another group"
+        );
+        assert!(!shards.is_owner(foreign));
+        assert_eq!(shards.term(foreign).end(), Some(TermEnd::NotLeader));
+    }
+}
