@@ -64,11 +64,13 @@ const TRY_LOCK: &str = "SELECT answer, \
 
 /// The leader check: the session answers, still holds the lock, and is still ours alone
 ///: it carries our mark and no other elector's visit.
+///
+/// It reads `pg_locks` alone and takes no lock of the server's shared lock table (a shared
+/// catalog such as `pg_database` would take one), so a leader keeps passing its check when
+/// that table is full. The session's own advisory locks are all in its own database.
 const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
-     AND granted AND pid = pg_catalog.pg_backend_pid() \
-     AND database = (SELECT oid FROM pg_catalog.pg_database \
-                     WHERE datname = pg_catalog.current_database())), \
+     AND granted AND pid = pg_catalog.pg_backend_pid()), \
      coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
      coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = ''";
 

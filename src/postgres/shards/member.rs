@@ -65,7 +65,8 @@ pub(super) struct Member<'a> {
     /// The members of the last check, sorted, and the shards they make this member's.
     members: Vec<i32>,
     mine: Vec<bool>,
-    repeats: Repeats,
+    /// The member's complaints (a full lock table, a failed bump), across its sessions.
+    repeats: &'a mut Repeats,
 }
 
 impl<'a> Member<'a> {
@@ -74,6 +75,7 @@ impl<'a> Member<'a> {
         pg: &'a PgSettings,
         session: Box<LockSession>,
         joined_at: u64,
+        repeats: &'a mut Repeats,
     ) -> Self {
         let count = inner.shards.len();
         Self {
@@ -86,7 +88,7 @@ impl<'a> Member<'a> {
             drains: JoinSet::new(),
             members: Vec::new(),
             mine: vec![false; count],
-            repeats: Repeats::default(),
+            repeats,
         }
     }
 

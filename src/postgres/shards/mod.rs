@@ -28,6 +28,7 @@ pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<()
     let bounds = SessionBounds::for_interval(pg.interval);
     let mut borrower = Borrower::new(pg.pool.clone());
     let mut repeats = Repeats::default();
+    let mut complaints = Repeats::default();
     loop {
         let attempt = tokio::select! {
             biased;
@@ -63,7 +64,7 @@ pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<()
         if unbounded {
             inner.member.shared.warn_no_idle_session_timeout(pg.key);
         }
-        let mut member = Member::join(inner, pg, session, sent_at);
+        let mut member = Member::join(inner, pg, session, sent_at, &mut complaints);
         match member.serve(&shutdown, &mut ticks).await {
             Served::Shutdown => return Ok(()),
             Served::Lost => continue,

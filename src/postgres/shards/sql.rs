@@ -12,17 +12,22 @@ use crate::postgres::session::{LockSession, SessionError, bounded};
 /// mark and no other elector's visit (a transaction pooler), and lists the group's locks:
 /// the shards this session holds, and the members (every session holding the group's shared
 /// lock, by pid). `$1` is the group's class, `$2` the member key's object, `$3` the mark.
+///
+/// It takes no lock of the server's shared lock table, so that it still runs when that table
+/// is full: the group's locks are read from `pg_locks` alone (no shared catalog such as
+/// `pg_database`), and the database is the one of this session's own membership lock.
 const CHECK: &str = "WITH held AS MATERIALIZED ( \
-       SELECT pid, objid, mode FROM pg_catalog.pg_locks \
-       WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 AND granted \
-         AND database = (SELECT oid FROM pg_catalog.pg_database \
-                         WHERE datname = pg_catalog.current_database())) \
+       SELECT pid, objid, mode, database FROM pg_catalog.pg_locks \
+       WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 AND granted), \
+     db AS (SELECT database FROM held WHERE pid = pg_catalog.pg_backend_pid() AND objid = $2 \
+            LIMIT 1) \
      SELECT pg_catalog.pg_backend_pid(), \
        coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
        coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = '', \
        ARRAY(SELECT objid::int8 FROM held WHERE pid = pg_catalog.pg_backend_pid() \
              AND mode = 'ExclusiveLock' AND objid <> $2), \
-       ARRAY(SELECT pid FROM held WHERE objid = $2 AND mode = 'ShareLock')";
+       ARRAY(SELECT pid FROM held WHERE objid = $2 AND mode = 'ShareLock' \
+             AND database = (SELECT database FROM db))";
 
 /// The tries of the shards this member should own and does not hold (never one it holds: the
 /// lock would stack). Only on a session that still carries this grant's mark and no visit, so
