@@ -263,6 +263,7 @@ mod f6 {
                 .expect("every term of the member ends within 100 ms of the terminate");
             assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
         }
+        let ended = start.elapsed();
         let took = wait_for(3 * I, || {
             a.shards.owned().len() + b.shards.owned().len() == count as usize
         })

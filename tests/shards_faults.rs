@@ -1,0 +1,352 @@
+//! Shards (F6) under the faults and limits a single elector meets: a full lock table, a
+//! partition, a transaction pooler, a read replica; and fencing per shard.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::capture::Capture;
+use common::shards::{Member, Monitor, balanced, shares};
+use common::*;
+use pg_elector::shards::{Shards, ShardsBuilder};
+use pg_elector_harness::{Pgbouncer, PoolMode, ShutdownMode};
+use tokio::task::block_in_place;
+use tracing::instrument::WithSubscriber;
+
+/// A member whose `run` logs into `capture`.
+fn captured(builder: ShardsBuilder, capture: &Capture) -> Member {
+    let shards = builder.build().expect("valid group");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(
+        {
+            let (shards, shutdown) = (shards.clone(), shutdown.clone());
+            async move { shards.run(shutdown).await }
+        }
+        .with_subscriber(capture.dispatch()),
+    );
+    Member {
+        shards,
+        shutdown,
+        task,
+    }
+}
+
+/// The shards of `shards`' group that the server shows held, by any session (read from
+/// `pg_locks` alone, which needs no slot of a full lock table).
+async fn held_on_server(client: &tokio_postgres::Client, shards: &Shards) -> i64 {
+    let class = shards.shard(0).unwrap().key().class();
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = $1 AND objsubid = 2 AND mode = 'ExclusiveLock'",
+            &[&(class as u32)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+mod f6_7 {
+    use super::*;
+
+    /// A server whose shared lock table is full: the shards that do not fit stay unowned,
+    /// one ERROR names the setting to raise, the member keeps what it holds, and it reports
+    /// owned exactly the shards the server shows it holding. A single elector's leader on the
+    /// same server keeps its term (its check reads no shared catalog, which would need a slot).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_lock_table_leaves_shards_unowned_and_says_why() {
+        let _serial = serial();
+        let (server, db) = private_server().await;
+        let admin = db.connect().await.unwrap();
+        for setting in ["max_locks_per_transaction = 10", "max_connections = 20"] {
+            admin
+                .batch_execute(&format!("ALTER SYSTEM SET {setting}"))
+                .await
+                .unwrap();
+        }
+        drop(admin);
+        block_in_place(|| server.restart(ShutdownMode::Fast)).unwrap();
+        let capture = Capture::default();
+        // Connected before the table fills: a new backend needs a slot of it to start.
+        let admin = db.connect().await.unwrap();
+        // A single elector leading on the same server keeps passing its checks.
+        let leader = Replica::start(db.pool(1), pg_elector::LockKey::new(67, 1), I);
+        wait_a_leads(&leader).await;
+        let term = leader.elector.term();
+        let count = 4_000;
+        let member = captured(
+            Shards::builder(db.pool(2), "full", count).check_interval(I),
+            &capture,
+        );
+        let key = pg_elector::LockKey::new(member.shards.shard(0).unwrap().key().class(), -1);
+        capture
+            .logged("the server's shared lock table is full", 3 * I)
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "an ERROR names the full lock table: {:?}",
+                    capture.errors(key)
+                )
+            });
+        tokio::time::sleep(3 * I).await;
+        let errors: Vec<String> = capture
+            .errors(key)
+            .into_iter()
+            .filter(|m| m.contains("lock table"))
+            .collect();
+        assert_eq!(
+            errors.len(),
+            1,
+            "once, then at DEBUG for a minute: {errors:?}"
+        );
+        assert!(
+            errors[0].contains("max_locks_per_transaction"),
+            "{}",
+            errors[0]
+        );
+        let owned = member.shards.owned().len();
+        let held = held_on_server(&admin, &member.shards).await;
+        assert!(
+            owned > 0 && owned < count as usize,
+            "some shards fit, not all: {owned}"
+        );
+        assert_eq!(owned as i64, held, "owned is what the server shows held");
+        assert!(member.shards.is_member());
+        tokio::time::sleep(2 * I).await;
+        assert_eq!(
+            member.shards.owned().len(),
+            owned,
+            "what it holds stays held"
+        );
+        assert!(term.is_leader(), "a single elector's term outlives the full table");
+        member.stop().await.unwrap();
+        assert_eq!(held_on_server(&admin, &member_group(&db, count)).await, 0);
+        leader.stop().await.unwrap();
+    }
+
+    fn member_group(db: &TestDb, count: u32) -> Shards {
+        Shards::builder(db.pool(1), "full", count).build().unwrap()
+    }
+}
+
+mod e14 {
+    use super::*;
+
+    /// A partitioned member ends every shard's term within 2·I, before the server frees its
+    /// locks (4·I), so the other member takes them over with no instant of two owners.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partitioned_member_ends_its_terms_before_they_move() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        if !has_idle_session_timeout(&db).await {
+            return;
+        }
+        let proxy = shared_server_proxy().await;
+        let count = 16;
+        let monitor = Monitor::start(count);
+        let a = Member::start(db.pool_via(proxy.addr(), 2), "partition", count, I);
+        let b = Member::start(db.pool(2), "partition", count, I);
+        monitor.watch(&a.shards);
+        monitor.watch(&b.shards);
+        let two = [&a.shards, &b.shards];
+        wait_for(3 * I, || balanced(&two, count))
+            .await
+            .unwrap_or_else(|| panic!("balanced: {:?}", shares(&two)));
+        let terms: Vec<_> = a
+            .shards
+            .owned()
+            .into_iter()
+            .map(|s| a.shards.term(s))
+            .collect();
+        proxy.blackhole();
+        let cut = Instant::now();
+        let demoted = wait_for(3 * I, || a.shards.owned().is_empty())
+            .await
+            .expect("a ends its terms");
+        assert!(
+            demoted <= 2 * I + I / 2,
+            "within 2·I (+ slack) of the partition: {demoted:?}"
+        );
+        assert!(terms.iter().all(|t| !t.is_leader()));
+        wait_for(8 * I, || b.shards.owned().len() == count as usize)
+            .await
+            .expect("b owns every shard once the server frees a's");
+        let moved = cut.elapsed();
+        eprintln!(
+            "partition: a's terms ended after {demoted:?}, b owns all after {:?}",
+            cut.elapsed()
+        );
+        // The server frees a's locks 4·I after a's last statement, at most I before the cut.
+        assert!(
+            moved + Duration::from_millis(10) >= 3 * I && moved > demoted,
+            "not before the server's bound (3·I after the cut at the least), and after a's terms ended: {moved:?}"
+        );
+        let seen = monitor.finish().await;
+        assert!(
+            seen.two_owners.is_empty(),
+            "two owners: {:?}",
+            &seen.two_owners[..seen.two_owners.len().min(5)]
+        );
+        proxy.pass();
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+    }
+}
+
+mod e16 {
+    use super::*;
+
+    /// Through a transaction pooler no member owns a shard longer than one check, two never
+    /// own one at once, and the log names the pooler.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn through_a_transaction_pooler_none_owns_over_one_check() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        for pool_size in [1, 3] {
+            let db = fresh_db().await;
+            let bouncer =
+                block_in_place(|| Pgbouncer::start(server, PoolMode::Transaction, pool_size))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            let capture = Capture::default();
+            let count = 8;
+            let monitor = Monitor::start(count);
+            let mut members = Vec::new();
+            let mut longest = Duration::ZERO;
+            let mut since: Vec<Option<Instant>> = vec![None; 3];
+            let start = Instant::now();
+            while start.elapsed() < 10 * I {
+                if members.len() < 3 && start.elapsed() >= members.len() as u32 * I / 3 {
+                    let m = captured(
+                        Shards::builder(bouncer.pool_for(&db, 2), "pooled", count)
+                            .check_interval(I),
+                        &capture,
+                    );
+                    monitor.watch(&m.shards);
+                    members.push(m);
+                }
+                let now = Instant::now();
+                for (i, m) in members.iter().enumerate() {
+                    if !m.shards.owned().is_empty() {
+                        longest = longest.max(now - *since[i].get_or_insert(now));
+                    } else {
+                        since[i] = None;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let key =
+                pg_elector::LockKey::new(members[0].shards.shard(0).unwrap().key().class(), -1);
+            let pooler = capture
+                .errors(key)
+                .iter()
+                .filter(|m| m.contains("transaction-mode pooler"))
+                .count();
+            for m in members {
+                m.stop().await.unwrap();
+            }
+            let seen = monitor.finish().await;
+            eprintln!(
+                "transaction pooler, pool size {pool_size}: owned at a stretch {longest:?}, {pooler} pooler errors"
+            );
+            assert!(
+                longest <= I + I / 2,
+                "owned for {longest:?} behind a transaction pooler (pool size {pool_size})"
+            );
+            assert!(
+                seen.two_owners.is_empty(),
+                "two owners (pool size {pool_size})"
+            );
+            assert!(
+                pooler > 0,
+                "the log names the pooler (pool size {pool_size}): {:?}",
+                capture.errors(key)
+            );
+            drop(bouncer);
+        }
+    }
+
+    /// A member on a read replica never joins, owns nothing, and says why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_on_a_read_replica_never_owns_a_shard() {
+        let _serial = serial();
+        init_tracing();
+        let primary = block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
+        let db = primary.create_database().await.unwrap();
+        let standby = block_in_place(|| primary.spawn_standby()).unwrap_or_else(|e| panic!("{e}"));
+        let capture = Capture::default();
+        let member = captured(
+            Shards::builder(db.pool_via(standby.addr(), 2), "replica", 8).check_interval(I),
+            &capture,
+        );
+        let key = pg_elector::LockKey::new(member.shards.shard(0).unwrap().key().class(), -1);
+        let owned_ever = wait_for(5 * I, || {
+            member.shards.is_member() || !member.shards.owned().is_empty()
+        })
+        .await;
+        assert!(
+            owned_ever.is_none(),
+            "a member on a read replica joined or owned a shard"
+        );
+        let errors = capture.errors(key);
+        assert_eq!(
+            errors.len(),
+            1,
+            "one ERROR, its repeats at DEBUG: {errors:?}"
+        );
+        assert!(errors[0].contains("in recovery"), "{errors:?}");
+        member.stop().await.unwrap();
+        drop(standby);
+    }
+}
+
+mod f3 {
+    use super::*;
+
+    /// With fencing, each shard has its own epoch row: the term of a shard that moved fails
+    /// its fence once the new owner's term began, and the new term's epoch is greater.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_moved_shards_old_term_cannot_write() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let fenced = |pool| {
+            Shards::builder(pool, "fenced", 2)
+                .check_interval(I)
+                .fencing(true)
+        };
+        let a = Member::build(fenced(db.pool(2)));
+        wait_for(3 * I, || a.shards.owned().len() == 2)
+            .await
+            .expect("a owns both");
+        let old: Vec<_> = a.shards.all().map(|s| (s, a.shards.term(s))).collect();
+        for (_, term) in &old {
+            assert!(term.epoch().is_some(), "a fenced shard term has an epoch");
+        }
+        let b = Member::build(fenced(db.pool(2)));
+        wait_for(4 * I, || b.shards.owned().len() == 1)
+            .await
+            .expect("one shard moves to b");
+        let moved = b.shards.owned()[0];
+        let new = b.shards.term(moved);
+        let (_, old_term) = old.iter().find(|(s, _)| *s == moved).unwrap();
+        assert!(
+            new.epoch() > old_term.epoch(),
+            "{:?} > {:?}",
+            new.epoch(),
+            old_term.epoch()
+        );
+        let mut client = db.pool(1).get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        old_term
+            .fence(&tx)
+            .await
+            .expect_err("the moved shard's old term is fenced off");
+        drop(tx);
+        let tx = client.transaction().await.unwrap();
+        new.fence(&tx).await.expect("the new owner's term passes");
+        let kept = old.iter().find(|(s, _)| *s != moved).unwrap();
+        kept.1.fence(&tx).await.expect("the shard a kept passes");
+        tx.commit().await.unwrap();
+        b.stop().await.unwrap();
+        a.stop().await.unwrap();
+    }
+}
