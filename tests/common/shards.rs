@@ -133,8 +133,7 @@ impl Monitor {
     pub async fn finish(self) -> Seen {
         self.stop.cancel();
         self.task.await.unwrap();
-        let seen = self.seen.lock().unwrap().clone();
-        seen
+        self.seen.lock().unwrap().clone()
     }
 }
 
