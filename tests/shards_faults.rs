@@ -118,7 +118,10 @@ mod f6_7 {
             owned,
             "what it holds stays held"
         );
-        assert!(term.is_leader(), "a single elector's term outlives the full table");
+        assert!(
+            term.is_leader(),
+            "a single elector's term outlives the full table"
+        );
         member.stop().await.unwrap();
         assert_eq!(held_on_server(&admin, &member_group(&db, count)).await, 0);
         leader.stop().await.unwrap();
