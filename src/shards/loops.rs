@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ShardId, Shards};
 use crate::Term;
-use crate::background::WhileLeader;
+use crate::background::{Probe, Readiness, WhileLeader};
 
 /// Runs a self-paced loop for each shard this replica owns: started when the shard is gained,
 /// stopped when it moves or the replica leaves, and drained before the shard is unlocked.
@@ -21,6 +21,11 @@ use crate::background::WhileLeader;
 /// lost session ends it at once (or after the [grace](Self::stop_grace)). For a per-shard
 /// ticker, run a [`LeaderTicker`](crate::background::LeaderTicker) on each shard's elector
 /// the same way.
+///
+/// **Readiness**, with [`readiness`](Self::readiness): one probe per shard, named as its loop.
+/// A shard this replica does not own passes (it runs nothing here), and a shard that moved
+/// away clears its failure when its loop sees it gone, as a demoted leader's probe does; so
+/// a failing shard fails `/readyz` only on the replica that owns it, never on the others.
 ///
 /// ```no_run
 /// use pg_elector::shards::{ShardLoops, Shards};
@@ -45,6 +50,7 @@ pub struct ShardLoops {
     name: String,
     shards: Shards,
     grace: Duration,
+    probes: Option<Vec<Probe>>,
 }
 
 impl ShardLoops {
@@ -54,7 +60,24 @@ impl ShardLoops {
             name: name.into(),
             shards: shards.clone(),
             grace: Duration::ZERO,
+            probes: None,
         }
+    }
+
+    /// Adds one probe per shard to `readiness` (named `<name>/<index>`), each reporting its
+    /// shard's loop as a [`WhileLeader`]'s probe does. Default: no probes.
+    pub fn readiness(mut self, readiness: &Readiness) -> Self {
+        let probes = self
+            .shards
+            .all()
+            .map(|shard| readiness.probe(self.loop_name(shard)))
+            .collect();
+        self.probes = Some(probes);
+        self
+    }
+
+    fn loop_name(&self, shard: ShardId) -> String {
+        format!("{}/{shard}", self.name)
     }
 
     /// How long a loop may keep running after its shard's session was lost, as
@@ -81,8 +104,15 @@ impl ShardLoops {
             let Some(elector) = self.shards.elector(shard) else {
                 continue;
             };
-            let launcher =
-                WhileLeader::new(format!("{}/{shard}", self.name), elector).stop_grace(self.grace);
+            let mut launcher =
+                WhileLeader::new(self.loop_name(shard), elector).stop_grace(self.grace);
+            if let Some(probe) = self
+                .probes
+                .as_ref()
+                .and_then(|p| p.get(shard.index() as usize))
+            {
+                launcher = launcher.probe(probe);
+            }
             let (run_loop, shutdown) = (run_loop.clone(), shutdown.clone());
             loops.spawn(async move {
                 launcher
