@@ -1,4 +1,4 @@
-//! Setup the demo examples share (`demo`, `fenced`, `cron`): each includes it as `mod common;`.
+//! Setup the demo examples share (`demo`, `fenced`, `cron`, `shards`): each includes it as `mod common;`.
 //! A folder without a `main.rs`, so Cargo does not take it for an example of its own.
 
 use std::time::Instant;
