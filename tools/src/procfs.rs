@@ -84,3 +84,23 @@ pub fn clock_ticks_per_second() -> f64 {
         .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
         .unwrap_or(100.0)
 }
+
+/// A PostgreSQL server's CPU so far (clock ticks): the postmaster, its live children, and its
+/// reaped children; and how many children it has now.
+pub fn server_ticks(postmaster: i32) -> (u64, usize) {
+    let pm = stat(postmaster).unwrap_or_default();
+    let children = children_of(postmaster);
+    let live: u64 = children.iter().map(|(_, s)| s.own).sum();
+    (pm.own + pm.reaped + live, children.len())
+}
+
+/// The postmaster's pid, from the first line of `postmaster.pid` in the data directory.
+pub fn postmaster_pid(data_dir: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(data_dir.join("postmaster.pid"))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}

@@ -4,19 +4,11 @@ use std::sync::Arc;
 
 use pg_elector_harness::{PgServer, ShutdownMode};
 use pg_elector_tools::Mode;
-use pg_elector_tools::procfs::{children_of, stat};
+use pg_elector_tools::procfs::postmaster_pid;
+pub(crate) use pg_elector_tools::procfs::server_ticks;
 
 use crate::APP;
 use crate::snapshot::Plan;
-
-/// The server's CPU so far (clock ticks): the postmaster, its live children, and its reaped
-/// children; and how many children it has now.
-pub(crate) fn server_ticks(postmaster: i32) -> (u64, usize) {
-    let pm = stat(postmaster).unwrap_or_default();
-    let children = children_of(postmaster);
-    let live: u64 = children.iter().map(|(_, s)| s.own).sum();
-    (pm.own + pm.reaped + live, children.len())
-}
 
 // ---------------------------------------------------------------------------------------------
 // The server.
@@ -88,16 +80,7 @@ impl Server {
             .await
             .expect("restart the server")
             .unwrap_or_else(|e| panic!("{e}"));
-        let pid_file = self
-            .pg
-            .data_dir()
-            .expect("a private server")
-            .join("postmaster.pid");
-        self.postmaster = std::fs::read_to_string(&pid_file)
-            .expect("postmaster.pid")
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok())
+        self.postmaster = postmaster_pid(self.pg.data_dir().expect("a private server"))
             .expect("a pid in postmaster.pid");
         let admin = connect(self.pg.config()).await;
         if self.statements {
