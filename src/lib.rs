@@ -17,6 +17,17 @@
 //   `fence.rs` the epoch table, `leader.rs` `current_leader`; `settings.rs`, `loss.rs`,
 //   `repeats.rs` and `ident.rs` are the leaves they share. Design §8's map has the loop in
 //   `postgres/mod.rs` alone: its four steps are files of their own so that none is long.
+// - `shards/` the groups of shards: `mod.rs` the handle (each shard an `Elector` of mode
+//   `Shard` over the same `state.rs` as a single elector, so terms, drain, fencing targets and
+//   the background plane are the elector's own), `builder.rs` over `ElectorBuilder` (one
+//   validation), `assign.rs` the pure assignment, `loops.rs` a `WhileLeader` per shard. The
+//   member's loop is `postgres/shards/`: it joins with the standby's try (`session.rs`, the
+//   shared lock), and its `member.rs` checks, tries and unlocks with `sql.rs`, reusing the
+//   watch, the settle, the lease length, the bounds, `Loss` and `Repeats`. Why a group of one
+//   shard is not the single elector underneath: the elector's session holds one key and can
+//   wait on it (fast takeover) and hand it over with a marker; a member's session holds many
+//   keys, takes them by try only and gives them back one by one after their drain. What the
+//   two share is everything below the loop.
 // - `background/` the launchers; `schedule/` the leader schedules: `mod.rs` the builder and
 //   `run`, `task.rs` one job's loop, `due.rs` one due, `plan.rs` the pure catch-up decision,
 //   `store/` the SQL, `context.rs` what the job tasks share (beyond the design's map: without

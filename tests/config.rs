@@ -120,11 +120,16 @@ fn every_public_type_is_send_and_sync() {
     check::<RunKind>();
     check::<LostState>();
     check::<SkipReason>();
+    check::<pg_elector::shards::Shards>();
+    check::<pg_elector::shards::ShardId>();
+    check::<pg_elector::shards::Ownership>();
     // Not Clone: the builders, a schedule before it runs, the errors.
     fn send_sync<T: Send + Sync + 'static>() {}
     send_sync::<ElectorBuilder>();
     send_sync::<LocalBuilder>();
     send_sync::<Schedule>();
+    send_sync::<pg_elector::shards::ShardsBuilder>();
+    send_sync::<pg_elector::shards::ShardLoops>();
     // The supervisor holds its workers' `FnMut`s: Send, moved into its task, not Sync.
     fn send<T: Send + 'static>() {}
     send::<Supervisor>();

@@ -272,6 +272,33 @@ mod f6 {
 mod e17 {
     use super::*;
 
+    /// One run at a time, as for an elector; and two members with one identity are still two.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_run_at_a_time_and_identities_need_not_differ() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let same = |pool| {
+            Shards::builder(pool, "twins", 8)
+                .check_interval(I)
+                .identity("the-same-name")
+        };
+        let a = Member::build(same(db.pool(2)));
+        let err = a.shards.run(Default::default()).await.unwrap_err();
+        assert!(matches!(err, Error::AlreadyRunning), "{err}");
+        let b = Member::build(same(db.pool(2)));
+        let two = [&a.shards, &b.shards];
+        wait_for(3 * I, || balanced(&two, 8))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "two members of one identity split the shards: {:?}",
+                    shares(&two)
+                )
+            });
+        b.stop().await.unwrap();
+        a.stop().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_count_out_of_range_is_an_error() {
         let db = fresh_db().await;

@@ -20,8 +20,9 @@
 //!   member at ⌊S/N⌋ or ⌈S/N⌉, and how many shards changed owner;
 //! - lock sessions (distinct backends holding any key of the group in `pg_locks`) and the
 //!   group's backends (`pg_stat_activity`) at each size;
-//! - kills: with 8 members, one SIGKILLed at random, the time until every shard it owned is
-//!   owned again as `is_owner` says it, then a new process joins; repeated `--kills` times;
+//! - kills: with 8 members, one SIGKILLed at random (at a random phase of the interval), the
+//!   time until every shard it owned is owned again as `is_owner` says it, then a new process
+//!   joins; repeated `--kills` times;
 //! - leaves: a member asked to leave gracefully; the time until its shards are owned again and
 //!   the shards moved; then a new process joins;
 //! - two-owner time: the sum over shards of the time two processes' `is_owner` were both true;
@@ -169,6 +170,8 @@ async fn bench(o: Options) {
     let mut rng = Rng::new(unix_us() | 1);
     let (mut reowned, mut kill_balanced, mut kill_moves) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.kills {
+        // At a random phase of the members' checks, which the join just before aligned.
+        tokio::time::sleep(random_phase(&mut rng, i)).await;
         let before = fleet.owner_map();
         let at = rng.below(fleet.procs.len() as u64) as usize;
         let (victim, killed_at) = fleet.kill(at).await;
@@ -189,11 +192,22 @@ async fn bench(o: Options) {
         kill_moves.push(moved(&before, &fleet.owner_map()));
         join(&mut fleet, &mut joins).await;
     }
-    let (mut leave_balanced, mut leave_moves) = (Vec::new(), Vec::new());
+    let (mut leave_balanced, mut leave_moves, mut leave_owned) =
+        (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.leaves {
+        tokio::time::sleep(random_phase(&mut rng, i)).await;
         let before = fleet.owner_map();
         let at = rng.below(fleet.procs.len() as u64) as usize;
-        let (_, asked) = fleet.leave(at).await;
+        let (leaver, asked) = fleet.leave(at).await;
+        let theirs: Vec<usize> = (0..before.len()).filter(|&s| before[s] == leaver).collect();
+        let again = fleet
+            .until(10 * i, |f| {
+                let r = f.reports.lock().unwrap();
+                theirs.iter().all(|&s| r.owners[s].len() == 1)
+            })
+            .await
+            .expect("a leaver's shards owned again within 10·I");
+        leave_owned.push(again - asked);
         let balanced = fleet
             .until(10 * i, Fleet::balanced)
             .await
@@ -246,6 +260,11 @@ async fn bench(o: Options) {
         summary_count(&kill_moves.iter().map(|&m| m as u64).collect::<Vec<_>>())
     );
     println!(
+        "| graceful leave: its shards owned again, from the request ({} leaves) | {} |",
+        leave_owned.len(),
+        spread(&leave_owned)
+    );
+    println!(
         "| graceful leave: balanced again ({} leaves) | {} |",
         leave_balanced.len(),
         spread(&leave_balanced)
@@ -276,6 +295,13 @@ async fn bench(o: Options) {
             (cpu - idle).max(0.0) / (shards_cpu - idle).max(0.01)
         );
     }
+}
+
+/// A random wait within one interval: a kill or a leave right after a balance would always
+/// come just after the members' checks (which that balance aligned), and measure the worst
+/// phase every time.
+fn random_phase(rng: &mut Rng, interval: Duration) -> Duration {
+    Duration::from_micros(rng.below(interval.as_micros() as u64))
 }
 
 /// One more member: the time from its session to balance, and the shards moved.
