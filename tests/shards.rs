@@ -283,7 +283,13 @@ mod e17 {
                 .identity("the-same-name")
         };
         let a = Member::build(same(db.pool(2)));
-        let err = a.shards.run(Default::default()).await.unwrap_err();
+        wait_for(3 * I, || a.shards.is_member())
+            .await
+            .expect("a joins");
+        let err = tokio::time::timeout(I, a.shards.run(Default::default()))
+            .await
+            .expect("a second run returns at once")
+            .unwrap_err();
         assert!(matches!(err, Error::AlreadyRunning), "{err}");
         let b = Member::build(same(db.pool(2)));
         let two = [&a.shards, &b.shards];
