@@ -79,9 +79,8 @@ pub enum Error {
         max: u32,
     },
 
-    /// [`run`](crate::Elector::run) was called on the handle of one shard
-    /// ([`Shards::elector`](crate::shards::Shards::elector)); the group's
-    /// [`Shards::run`](crate::shards::Shards::run) runs every shard.
+    /// [`run`](crate::Elector::run) was called on the handle of one shard (`Shards::elector`
+    /// of the `shards` module); the group's `Shards::run` runs every shard.
     #[error("a shard's elector is run by its group: call Shards::run")]
     ShardRunByGroup,
 

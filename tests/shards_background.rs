@@ -74,13 +74,13 @@ mod f6_6 {
             s.sort();
             s
         };
-        wait_for(3 * I, || running(0).len() == count as usize)
+        wait_for(10 * I, || running(0).len() == count as usize)
             .await
             .expect("a runs a loop on each of its 8 shards");
         let b = Member::start(db.pool(2), "loops", count, I);
         let loops_b = spawn_loops(1, &b.shards, &runs, &readiness, None, &b.shutdown);
         let two = [&a.shards, &b.shards];
-        wait_for(4 * I, || {
+        wait_for(10 * I, || {
             balanced(&two, count) && running(1).len() == b.shards.owned().len()
         })
         .await
@@ -124,7 +124,7 @@ mod f6_6 {
         let (ready_a, ready_b) = (Readiness::new(), Readiness::new());
         let a = Member::start(db.pool(2), "ready", count, I);
         let loops_a = spawn_loops(0, &a.shards, &runs, &ready_a, Some(2), &a.shutdown);
-        wait_for(3 * I, || !ready_a.check().is_ready())
+        wait_for(10 * I, || !ready_a.check().is_ready())
             .await
             .unwrap_or_else(|| panic!("a's shard 2 fails its probe: {}", ready_a.check().body()));
         let failing = ready_a.check();
@@ -134,7 +134,7 @@ mod f6_6 {
         let b = Member::start(db.pool(2), "ready", count, I);
         let loops_b = spawn_loops(1, &b.shards, &runs, &ready_b, Some(2), &b.shutdown);
         let two = [&a.shards, &b.shards];
-        wait_for(4 * I, || balanced(&two, count))
+        wait_for(10 * I, || balanced(&two, count))
             .await
             .expect("balanced");
         let shard2 = a.shards.shard(2).unwrap();
@@ -192,12 +192,12 @@ mod f6_6 {
                 })
             })
             .collect();
-        wait_for(3 * I, || a.shards.owned().len() == 2)
+        wait_for(10 * I, || a.shards.owned().len() == 2)
             .await
             .expect("a owns both");
         tokio::time::sleep(I).await;
         let b = Member::start(db.pool(2), "ticker", 2, I);
-        wait_for(4 * I, || b.shards.owned().len() == 1)
+        wait_for(10 * I, || b.shards.owned().len() == 1)
             .await
             .expect("one shard moves");
         let moved = b.shards.owned()[0].index();
@@ -212,9 +212,10 @@ mod f6_6 {
             seen.iter().all(|&(s, _)| s != moved),
             "no tick of the moved shard on a: {seen:?}"
         );
+        // 10 periods of 20 ms in I; half of them, for a loaded machine.
         assert!(
-            seen.len() >= 10,
-            "the kept shard ticks every 20 ms: {}",
+            seen.len() >= 5,
+            "the kept shard keeps ticking every 20 ms: {} ticks in {I:?}",
             seen.len()
         );
         b.stop().await.unwrap();
@@ -237,7 +238,7 @@ mod f6_6 {
         );
         let mut owned = a.shards.subscribe();
         tokio::time::timeout(
-            3 * I,
+            10 * I,
             owned.wait_for(|o| o.owned.len() == 6 && o.members == 1),
         )
         .await
@@ -245,7 +246,7 @@ mod f6_6 {
         .unwrap();
         let b = Member::start(db.pool(2), "watched", 6, I);
         tokio::time::timeout(
-            4 * I,
+            10 * I,
             owned.wait_for(|o| o.owned.len() == 3 && o.members == 2),
         )
         .await

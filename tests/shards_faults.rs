@@ -152,7 +152,7 @@ mod e14 {
         monitor.watch(&a.shards);
         monitor.watch(&b.shards);
         let two = [&a.shards, &b.shards];
-        wait_for(3 * I, || balanced(&two, count))
+        wait_for(10 * I, || balanced(&two, count))
             .await
             .unwrap_or_else(|| panic!("balanced: {:?}", shares(&two)));
         let terms: Vec<_> = a
@@ -317,7 +317,7 @@ mod f3 {
                 .fencing(true)
         };
         let a = Member::build(fenced(db.pool(2)));
-        wait_for(3 * I, || a.shards.owned().len() == 2)
+        wait_for(10 * I, || a.shards.owned().len() == 2)
             .await
             .expect("a owns both");
         let old: Vec<_> = a.shards.all().map(|s| (s, a.shards.term(s))).collect();
@@ -325,7 +325,7 @@ mod f3 {
             assert!(term.epoch().is_some(), "a fenced shard term has an epoch");
         }
         let b = Member::build(fenced(db.pool(2)));
-        wait_for(4 * I, || b.shards.owned().len() == 1)
+        wait_for(10 * I, || b.shards.owned().len() == 1)
             .await
             .expect("one shard moves to b");
         let moved = b.shards.owned()[0];

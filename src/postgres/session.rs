@@ -26,7 +26,7 @@ use crate::lease::now_ms;
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
 /// - `refused`: another session holds the lock.
 ///
-/// `$10` asks for the key's shared lock instead (the membership lock of [`crate::shards`],
+/// `$10` asks for the key's shared lock instead (the membership lock of a group of shards,
 /// which every member holds at once); everything else about the grant is the same.
 ///
 /// The other columns read back the bounds as the server applied them to the session (a

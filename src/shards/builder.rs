@@ -7,7 +7,9 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::sync::watch;
 
-use super::{Inner, MAX_SHARDS, MEMBER_OBJECT, Shards};
+use super::Shards;
+use super::assign::MAX_SHARDS;
+use super::group::{Inner, MEMBER_OBJECT};
 use crate::elector::{Elector, Mode};
 use crate::{ElectorBuilder, Error, LockKey};
 

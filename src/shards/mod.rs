@@ -69,62 +69,15 @@ use tracing::Instrument;
 use crate::error::Error;
 use crate::{Elector, LockKey, Term};
 
-mod assign;
+pub(crate) mod assign;
 mod builder;
+pub(crate) mod group;
 mod loops;
 
-pub(crate) use assign::{MAX_SHARDS, assign};
 pub use builder::ShardsBuilder;
+pub(crate) use group::Inner;
+pub use group::{Ownership, ShardId};
 pub use loops::ShardLoops;
-
-/// One shard of a group: its index (`0..count`) and its lock key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ShardId {
-    index: u32,
-    key: LockKey,
-}
-
-impl ShardId {
-    /// The shard's index, `0..count`.
-    pub fn index(&self) -> u32 {
-        self.index
-    }
-
-    /// The advisory lock its owner holds: the group's class and the shard's index.
-    pub fn key(&self) -> LockKey {
-        self.key
-    }
-}
-
-impl PartialOrd for ShardId {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for ShardId {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.key.class(), self.index).cmp(&(other.key.class(), other.index))
-    }
-}
-
-impl std::fmt::Display for ShardId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.index)
-    }
-}
-
-/// What this replica owns, as [`Shards::subscribe`] reports it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Ownership {
-    /// The shards this replica owns, in index order.
-    pub owned: Vec<ShardId>,
-    /// How many members the last check saw (0 while this replica is not a member).
-    pub members: usize,
-    /// How many times the owned set changed since the group was built.
-    pub changes: u64,
-}
 
 /// One replica's part in a group of shards: a cheap, cloneable handle.
 ///
@@ -135,22 +88,6 @@ pub struct Ownership {
 pub struct Shards {
     pub(crate) inner: Arc<Inner>,
 }
-
-pub(crate) struct Inner {
-    pub(crate) group: String,
-    pub(crate) class: i32,
-    /// The membership: its settings (the group's member key, the interval, the identity,
-    /// fencing, the drain timeout), its lease and its `run` slot.
-    pub(crate) member: Elector,
-    /// One handle per shard, over the same state machine as a single elector's.
-    pub(crate) shards: Vec<Elector>,
-    pub(crate) ownership: watch::Sender<Ownership>,
-    pub(crate) metrics: Option<crate::metrics::ShardMetrics>,
-}
-
-/// The object of the group's member key (the shared lock every member holds); shards are
-/// `0..count`.
-pub(crate) const MEMBER_OBJECT: i32 = -1;
 
 impl Shards {
     /// Starts configuring a group of `count` shards named `group`, competed for with
@@ -298,31 +235,6 @@ impl Shards {
         crate::postgres::shards::run(&self.inner, shutdown)
             .instrument(span)
             .await
-    }
-}
-
-impl Inner {
-    /// Tells subscribers of the owned set, when it changed.
-    pub(crate) fn publish(&self, members: usize) {
-        let owned: Vec<ShardId> = (0..self.shards.len() as u32)
-            .filter(|&i| self.shards[i as usize].is_leader())
-            .map(|index| ShardId {
-                index,
-                key: LockKey::new(self.class, index as i32),
-            })
-            .collect();
-        if let Some(metrics) = &self.metrics {
-            metrics.set_owned(owned.len());
-        }
-        self.ownership.send_if_modified(|now| {
-            let changed = now.owned != owned || now.members != members;
-            if now.owned != owned {
-                now.changes += 1;
-            }
-            now.owned = owned;
-            now.members = members;
-            changed
-        });
     }
 }
 

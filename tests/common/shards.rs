@@ -149,3 +149,16 @@ pub fn balanced(members: &[&Shards], count: u32) -> bool {
     let s = shares(members);
     s.iter().sum::<usize>() == count as usize && s.iter().all(|&k| k == lo || k == hi)
 }
+
+/// Waits until every one of `members` has joined (its lock session is established), which a
+/// loaded machine may take a few intervals to do; the bounds of the tests count from there.
+pub async fn joined(members: &[&Shards], interval: Duration) {
+    let start = Instant::now();
+    while !members.iter().all(|m| m.is_member()) {
+        assert!(
+            start.elapsed() < 10 * interval,
+            "not every member joined within 10·I"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}

@@ -27,7 +27,8 @@ use crate::postgres::repeats::{Repeats, loud_or_debug};
 use crate::postgres::session::LockSession;
 use crate::postgres::settings::{PgSettings, RELEASE_BOUND};
 use crate::postgres::standby::SETTLE;
-use crate::shards::{Inner, MEMBER_OBJECT, assign};
+use crate::shards::assign::assign;
+use crate::shards::group::{Inner, MEMBER_OBJECT};
 use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 

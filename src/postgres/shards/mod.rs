@@ -1,4 +1,4 @@
-//! The loop behind [`Shards::run`](crate::shards::Shards::run): join the group with the same
+//! The loop behind `Shards::run`: join the group with the same
 //! try as a single elector's standby (its shared lock instead of the exclusive one, with the
 //! same bounds, identity, read-replica and pooler checks), then serve as a member
 //! ([`member`]) until the session is lost or shutdown comes.
@@ -10,7 +10,7 @@ use super::repeats::Repeats;
 use super::session::{Attempt, Borrower, LockMode, SessionBounds, try_acquire};
 use super::standby::{MIN_TRY_BOUND, report_try};
 use crate::error::Error;
-use crate::shards::Inner;
+use crate::shards::group::Inner;
 
 mod member;
 mod sql;
