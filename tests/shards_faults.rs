@@ -199,7 +199,7 @@ mod e14 {
 mod e16 {
     use super::*;
 
-    /// Through a transaction pooler no member owns a shard longer than one check, two never
+    /// Through a transaction pooler no member owns a shard longer than two checks, two never
     /// own one at once, and the log names the pooler.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn through_a_transaction_pooler_none_owns_over_one_check() {
@@ -251,8 +251,12 @@ mod e16 {
             eprintln!(
                 "transaction pooler, pool size {pool_size}: owned at a stretch {longest:?}, {pooler} pooler errors"
             );
+            // A member is found out at its first check after another client's try reached its
+            // server session. Unlike a standby, a member that joined tries no more, so that try
+            // may come only in the second interval: two checks (one failed run in 20 at 1.6·I
+            // with one).
             assert!(
-                longest <= I + I / 2,
+                longest <= 2 * I + I / 2,
                 "owned for {longest:?} behind a transaction pooler (pool size {pool_size})"
             );
             assert!(
@@ -349,6 +353,66 @@ mod f3 {
         let kept = old.iter().find(|(s, _)| *s != moved).unwrap();
         kept.1.fence(&tx).await.expect("the shard a kept passes");
         tx.commit().await.unwrap();
+        b.stop().await.unwrap();
+        a.stop().await.unwrap();
+    }
+}
+
+mod e3 {
+    use super::*;
+
+    /// A member uses its pool only to join: an exhausted pool keeps no member from its
+    /// shards, and a replica whose pool stays exhausted joins once a connection comes back,
+    /// saying why it waited.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_exhausted_pool_neither_ends_nor_blocks_ownership() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let capture = Capture::default();
+        let pool = db.pool(1);
+        let a = captured(
+            Shards::builder(pool.clone(), "pool", 4).check_interval(I),
+            &capture,
+        );
+        wait_for(10 * I, || a.shards.owned().len() == 4)
+            .await
+            .expect("a owns all four");
+        // Every connection of a's pool held by the application for 4·I.
+        let held = pool
+            .get()
+            .await
+            .expect("the pool's one connection is free again");
+        tokio::time::sleep(4 * I).await;
+        assert_eq!(
+            a.shards.owned().len(),
+            4,
+            "a keeps its shards with its pool exhausted"
+        );
+        drop(held);
+
+        let pool_b = db.pool(1);
+        let held = pool_b.get().await.unwrap();
+        let b = captured(
+            Shards::builder(pool_b.clone(), "pool", 4).check_interval(I),
+            &capture,
+        );
+        tokio::time::sleep(3 * I).await;
+        assert!(!b.shards.is_member(), "b cannot join without a connection");
+        let key = pg_elector::LockKey::new(b.shards.shard(0).unwrap().key().class(), -1);
+        assert!(
+            capture
+                .at(tracing::Level::WARN, key)
+                .iter()
+                .any(|m| m.contains("acquire lock connection")),
+            "b says why it does not join"
+        );
+        drop(held);
+        let two = [&a.shards, &b.shards];
+        wait_for(10 * I, || balanced(&two, 4))
+            .await
+            .unwrap_or_else(|| {
+                panic!("b joins once its pool has a connection: {:?}", shares(&two))
+            });
         b.stop().await.unwrap();
         a.stop().await.unwrap();
     }
