@@ -6,25 +6,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::shards::{Member, Monitor, balanced, joined, shares};
+use common::shards::{Held, Member, Monitor, balanced, joined, on_server, shares};
 use common::{I, fresh_db, serial, wait_for};
 use pg_elector::shards::Shards;
 use pg_elector::{Error, TermEnd};
-
-/// The lock sessions holding any key of `shards`' group, per `pg_locks`.
-async fn sessions(client: &tokio_postgres::Client, shards: &Shards) -> i64 {
-    let class = shards.shard(0).unwrap().key().class();
-    client
-        .query_one(
-            "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objsubid = 2 \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&(class as u32)],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
 
 mod f6 {
     use super::*;
@@ -52,7 +37,7 @@ mod f6 {
         );
         let admin = db.connect().await.unwrap();
         assert_eq!(
-            sessions(&admin, &members[0].shards).await,
+            on_server(&admin, &members[0].shards, Held::Sessions).await,
             3,
             "one lock session per member"
         );
@@ -66,7 +51,7 @@ mod f6 {
             &seen.two_owners[..seen.two_owners.len().min(5)]
         );
         assert_eq!(
-            sessions(&admin, &handles_group(&db)).await,
+            on_server(&admin, &handles_group(&db), Held::Sessions).await,
             0,
             "every lock released"
         );

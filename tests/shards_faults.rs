@@ -6,45 +6,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::capture::Capture;
-use common::shards::{Member, Monitor, balanced, shares};
+use common::shards::{Held, Member, Monitor, balanced, on_server, shares};
 use common::*;
-use pg_elector::shards::{Shards, ShardsBuilder};
+use pg_elector::shards::Shards;
 use pg_elector_harness::{Pgbouncer, PoolMode, ShutdownMode};
 use tokio::task::block_in_place;
-use tracing::instrument::WithSubscriber;
-
-/// A member whose `run` logs into `capture`.
-fn captured(builder: ShardsBuilder, capture: &Capture) -> Member {
-    let shards = builder.build().expect("valid group");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(
-        {
-            let (shards, shutdown) = (shards.clone(), shutdown.clone());
-            async move { shards.run(shutdown).await }
-        }
-        .with_subscriber(capture.dispatch()),
-    );
-    Member {
-        shards,
-        shutdown,
-        task,
-    }
-}
-
-/// The shards of `shards`' group that the server shows held, by any session (read from
-/// `pg_locks` alone, which needs no slot of a full lock table).
-async fn held_on_server(client: &tokio_postgres::Client, shards: &Shards) -> i64 {
-    let class = shards.shard(0).unwrap().key().class();
-    client
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objsubid = 2 AND mode = 'ExclusiveLock'",
-            &[&(class as u32)],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
 
 mod f6_7 {
     use super::*;
@@ -74,7 +40,7 @@ mod f6_7 {
         wait_a_leads(&leader).await;
         let term = leader.elector.term();
         let count = 4_000;
-        let member = captured(
+        let member = Member::run_captured(
             Shards::builder(db.pool(2), "full", count).check_interval(I),
             &capture,
         );
@@ -105,7 +71,7 @@ mod f6_7 {
             errors[0]
         );
         let owned = member.shards.owned().len();
-        let held = held_on_server(&admin, &member.shards).await;
+        let held = on_server(&admin, &member.shards, Held::Shards).await;
         assert!(
             owned > 0 && owned < count as usize,
             "some shards fit, not all: {owned}"
@@ -123,7 +89,10 @@ mod f6_7 {
             "a single elector's term outlives the full table"
         );
         member.stop().await.unwrap();
-        assert_eq!(held_on_server(&admin, &member_group(&db, count)).await, 0);
+        assert_eq!(
+            on_server(&admin, &member_group(&db, count), Held::Shards).await,
+            0
+        );
         leader.stop().await.unwrap();
     }
 
@@ -219,7 +188,7 @@ mod e16 {
             let start = Instant::now();
             while start.elapsed() < 10 * I {
                 if members.len() < 3 && start.elapsed() >= members.len() as u32 * I / 3 {
-                    let m = captured(
+                    let m = Member::run_captured(
                         Shards::builder(bouncer.pool_for(&db, 2), "pooled", count)
                             .check_interval(I),
                         &capture,
@@ -281,7 +250,7 @@ mod e16 {
         let db = primary.create_database().await.unwrap();
         let standby = block_in_place(|| primary.spawn_standby()).unwrap_or_else(|e| panic!("{e}"));
         let capture = Capture::default();
-        let member = captured(
+        let member = Member::run_captured(
             Shards::builder(db.pool_via(standby.addr(), 2), "replica", 8).check_interval(I),
             &capture,
         );
@@ -370,7 +339,7 @@ mod e3 {
         let db = fresh_db().await;
         let capture = Capture::default();
         let pool = db.pool(1);
-        let a = captured(
+        let a = Member::run_captured(
             Shards::builder(pool.clone(), "pool", 4).check_interval(I),
             &capture,
         );
@@ -392,7 +361,7 @@ mod e3 {
 
         let pool_b = db.pool(1);
         let held = pool_b.get().await.unwrap();
-        let b = captured(
+        let b = Member::run_captured(
             Shards::builder(pool_b.clone(), "pool", 4).check_interval(I),
             &capture,
         );

@@ -30,6 +30,25 @@ impl Member {
         Self::run(builder.build().expect("valid group"))
     }
 
+    /// Like [`Member::run`], with every event of its `run` recorded in `capture`.
+    pub fn run_captured(builder: ShardsBuilder, capture: &super::capture::Capture) -> Self {
+        use tracing::instrument::WithSubscriber;
+        let shards = builder.build().expect("valid group");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            {
+                let (shards, shutdown) = (shards.clone(), shutdown.clone());
+                async move { shards.run(shutdown).await }
+            }
+            .with_subscriber(capture.dispatch()),
+        );
+        Self {
+            shards,
+            shutdown,
+            task,
+        }
+    }
+
     pub fn run(shards: Shards) -> Self {
         let shutdown = CancellationToken::new();
         let task = shards.spawn(shutdown.clone());
@@ -161,4 +180,31 @@ pub async fn joined(members: &[&Shards], interval: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// What `pg_locks` shows of `shards`' group (read from it alone, which needs no slot of a
+/// full lock table): the sessions holding any of its keys, or the shards held.
+pub async fn on_server(client: &tokio_postgres::Client, shards: &Shards, what: Held) -> i64 {
+    let class = shards.shard(0).unwrap().key().class();
+    let count = match what {
+        Held::Sessions => "count(DISTINCT pid)",
+        Held::Shards => "count(*) FILTER (WHERE mode = 'ExclusiveLock')",
+    };
+    client
+        .query_one(
+            &format!(
+                "SELECT {count} FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND classid = $1 AND objsubid = 2"
+            ),
+            &[&(class as u32)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// What [`on_server`] counts.
+pub enum Held {
+    Sessions,
+    Shards,
 }
