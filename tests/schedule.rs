@@ -271,9 +271,11 @@ mod f5 {
             .expect("the probe fails after a failed run");
         // Not a timing claim: a panic's backtrace is captured before its run is recorded, and
         // on a loaded machine the first one took 4.5 s to symbolise (PostgreSQL 13 matrix, CI).
-        wait_for(Duration::from_secs(20), || calls.load(Ordering::SeqCst) >= 3)
-            .await
-            .expect("the job stays on its schedule through a failure and a panic");
+        wait_for(Duration::from_secs(20), || {
+            calls.load(Ordering::SeqCst) >= 3
+        })
+        .await
+        .expect("the job stays on its schedule through a failure and a panic");
         wait_for(Duration::from_millis(500), || probe.status().is_pass())
             .await
             .expect("a later success clears the probe");
