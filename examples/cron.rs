@@ -117,7 +117,11 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
 
-    let window_from = chrono_now(&admin).await?;
+    // A job's dues from before its registration are its past, not caught up on: the window
+    // opens once the three jobs are registered (the leader may take a moment to make the
+    // tables and register them on a busy machine).
+    registered(&admin, 3).await?;
+    let window_from = server_now(&admin, Duration::ZERO).await?;
     tokio::time::sleep(Duration::from_secs(17)).await;
     say("alpha shuts down (a deploy): it finishes its runs, gives the lock up".into());
     alpha.shutdown.cancel();
@@ -127,7 +131,8 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         second.epoch().unwrap_or_default()
     ));
     tokio::time::sleep(Duration::from_secs(18)).await;
-    let window_to = chrono_now(&admin).await?;
+    // Only dues that had time to run: the window closes one interval ago.
+    let window_to = server_now(&admin, INTERVAL).await?;
 
     let gauges: Vec<String> = [&alpha, &beta]
         .iter()
@@ -185,16 +190,39 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The server's clock, shifted by one interval so that the window only holds dues that had
-/// time to run.
-async fn chrono_now(
+/// The server's clock, `ago` in the past.
+async fn server_now(
     client: &tokio_postgres::Client,
+    ago: Duration,
 ) -> Result<std::time::SystemTime, tokio_postgres::Error> {
+    let ago_ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
     Ok(client
         .query_one(
-            "SELECT clock_timestamp() - interval '500 milliseconds'",
-            &[],
+            "SELECT clock_timestamp() - $1::int8 * interval '1 millisecond'",
+            &[&ago_ms],
         )
         .await?
         .get(0))
+}
+
+/// Waits (at most 10 s) until `jobs` jobs are registered in the schedule's table.
+async fn registered(
+    client: &tokio_postgres::Client,
+    jobs: i64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // Until the leader made it, the table is missing: that reads as none registered.
+        let count = client
+            .query_one("SELECT count(*) FROM pg_elector_jobs", &[])
+            .await
+            .map_or(0, |row| row.get::<_, i64>(0));
+        if count >= jobs {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("only {count} of {jobs} jobs registered after 10 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
