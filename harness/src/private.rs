@@ -96,24 +96,20 @@ impl PrivateServer {
         Ok(server)
     }
 
-    /// Makes a hot standby of this running server and starts it on a free
-    /// port: `pg_basebackup -R` when the bin dir has it, else a copy of the
-    /// data dir taken while this server is stopped (`pg_ctl stop -m fast`,
-    /// copy, start again: every connection to this server is cut).
-    pub(crate) fn spawn_standby(&self) -> Result<Self, HarnessError> {
+    /// Makes a hot standby of this running server, streaming from it through
+    /// `upstream_port` on 127.0.0.1 (its own port, or a proxy's), and starts it
+    /// on a free port: `pg_basebackup -R` when the bin dir has it, else a copy
+    /// of the data dir taken while this server is stopped (`pg_ctl stop -m
+    /// fast`, copy, start again: every connection to this server is cut).
+    pub(crate) fn spawn_standby(&self, upstream_port: u16) -> Result<Self, HarnessError> {
         let started = Instant::now();
         let mut standby = PrivateServer::empty(self.bin_dir.clone(), self.run_as)?;
-        let how = if self.bin_dir.join("pg_basebackup").is_file() {
-            self.base_backup_into(&standby)?;
-            "pg_basebackup"
-        } else {
-            self.cold_copy_into(&standby)?;
-            "cold copy"
-        };
+        let how = self.copy_into(&standby, upstream_port)?;
         standby.start_on_free_port()?;
         tracing::info!(
             port = standby.port,
             primary_port = self.port,
+            upstream_port,
             how,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "private PostgreSQL standby started"
@@ -121,10 +117,62 @@ impl PrivateServer {
         Ok(standby)
     }
 
-    /// `pg_basebackup -R` from this server into `standby`'s data dir.
-    fn base_backup_into(&self, standby: &PrivateServer) -> Result<(), HarnessError> {
+    /// Makes this server (stopped first, at once, if it runs) a hot standby of
+    /// `primary`, reached through `upstream_port`: its data dir is thrown away
+    /// and copied again from `primary` (as [`spawn_standby`](Self::spawn_standby)
+    /// does), then it starts on its own port again. What an operator does with
+    /// a failed primary after a failover, instead of `pg_rewind`.
+    pub(crate) fn rejoin_as_standby_of(
+        &self,
+        primary: &PrivateServer,
+        upstream_port: u16,
+    ) -> Result<(), HarnessError> {
+        let _guard = lock(&self.control);
+        let started = Instant::now();
+        if self.data_dir.join("postmaster.pid").exists() {
+            let _ = self.pg_ctl_stop(ShutdownMode::Immediate);
+        }
+        std::fs::remove_dir_all(&self.data_dir)
+            .map_err(|e| HarnessError::io("removing the old primary's data dir", e))?;
+        let how = primary.copy_into(self, upstream_port)?;
+        // The copy carries the primary's settings, its port among them.
+        self.write_settings(self.port)?;
+        self.start_and_wait("starting the old primary as a standby")?;
+        tracing::info!(
+            port = self.port,
+            primary_port = primary.port,
+            how,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "private PostgreSQL server back as a standby"
+        );
+        Ok(())
+    }
+
+    /// Copies this running server into `standby`'s (absent) data dir as a
+    /// standby streaming through `upstream_port`; says how.
+    fn copy_into(
+        &self,
+        standby: &PrivateServer,
+        upstream_port: u16,
+    ) -> Result<&'static str, HarnessError> {
+        if self.bin_dir.join("pg_basebackup").is_file() {
+            self.base_backup_into(standby, upstream_port)?;
+            Ok("pg_basebackup")
+        } else {
+            self.cold_copy_into(standby, upstream_port)?;
+            Ok("cold copy")
+        }
+    }
+
+    /// `pg_basebackup -R` from this server, reached through `upstream_port`,
+    /// into `standby`'s data dir.
+    fn base_backup_into(
+        &self,
+        standby: &PrivateServer,
+        upstream_port: u16,
+    ) -> Result<(), HarnessError> {
         let data = standby.data_dir.to_string_lossy().into_owned();
-        let port = self.port.to_string();
+        let port = upstream_port.to_string();
         let what = "taking a base backup for a standby";
         let out = standby.run(
             "pg_basebackup",
@@ -152,8 +200,13 @@ impl PrivateServer {
 
     /// Copies this server's data dir while it is stopped, then makes the
     /// copy a standby streaming from this server (what `pg_basebackup -R`
-    /// writes: `standby.signal` and `primary_conninfo`).
-    fn cold_copy_into(&self, standby: &PrivateServer) -> Result<(), HarnessError> {
+    /// writes: `standby.signal` and `primary_conninfo`, here through
+    /// `upstream_port`).
+    fn cold_copy_into(
+        &self,
+        standby: &PrivateServer,
+        upstream_port: u16,
+    ) -> Result<(), HarnessError> {
         let what = "copying the data dir for a standby";
         self.stop(ShutdownMode::Fast)?;
         let copied = self
@@ -188,8 +241,7 @@ impl PrivateServer {
             .map_err(|e| HarnessError::io(format!("{what}: opening postgresql.auto.conf"), e))?;
         writeln!(
             conf,
-            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name=standby'",
-            self.port
+            "primary_conninfo = 'host=127.0.0.1 port={upstream_port} user=postgres application_name=standby'"
         )
         .map_err(|e| HarnessError::io(format!("{what}: writing postgresql.auto.conf"), e))?;
         if let Some(run_as) = self.run_as {

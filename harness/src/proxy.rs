@@ -40,6 +40,8 @@ struct Shared {
     reset: watch::Sender<u64>,
     /// Bytes replaced in the server's answers: (what, by what), of one length.
     rewrite: watch::Sender<Option<(Vec<u8>, Vec<u8>)>>,
+    /// Where new connections go (current ones stay with the server they reached).
+    target: watch::Sender<SocketAddr>,
     accepted: AtomicU64,
     open: AtomicUsize,
 }
@@ -77,6 +79,9 @@ struct Shared {
 ///   `SO_LINGER` 0 on both sides, so the client and the server each see a
 ///   TCP RST (the server ends the session and releases its locks). New
 ///   connections are accepted as usual afterwards, in the current mode.
+/// - [`retarget`](Self::retarget)`(addr)`: an address that moves (a virtual IP
+///   or a DNS name re-pointed at a promoted standby). New connections go to
+///   `addr`; current ones stay with the server they reached.
 /// - [`rewrite_answers`](Self::rewrite_answers)`(from, to)`: a server that says
 ///   what it never would. Every `from` in the server's answers becomes `to` (of
 ///   the same length), until [`stop_rewriting`](Self::stop_rewriting).
@@ -87,7 +92,6 @@ struct Shared {
 /// runtime processes that, normally at once).
 pub struct FaultProxy {
     addr: SocketAddr,
-    target: SocketAddr,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
 }
@@ -96,7 +100,7 @@ impl fmt::Debug for FaultProxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FaultProxy")
             .field("addr", &self.addr)
-            .field("target", &self.target)
+            .field("target", &self.target())
             .field("mode", &*self.shared.mode.borrow())
             .field("delay", &*self.shared.delay.borrow())
             .field("accepted", &self.accepted())
@@ -115,17 +119,13 @@ impl FaultProxy {
             delay: watch::Sender::new(Duration::ZERO),
             reset: watch::Sender::new(0),
             rewrite: watch::Sender::new(None),
+            target: watch::Sender::new(target),
             accepted: AtomicU64::new(0),
             open: AtomicUsize::new(0),
         });
-        let task = tokio::spawn(accept_loop(listener, target, Arc::clone(&shared)));
+        let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         tracing::debug!(%addr, %target, "fault proxy started");
-        Ok(FaultProxy {
-            addr,
-            target,
-            shared,
-            task,
-        })
+        Ok(FaultProxy { addr, shared, task })
     }
 
     /// The address to connect to instead of the target.
@@ -133,9 +133,17 @@ impl FaultProxy {
         self.addr
     }
 
-    /// The address connections are forwarded to.
+    /// The address new connections are forwarded to.
     pub fn target(&self) -> SocketAddr {
-        self.target
+        *self.shared.target.borrow()
+    }
+
+    /// Forwards new connections to `target` from now on (an address that moves: a virtual
+    /// IP or a DNS name re-pointed at another server). Current connections stay with the
+    /// server they reached; [`reset`](Self::reset) ends them.
+    pub fn retarget(&self, target: SocketAddr) {
+        tracing::debug!(addr = %self.addr, %target, "fault proxy: retarget");
+        self.shared.target.send_replace(target);
     }
 
     /// Forwards bytes both ways (the default). Ends a blackhole.
@@ -242,7 +250,7 @@ impl Drop for OpenGuard {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shared>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -254,6 +262,7 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shar
                     let delay = shared.delay.subscribe();
                     let reset = shared.reset.subscribe();
                     let rewrite = shared.rewrite.subscribe();
+                    let target = shared.target.subscribe();
                     conns.spawn(async move {
                         let _guard = guard;
                         handle(socket, target, mode, delay, reset, rewrite).await;
@@ -273,7 +282,7 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shar
 /// Serves one connection until it ends or is reset.
 async fn handle(
     mut client: TcpStream,
-    target: SocketAddr,
+    target: watch::Receiver<SocketAddr>,
     mut mode: watch::Receiver<Mode>,
     delay: watch::Receiver<Duration>,
     mut reset: watch::Receiver<u64>,
@@ -284,11 +293,12 @@ async fn handle(
     let mut upstream = tokio::select! {
         connected = async {
             wait_for(&mut mode, Mode::Pass).await?;
+            let target = *target.borrow();
             TcpStream::connect(target).await
         } => match connected {
             Ok(s) => s,
             Err(e) => {
-                tracing::debug!(error = %e, %target, "fault proxy: cannot reach target");
+                tracing::debug!(error = %e, target = %*target.borrow(), "fault proxy: cannot reach target");
                 return;
             }
         },

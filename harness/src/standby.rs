@@ -1,6 +1,7 @@
 //! Hot standbys of a private server, promotion, and a few facts about a
 //! running server (version, recovery).
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::server::CONNECT_TIMEOUT;
@@ -28,7 +29,46 @@ impl PgServer {
     /// It is cleaned up like any private server when dropped. Fails with
     /// [`HarnessError::NotPrivate`] on an external server.
     pub fn spawn_standby(&self) -> Result<PgServer, HarnessError> {
-        self.private()?.spawn_standby().map(PgServer::from_private)
+        let private = self.private()?;
+        private
+            .spawn_standby(private.port())
+            .map(PgServer::from_private)
+    }
+
+    /// Like [`spawn_standby`](Self::spawn_standby), but the standby streams
+    /// from this server through `upstream` (a [`FaultProxy`](crate::FaultProxy)
+    /// to this server, on 127.0.0.1): blackhole the proxy and the standby is
+    /// cut off from this server's WAL while both keep running. Blocking.
+    pub fn spawn_standby_via(&self, upstream: SocketAddr) -> Result<PgServer, HarnessError> {
+        self.private()?
+            .spawn_standby(upstream.port())
+            .map(PgServer::from_private)
+    }
+
+    /// Makes this server (a failed or demoted primary) a hot standby of
+    /// `primary`, on the same port: it is stopped at once if it runs, its
+    /// data dir is thrown away and copied again from `primary` as
+    /// [`spawn_standby`](Self::spawn_standby) does (without `pg_basebackup`,
+    /// `primary` is stopped for the copy and started again: its connections
+    /// are cut), and it starts streaming from `primary`. What an operator
+    /// does after a failover instead of `pg_rewind`. Blocking.
+    pub fn rejoin_as_standby_of(&self, primary: &PgServer) -> Result<(), HarnessError> {
+        let upstream = primary.private()?;
+        self.private()?
+            .rejoin_as_standby_of(upstream, upstream.port())
+    }
+
+    /// Makes commits on this primary wait until a standby has flushed them
+    /// (`synchronous_standby_names = '*'`, `synchronous_commit = on`, then a
+    /// reload), or, with `false`, asynchronous again (the harness default).
+    /// With it on, a commit waits for as long as no standby streams. Blocking.
+    pub fn set_synchronous_standby(&self, on: bool) -> Result<(), HarnessError> {
+        let (names, commit) = if on { ("*", "on") } else { ("", "off") };
+        self.execute(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
+        ))?;
+        self.execute(&format!("ALTER SYSTEM SET synchronous_commit = '{commit}'"))?;
+        self.execute("SELECT pg_reload_conf()")
     }
 
     /// Promotes this standby to a primary (`pg_ctl promote`) and waits until
@@ -68,16 +108,28 @@ impl PgServer {
         })
     }
 
+    /// Runs `sql` (one statement) on the maintenance database.
+    fn execute(&self, sql: &str) -> Result<(), HarnessError> {
+        self.query_text(sql.to_owned()).map(drop)
+    }
+
     /// Runs `sql` (one row, one column) on the maintenance database; returns
     /// the value as text.
     fn scalar(&self, sql: &'static str) -> Result<String, HarnessError> {
+        self.query_text(sql.to_owned())?.ok_or_else(|| {
+            HarnessError::Server(format!("running `{sql}` on {}: no value", self.addr()))
+        })
+    }
+
+    /// Runs `sql` on the maintenance database: the first row's first value, as text.
+    fn query_text(&self, sql: String) -> Result<Option<String>, HarnessError> {
         let config = self.config();
         let context = format!("running `{sql}` on {}", self.addr());
         let result = runtime::block_on_thread(
             async move {
                 let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
                 let conn = tokio::spawn(conn);
-                let rows = client.simple_query(sql).await;
+                let rows = client.simple_query(&sql).await;
                 drop(client);
                 let _ = conn.await;
                 let value = rows?.into_iter().find_map(|m| match m {
@@ -89,8 +141,7 @@ impl PgServer {
             CONNECT_TIMEOUT + Duration::from_secs(5),
         );
         match result {
-            Some(Ok(Some(value))) => Ok(value),
-            Some(Ok(None)) => Err(HarnessError::Server(format!("{context}: no value"))),
+            Some(Ok(value)) => Ok(value),
             Some(Err(e)) => Err(HarnessError::pg(context, e)),
             None => Err(HarnessError::Server(format!("{context}: timed out"))),
         }
