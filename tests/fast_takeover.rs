@@ -208,7 +208,10 @@ mod f1 {
                 break term;
             }
         };
-        assert_eq!(term.epoch(), Some(first.epoch().unwrap() + 1));
+        assert!(
+            term.epoch().unwrap() > first.epoch().unwrap(),
+            "a later epoch"
+        );
         let who = current_leader(&admin, key)
             .await
             .unwrap()

@@ -236,8 +236,9 @@ async fn with_fencing_current_leader_reports_epoch_and_since() {
         .unwrap()
         .expect("the second replica leads");
     assert_eq!(next.identity, "fenced-b");
-    assert_eq!(next.epoch, Some(epoch + 1));
-    assert_eq!(second.elector.term().epoch(), Some(epoch + 1));
+    let next_epoch = next.epoch.expect("an epoch, with fencing");
+    assert!(next_epoch > epoch, "epoch {next_epoch} after {epoch}");
+    assert_eq!(second.elector.term().epoch(), Some(next_epoch));
     let next_since = next.since.expect("since, with fencing");
     assert!(next_since >= since && next_since <= SystemTime::now());
     assert_eq!(second.elector.current_leader().await.unwrap(), Some(next));

@@ -16,6 +16,10 @@ use super::ident::{self, quote};
 use crate::LockKey;
 use crate::error::{Error, Fenced};
 
+/// The server's clock in whole milliseconds since 1970: the least epoch a bump hands out.
+const CLOCK_MS: &str =
+    "pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::int8";
+
 /// The table's default name.
 pub(crate) const DEFAULT_TABLE: &str = "pg_elector_epochs";
 
@@ -50,14 +54,19 @@ impl FenceTable {
         // The commit is synchronous whatever the server's default: with
         // `synchronous_commit = off`, a crash right after a bump can lose it, and the next
         // term would get the same epoch again (seen in the restart test).
+        //
+        // The new epoch is the larger of the row's + 1 and the server's clock in milliseconds
+        // since 1970, so that epochs never repeat across a failover to a standby that had not
+        // received the latest bumps (asynchronous replication): a later term reads a later
+        // clock, as long as the two servers' clocks agree to within the failover's duration.
         let bump = format!(
             "INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
-             SELECT $1::int4, $2::int4, 1, $3::text, pg_catalog.clock_timestamp() \
+             SELECT $1::int4, $2::int4, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
              FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true), \
                           pg_catalog.set_config('synchronous_commit', 'on', true)) AS bound \
              ON CONFLICT (class, object) DO UPDATE \
-             SET epoch = e.epoch + 1, holder = EXCLUDED.holder, \
-                 since = pg_catalog.clock_timestamp() \
+             SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), \
+                 holder = EXCLUDED.holder, since = pg_catalog.clock_timestamp() \
              RETURNING epoch"
         );
         let check = format!(

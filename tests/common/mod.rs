@@ -3,6 +3,7 @@
 
 pub mod background;
 pub mod capture;
+pub mod failover;
 pub mod handover;
 pub mod roles;
 pub mod schedules;
