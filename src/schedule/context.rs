@@ -3,13 +3,14 @@
 //! what they do with it alike: make the tables ready, name a term, report a run's outcome or
 //! a skipped due to the probe and the metrics.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Pool;
+use jiff::Timestamp;
 
 use super::store::{Claimant, Ensured, Outcome, Store};
 use super::{
@@ -36,6 +37,9 @@ pub(super) struct Context {
     pub(super) ended: Mutex<Vec<String>>,
     /// Jobs halted by [`LostState::Halt`]: they run no more in this process.
     pub(super) halted: Mutex<HashSet<String>>,
+    /// The latest due this process moved each job's row to (a claim or a skip): a row read
+    /// later that is behind it lost committed writes.
+    moved_to: Mutex<HashMap<String, Timestamp>>,
     #[cfg(feature = "prometheus")]
     pub(super) metrics: Option<crate::metrics::JobMetrics>,
 }
@@ -53,6 +57,7 @@ impl Context {
             seen: Mutex::new(HashSet::new()),
             ended: Mutex::new(Vec::new()),
             halted: Mutex::new(HashSet::new()),
+            moved_to: Mutex::new(HashMap::new()),
             #[cfg(feature = "prometheus")]
             metrics: match &schedule.registry {
                 Some(registry) => Some(
@@ -83,6 +88,36 @@ impl Context {
             ended.remove(0);
         }
         ended.push(term_id);
+    }
+
+    /// Remembers that this process moved `job`'s row to `due` (a claim or a skip committed).
+    pub(super) fn moved_row(&self, job: &str, due: Timestamp) {
+        let mut moved = lock(&self.moved_to);
+        let latest = moved.entry(job.to_owned()).or_insert(due);
+        *latest = (*latest).max(due);
+    }
+
+    /// Says at ERROR when `job`'s row, read at `last_due`, is behind a due this process moved
+    /// it to: the database lost committed writes, and the dues in between may run again.
+    /// Said once for each loss (what the row says is taken from then on); `true` when it was.
+    pub(super) fn row_went_back(&self, job: &str, last_due: Option<Timestamp>) -> bool {
+        let mut moved = lock(&self.moved_to);
+        let Some(&wrote) = moved.get(job) else {
+            return false;
+        };
+        if last_due.is_some_and(|due| due >= wrote) {
+            return false;
+        }
+        moved.remove(job);
+        tracing::error!(
+            job,
+            row_due = ?last_due.map(|due| due.to_string()),
+            written_due = %wrote,
+            "the job's row is behind what this process wrote to it: the database lost committed \
+             writes (a failover to a standby that had not received them, or a restore); dues \
+             after the row's may run a second time"
+        );
+        true
     }
 
     pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {

@@ -42,6 +42,9 @@ pub(super) async fn run_due(
         let Some(attempt) = claim(ctx, &term, &name, due, kind, term_id).await? else {
             return Ok(false);
         };
+        if kind == RunKind::Scheduled {
+            ctx.moved_row(&name, due);
+        }
         tracing::debug!(job = %name, due = %due, kind = kind.label(), attempt, "run starts");
         let started = std::time::Instant::now();
         let run = JobRun {

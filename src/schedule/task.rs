@@ -315,7 +315,10 @@ impl JobTask {
                 .await
         });
         match row.await {
-            Ok(Some(row)) => Ok(row),
+            Ok(Some(row)) => {
+                ctx.row_went_back(name, row.last_due);
+                Ok(row)
+            }
             Ok(None) => Err(Pass::End(Restart::RowGone)),
             Err(e) if e.is_missing_table() => Err(Pass::End(Restart::TablesGone(e))),
             Err(e) => {
@@ -449,6 +452,7 @@ async fn skip_dues(
     });
     match work.await {
         Ok(Some(true)) => {
+            ctx.moved_row(name, through);
             for stretch in skipped {
                 tracing::info!(
                     job = name,
