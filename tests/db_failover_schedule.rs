@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
-use common::failover::{Cluster, Follow};
+use common::failover::{Cluster, Follow, cluster};
 use common::*;
 use pg_elector::schedule::{CatchUp, Job, JobRun, Schedule};
 use pg_elector::{Elector, LockKey};
@@ -103,6 +103,19 @@ fn counts(starts: &Starts) -> BTreeMap<SystemTime, usize> {
     counts
 }
 
+/// Waits (at most 20 s) until a due after `after` ran: the schedule has caught up.
+async fn caught_up(starts: &Starts, after: SystemTime) {
+    wait_for(Duration::from_secs(20), || {
+        starts
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(_, due, _)| due > after)
+    })
+    .await
+    .expect("the job runs again after the promotion");
+}
+
 /// The dues the runs table on `config`'s server records as abandoned.
 async fn abandoned(config: &tokio_postgres::Config) -> Vec<SystemTime> {
     let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
@@ -122,8 +135,17 @@ async fn abandoned(config: &tokio_postgres::Config) -> Vec<SystemTime> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f7_3_with_a_synchronous_standby_no_due_runs_twice_and_none_is_lost() {
     let _serial = serial();
-    let cluster = Cluster::start(Follow::MultiHost, true).await;
+    let cluster = cluster(Follow::MultiHost, true).await;
     let key = LockKey::new(0x4637, 3);
+    // The database's sessions do not wait for the standby by default: the claims must.
+    let admin = cluster.db.connect().await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET synchronous_commit = off",
+            cluster.db.name()
+        ))
+        .await
+        .unwrap();
     let starts: Starts = Arc::default();
     let a = Scheduler::start(&cluster, key, "a", &starts);
     let b = Scheduler::start(&cluster, key, "b", &starts);
@@ -145,19 +167,10 @@ async fn f7_3_with_a_synchronous_standby_no_due_runs_twice_and_none_is_lost() {
         .filter(|&&(_, _, at)| at >= cut + Duration::from_millis(50) && at < crashed)
         .count();
 
-    cluster.stop_primary(ShutdownMode::Immediate).await;
+    cluster.stop_primary(ShutdownMode::Immediate).await.unwrap();
     tokio::time::sleep(3 * I).await;
-    cluster.promote().await;
-    let promoted = SystemTime::now();
-    wait_for(Duration::from_secs(20), || {
-        starts
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|&(_, due, _)| due > promoted + 2 * PERIOD)
-    })
-    .await
-    .expect("the job runs again after the promotion");
+    cluster.promote().await.unwrap();
+    caught_up(&starts, SystemTime::now() + 2 * PERIOD).await;
     let leaders = [&a, &b].iter().filter(|s| s.elector.is_leader()).count();
     a.stop().await;
     b.stop().await;
@@ -196,7 +209,7 @@ async fn f7_3_with_a_synchronous_standby_no_due_runs_twice_and_none_is_lost() {
 async fn f7_3_with_a_lagging_asynchronous_standby_the_dues_of_the_lag_window_run_again_and_are_reported()
  {
     let _serial = serial();
-    let cluster = Cluster::start(Follow::MultiHost, false).await;
+    let cluster = cluster(Follow::MultiHost, false).await;
     let key = LockKey::new(0x4637, 4);
     let starts: Starts = Arc::default();
     let capture = Capture::default();
@@ -212,25 +225,15 @@ async fn f7_3_with_a_lagging_asynchronous_standby_the_dues_of_the_lag_window_run
     let cut = Instant::now();
     tokio::time::sleep(4 * PERIOD + PERIOD / 2).await;
     let crashed = Instant::now();
-    cluster.stop_primary(ShutdownMode::Immediate).await;
-    cluster.promote().await;
+    cluster.stop_primary(ShutdownMode::Immediate).await.unwrap();
+    cluster.promote().await.unwrap();
     let behind = capture
         .logged(
             "the job's row is behind what this process wrote to it",
             Duration::from_secs(20),
         )
         .await;
-    // Caught up: a due after the promotion ran.
-    let promoted = SystemTime::now();
-    wait_for(Duration::from_secs(20), || {
-        starts
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|&(_, due, _)| due > promoted)
-    })
-    .await
-    .expect("the job runs again after the promotion");
+    caught_up(&starts, SystemTime::now()).await;
     a.stop().await;
 
     let starts = starts.lock().unwrap().clone();

@@ -15,6 +15,13 @@ use super::{JobRun, Registered, RunKind, ScheduleError, borrow_bound};
 use crate::Term;
 use crate::background::panic::catch_panic;
 
+/// A claim's commit is durable whatever the session's `synchronous_commit` says: with `off`,
+/// a server crash right after the commit returned can lose the claim (and with it, the next
+/// term runs the due again), and a synchronous standby is not waited for. Stricter settings
+/// (`remote_write`, `remote_apply`, or `local` chosen on purpose) are left as they are.
+const DURABLE_COMMIT: &str = "SELECT pg_catalog.set_config('synchronous_commit', 'on', true) \
+     WHERE pg_catalog.current_setting('synchronous_commit') = 'off'";
+
 /// What became of one due that [`run_due`] was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Taken {
@@ -108,6 +115,7 @@ async fn claim(
     let claim = ctx.bounded(async {
         let mut client = ctx.client().await?;
         let tx = client.transaction().await?;
+        tx.batch_execute(DURABLE_COMMIT).await?;
         if term.epoch().is_some() {
             term.fence(&tx).await.map_err(ScheduleError::Fence)?;
         }
