@@ -10,9 +10,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::failover::{Cluster, Follow};
+use common::failover::{Follow, cluster};
 use common::*;
-use pg_elector::{Elector, LockKey, TermEnd};
+use deadpool_postgres::Pool;
+use pg_elector::{LockKey, TermEnd};
 use pg_elector_harness::ShutdownMode;
 
 /// How often the replicas are sampled.
@@ -62,34 +63,25 @@ impl Samples {
     }
 }
 
-fn replicas(cluster: &Cluster, key: LockKey, fast: bool) -> Vec<Replica> {
-    (0..3)
-        .map(|n| {
-            let elector = Elector::builder(cluster.pool(2), key)
-                .check_interval(I)
-                .identity(format!("replica-{n}"))
-                .fast_takeover(fast)
-                .build()
-                .expect("a valid elector");
-            Replica::run(elector)
-        })
-        .collect()
-}
-
 /// The primary ends (`stop`), the standby is promoted `GAP` later; with `rejoin`, the old
 /// primary comes back as a standby of the new one afterwards.
 async fn failover(follow: Follow, fast: bool, stop: ShutdownMode, rejoin: bool) {
-    let cluster = Cluster::start(follow, false).await;
+    let cluster = cluster(follow, false).await;
     let key = LockKey::new(0x4637, 1);
-    let replicas = replicas(&cluster, key, fast);
+    let pools: Vec<Pool> = (0..3).map(|_| cluster.pool(2)).collect();
+    let replicas = replicas_on(pools.clone(), key, fast);
     let old = one_leader(&replicas, Duration::from_secs(10)).await;
     let old_term = replicas[old].elector.term();
     tokio::time::sleep(I).await;
     assert_eq!(leaders(&replicas), vec![old]);
+    // The standbys' pools hold idle connections to the primary that is about to go away.
+    let pooled = |pools: &[Pool]| pools.iter().map(|p| p.status().size).sum::<usize>();
+    let held = pooled(&pools);
+    assert!(held >= 2, "the standbys' pools hold {held} connections");
     let mut samples = Samples(Vec::new());
 
     let stopping = Instant::now();
-    cluster.stop_primary(stop).await;
+    cluster.stop_primary(stop).await.unwrap();
     let stopped = Instant::now();
     samples.until(&replicas, |_| old_term.end().is_some()).await;
     let demoted = Instant::now();
@@ -110,7 +102,7 @@ async fn failover(follow: Follow, fast: bool, stop: ShutdownMode, rejoin: bool) 
         "a replica led while no server accepted writes"
     );
 
-    let writable = cluster.promote().await;
+    let writable = cluster.promote().await.unwrap();
     let mut led = None;
     samples
         .until(&replicas, |leading| {
@@ -124,10 +116,12 @@ async fn failover(follow: Follow, fast: bool, stop: ShutdownMode, rejoin: bool) 
     let took = led_at.saturating_duration_since(writable);
     eprintln!(
         "{follow:?} fast={fast} stop={}: stopped in {:?}; demoted {:?} after; promoted server \
-         accepted writes; replica {new} led {took:?} after",
+         accepted writes; replica {new} led {took:?} after; pooled connections {held} to the \
+         old primary before, {} after",
         stop.as_str(),
         stopped - stopping,
         demoted.saturating_duration_since(stopped),
+        pooled(&pools),
     );
     assert!(
         took <= I + I / 2,
@@ -143,7 +137,7 @@ async fn failover(follow: Follow, fast: bool, stop: ShutdownMode, rejoin: bool) 
     );
 
     if rejoin {
-        cluster.rejoin_old_primary().await;
+        cluster.rejoin_old_primary().await.unwrap();
         // The old primary is a standby now, first in a multi-host URL; a moving address is
         // pointed back at it for a while: tries that reach it are refused, the leader leads on.
         if let Some(front) = &cluster.front {

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::failover::{Cluster, Follow};
+use common::failover::{Follow, cluster};
 use common::*;
 use pg_elector::LockKey;
 use pg_elector_harness::{FaultProxy, ShutdownMode};
@@ -31,7 +31,7 @@ async fn epoch_on(config: &tokio_postgres::Config, key: LockKey) -> Option<i64> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f7_2_an_epoch_the_promoted_standby_never_saw_is_never_handed_out_again() {
     let _serial = serial();
-    let cluster = Cluster::start(Follow::MultiHost, false).await;
+    let cluster = cluster(Follow::MultiHost, false).await;
     let key = LockKey::new(0x4637, 2);
     let admin = cluster.db.connect().await.unwrap();
     admin
@@ -73,8 +73,8 @@ async fn f7_2_an_epoch_the_promoted_standby_never_saw_is_never_handed_out_again(
     assert_eq!(epoch_on(&standby, key).await, Some(first as i64), "cut off");
 
     path.blackhole();
-    cluster.stop_primary(ShutdownMode::Immediate).await;
-    cluster.promote().await;
+    cluster.stop_primary(ShutdownMode::Immediate).await.unwrap();
+    cluster.promote().await.unwrap();
     let c = Replica::run(fenced_elector(cluster.pool(2), key, "c", I));
     wait_for(10 * I, || c.elector.is_leader())
         .await

@@ -16,17 +16,7 @@ const SAMPLE: Duration = Duration::from_millis(2);
 async fn restart_with_three_replicas(mode: ShutdownMode, fast: bool) {
     let (server, db) = private_server().await;
     let key = LockKey::new(0x5253, 1);
-    let replicas: Vec<Replica> = (0..3)
-        .map(|n| {
-            let elector = pg_elector::Elector::builder(db.pool(2), key)
-                .check_interval(I)
-                .identity(format!("replica-{n}"))
-                .fast_takeover(fast)
-                .build()
-                .expect("a valid elector");
-            Replica::run(elector)
-        })
-        .collect();
+    let replicas = replicas_on((0..3).map(|_| db.pool(2)).collect(), key, fast);
     let old = one_leader(&replicas, Duration::from_secs(10)).await;
     let old_term = replicas[old].elector.term();
     // Every standby is past its first try.

@@ -69,6 +69,7 @@
 #![deny(missing_docs)]
 
 mod binaries;
+mod cluster;
 mod database;
 mod error;
 mod pgbouncer;
@@ -83,6 +84,7 @@ mod watchdog;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use cluster::{Cluster, Follow};
 pub use database::{TestDb, config_with_addr, pool_from_config};
 pub use error::HarnessError;
 pub use pgbouncer::{Pgbouncer, PoolMode};

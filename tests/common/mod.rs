@@ -112,6 +112,23 @@ impl Replica {
     }
 }
 
+/// One replica per pool, named `replica-<n>`, checking every I, with or without fast takeover.
+pub fn replicas_on(pools: Vec<Pool>, key: LockKey, fast: bool) -> Vec<Replica> {
+    pools
+        .into_iter()
+        .enumerate()
+        .map(|(n, pool)| {
+            let elector = Elector::builder(pool, key)
+                .check_interval(I)
+                .identity(format!("replica-{n}"))
+                .fast_takeover(fast)
+                .build()
+                .expect("a valid elector");
+            Replica::run(elector)
+        })
+        .collect()
+}
+
 /// A fault proxy in front of the process's shared server.
 pub async fn shared_server_proxy() -> FaultProxy {
     FaultProxy::start(PgServer::shared().unwrap().addr())
