@@ -1,8 +1,9 @@
 //! Leaderless time across a database failover: a private primary with a streaming standby,
-//! three electors (in this process) following it by a multi-host URL or by an address that
-//! moves; the primary crashes (immediate stop), the standby is promoted two intervals later,
-//! and the time from the promoted server accepting writes to the first new leader is measured,
-//! in both modes. Every run starts a fresh primary and standby.
+//! three electors (in this process, started at random phases of the interval) following it by
+//! a multi-host URL or by an address that moves; the primary crashes (immediate stop), the
+//! standby is promoted 2·I to 3·I later (a random phase), and the time from the promoted server
+//! accepting writes to the first new leader is measured, in both modes. Every run starts a
+//! fresh primary and standby.
 //!
 //!     cargo run --release -p pg-elector-tools --bin db_failover [-- --runs 10 --interval-ms 1000]
 
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use pg_elector::{Elector, LockKey};
 use pg_elector_harness::{Cluster, Follow, ShutdownMode};
 use pg_elector_tools::args::{Args, or_exit};
+use pg_elector_tools::rng::Rng;
 use pg_elector_tools::stats::summary;
 use tokio_util::sync::CancellationToken;
 
@@ -60,9 +62,10 @@ fn main() {
     let options = or_exit(parse(&args), "db_failover", USAGE);
     pg_elector_tools::block_on(async {
         println!(
-            "{} failovers per row, I = {:?}, 3 electors, the standby promoted 2·I after the crash",
+            "{} failovers per row, I = {:?}, 3 electors, the standby promoted 2·I to 3·I after the crash",
             options.runs, options.interval
         );
+        let mut rng = Rng::new(seed());
         println!(
             "| follow | mode | leader after the promoted server accepts writes, p50 / p99 / max | leaderless from the crash, p50 / p99 / max | two leaders |"
         );
@@ -71,7 +74,7 @@ fn main() {
             for fast in [false, true] {
                 let mut runs = Vec::new();
                 for _ in 0..options.runs {
-                    match failover(follow, fast, options.interval).await {
+                    match failover(follow, fast, options.interval, &mut rng).await {
                         Ok(run) => runs.push(run),
                         Err(e) => {
                             eprintln!("db_failover: {e}");
@@ -98,7 +101,15 @@ fn report(follow: Follow, fast: bool, runs: &[Run]) {
 }
 
 /// One crash and promotion.
-async fn failover(follow: Follow, fast: bool, interval: Duration) -> Result<Run, String> {
+async fn failover(
+    follow: Follow,
+    fast: bool,
+    interval: Duration,
+    rng: &mut Rng,
+) -> Result<Run, String> {
+    let phase = |rng: &mut Rng| {
+        Duration::from_micros(rng.below(u64::try_from(interval.as_micros()).unwrap_or(u64::MAX)))
+    };
     let cluster = Cluster::start(follow, false)
         .await
         .map_err(|e| e.to_string())?;
@@ -112,6 +123,8 @@ async fn failover(follow: Follow, fast: bool, interval: Duration) -> Result<Run,
             .fast_takeover(fast)
             .build()
             .map_err(|e| e.to_string())?;
+        // Replicas start at different times: their tries come at different phases.
+        tokio::time::sleep(phase(rng)).await;
         elector.spawn(shutdown.clone());
         electors.push(elector);
     }
@@ -125,7 +138,7 @@ async fn failover(follow: Follow, fast: bool, interval: Duration) -> Result<Run,
         .await
         .map_err(|e| e.to_string())?;
     let crashed = Instant::now();
-    let gap_end = crashed + 2 * interval;
+    let gap_end = crashed + 2 * interval + phase(rng);
     while Instant::now() < gap_end {
         most = most.max(leading(&electors));
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -153,6 +166,13 @@ async fn failover(follow: Follow, fast: bool, interval: Duration) -> Result<Run,
         leaderless: led - crashed,
         most,
     })
+}
+
+/// A seed that differs between runs.
+fn seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 /// Waits (every millisecond) until `cond` holds, at most `limit`.
