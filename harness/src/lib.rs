@@ -44,6 +44,17 @@
 //! recovery. [`Pgbouncer::start`] puts a private PgBouncer in front of a
 //! server, in one of the [`PoolMode`]s.
 //!
+//! # Database failover
+//!
+//! [`Cluster`] is a private primary with a test database and a hot standby
+//! streaming from it through a [`FaultProxy`] (blackhole it to cut the
+//! standby off from the WAL), followed by clients as [`Follow`] says: a
+//! multi-host URL with `target_session_attrs=read-write`, or one address that
+//! moves ([`FaultProxy::retarget`]). It crashes or stops the primary,
+//! promotes the standby and brings the old primary back as a standby
+//! ([`PgServer::rejoin_as_standby_of`]); [`PgServer::set_synchronous_standby`]
+//! makes commits wait for the standby.
+//!
 //! # Server binaries
 //!
 //! `initdb`, `postgres` and `pg_ctl` are looked for in, in order:
