@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 use tokio_util::sync::CancellationToken;
 
 fn hot_path(c: &mut Criterion) {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use pg_elector::schedule::{Job, JobRun, Schedule};
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 

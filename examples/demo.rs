@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey, TermEnd, current_leader};
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 use tokio_util::sync::CancellationToken;
 
 const INTERVAL: Duration = Duration::from_millis(500);

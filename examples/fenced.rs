@@ -14,7 +14,7 @@ mod common;
 use std::time::Duration;
 
 use pg_elector::{Elector, LockKey, Term};
-use pg_elector_harness::{FaultProxy, PgServer};
+use pg_elector_testkit::{FaultProxy, PgServer};
 use tokio_util::sync::CancellationToken;
 
 const INTERVAL: Duration = Duration::from_millis(500);

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::shards::Shards;
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 use tokio_util::sync::CancellationToken;
 
 const INTERVAL: Duration = Duration::from_millis(500);

@@ -248,7 +248,7 @@ fn server_message(db: &tokio_postgres::error::DbError) -> String {
 mod tests {
     use super::{Error, chain};
     use crate::{Elector, LockKey};
-    use pg_elector_harness::PgServer;
+    use pg_elector_testkit::PgServer;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_current_leader_says_what_the_server_said() {
@@ -293,7 +293,7 @@ mod tests {
         let db = server.create_database().await.unwrap();
         let mut config = db.config();
         config.dbname("no_such_database");
-        let pool = pg_elector_harness::pool_from_config(config, 1);
+        let pool = pg_elector_testkit::pool_from_config(config, 1);
         let elector = Elector::builder(pool, LockKey::new(12, 2)).build().unwrap();
         let error = elector
             .current_leader()

@@ -14,7 +14,7 @@ use common::failover::{Cluster, Follow, cluster};
 use common::*;
 use deadpool_postgres::Pool;
 use pg_elector::{LockKey, TermEnd};
-use pg_elector_harness::ShutdownMode;
+use pg_elector_testkit::ShutdownMode;
 
 /// How often the replicas are sampled.
 const SAMPLE: Duration = Duration::from_millis(2);

@@ -240,7 +240,7 @@ mod f1 {
         leader.elector.wait_for_leadership().await;
         let mut config = db.config();
         config.options("-c statement_timeout=300 -c lock_timeout=300");
-        let pool = pg_elector_harness::pool_from_config(config, 2);
+        let pool = pg_elector_testkit::pool_from_config(config, 2);
         let standby = Replica::run(fast(pool, key, LONG, "standby"));
         let pid = session_waiting(&admin, key, "standby", 2 * LONG).await;
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -13,7 +13,7 @@ use common::capture::Capture;
 use common::roles::{drop_role, limited_role, pool_as};
 use common::*;
 use pg_elector::{Elector, LockKey, TermEnd};
-use pg_elector_harness::ShutdownMode;
+use pg_elector_testkit::ShutdownMode;
 use tokio_util::sync::CancellationToken;
 
 /// Replica `a`, fenced, at `I` on a pool of two, once it leads (within 3·I).
@@ -34,7 +34,7 @@ fn who_in_which_epoch(rows: &[(String, i64, SystemTime)]) -> Vec<(&str, i64)> {
 }
 
 /// Holds the serial lock, then makes a fresh database with the [`writes_table`].
-async fn serial_writes_db() -> (pg_elector_harness::SerialGuard, TestDb) {
+async fn serial_writes_db() -> (pg_elector_testkit::SerialGuard, TestDb) {
     let serial = serial();
     let db = fresh_db().await;
     writes_table(&db).await;

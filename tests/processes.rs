@@ -9,7 +9,7 @@
 #![cfg(unix)]
 
 mod common;
-use pg_elector_harness::replica;
+use pg_elector_testkit::replica;
 
 use std::time::Duration;
 
@@ -391,7 +391,7 @@ async fn behind_a_transaction_pooler(fast: bool) {
     let server = tokio::task::block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
     let db = server.create_database().await.unwrap();
     let bouncer = tokio::task::block_in_place(|| {
-        pg_elector_harness::Pgbouncer::start(&server, pg_elector_harness::PoolMode::Transaction, 2)
+        pg_elector_testkit::Pgbouncer::start(&server, pg_elector_testkit::PoolMode::Transaction, 2)
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let key = LockKey::new(16, 20);

@@ -9,7 +9,7 @@ use common::capture::Capture;
 use common::shards::{Held, Member, Monitor, balanced, on_server, shares};
 use common::*;
 use pg_elector::shards::Shards;
-use pg_elector_harness::{Pgbouncer, PoolMode, ShutdownMode};
+use pg_elector_testkit::{Pgbouncer, PoolMode, ShutdownMode};
 use tokio::task::block_in_place;
 
 mod f6_7 {

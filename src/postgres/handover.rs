@@ -176,7 +176,7 @@ mod tests {
     use super::*;
     use crate::postgres::session::{Attempt, LockSession, SessionBounds};
     use crate::postgres::waiter::{Outcome, wait};
-    use pg_elector_harness::{PgServer, TestDb, serial};
+    use pg_elector_testkit::{PgServer, TestDb, serial};
     use tokio::time::Instant;
 
     const INTERVAL: Duration = Duration::from_millis(200);

@@ -140,7 +140,7 @@ mod tests {
     use super::*;
     use crate::lease::now_ms;
     use crate::{Elector, LockKey};
-    use pg_elector_harness::{FaultProxy, PgServer, serial};
+    use pg_elector_testkit::{FaultProxy, PgServer, serial};
     use tokio::time::Instant;
 
     /// A machine suspend moves the lease's clock (`CLOCK_BOOTTIME`) but not tokio's timers, so

@@ -312,7 +312,7 @@ fn client_check_ms(interval: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pg_elector_harness::{PgServer, serial};
+    use pg_elector_testkit::{PgServer, serial};
 
     fn describe(outcome: &Outcome) -> String {
         match outcome {

@@ -1,6 +1,6 @@
 //! A primary with a streaming standby (the harness's [`Cluster`]), started for a test.
 
-pub use pg_elector_harness::{Cluster, Follow};
+pub use pg_elector_testkit::{Cluster, Follow};
 
 use super::init_tracing;
 

@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::TestDb;
+use pg_elector_testkit::TestDb;
 
 use super::{I, Replica, wait_a_leads};
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use pg_elector::{Elector, Error, LockKey};
-pub use pg_elector_harness::{FaultProxy, PgServer, TestDb, serial};
+pub use pg_elector_testkit::{FaultProxy, PgServer, TestDb, serial};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -168,7 +168,7 @@ pub async fn fresh_db_with(ddl: &str) -> TestDb {
 }
 
 /// Holds the serial lock, then makes a [`fresh_db_with`] `ddl`.
-pub async fn serial_db_with(ddl: &str) -> (pg_elector_harness::SerialGuard, TestDb) {
+pub async fn serial_db_with(ddl: &str) -> (pg_elector_testkit::SerialGuard, TestDb) {
     let serial = serial();
     (serial, fresh_db_with(ddl).await)
 }

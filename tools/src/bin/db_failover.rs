@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::{Cluster, Follow, ShutdownMode};
+use pg_elector_testkit::{Cluster, Follow, ShutdownMode};
 use pg_elector_tools::args::{Args, or_exit};
 use pg_elector_tools::rng::Rng;
 use pg_elector_tools::stats::summary;

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 use pg_elector_tools::block_on;
 use pg_elector_tools::procfs::{clock_ticks_per_second, own_cpu_ticks};
 use tokio_util::sync::CancellationToken;

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_elector_harness::replica::{Event, What, leaders, unix_us, us};
-use pg_elector_harness::{PgServer, ShutdownMode, TestDb};
+use pg_elector_testkit::replica::{Event, What, leaders, unix_us, us};
+use pg_elector_testkit::{PgServer, ShutdownMode, TestDb};
 use pg_elector_tools::Mode;
 use pg_elector_tools::rng::xorshift;
 use rustix::process::Signal;
@@ -16,7 +16,7 @@ use crate::scenario::{Sample, Scenario};
 /// A restart's tasks: when the server accepts connections again, and the restart itself.
 type Restart = (
     tokio::task::JoinHandle<u64>,
-    tokio::task::JoinHandle<Result<(), pg_elector_harness::HarnessError>>,
+    tokio::task::JoinHandle<Result<(), pg_elector_testkit::HarnessError>>,
 );
 
 pub(crate) struct Bench {

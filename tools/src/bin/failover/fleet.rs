@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use pg_elector_harness::replica::{Event, What, leaders, transitions, unix_us, us};
-use pg_elector_harness::{FaultProxy, PgServer, TestDb, replica};
+use pg_elector_testkit::replica::{Event, What, leaders, transitions, unix_us, us};
+use pg_elector_testkit::{FaultProxy, PgServer, TestDb, replica};
 use pg_elector_tools::Mode;
 use pg_elector_tools::rng::xorshift;
 
 use crate::{CHILD, KEY, SLOTS};
 
-/// The replica processes (see `pg_elector_harness::replica`), one live per slot.
+/// The replica processes (see `pg_elector_testkit::replica`), one live per slot.
 pub(crate) struct Fleet {
     pub(crate) replicas: replica::Fleet,
     /// The slot of each replica.

@@ -72,7 +72,7 @@
 //! SIGCONT: counted naively, its whole freeze after the takeover would look like two leaders.
 //! What matters is whether it acts as leader once it runs again, and E18 says it must not: its
 //! local lease has expired by then. The watcher says what its first read after the gap found
-//! (`woke leader|standby`, see `harness/src/replica.rs`), so the old leader's term is counted as
+//! (`woke leader|standby`, see `testkit/src/replica.rs`), so the old leader's term is counted as
 //! ending at the SIGSTOP when that read found it standby and none of its ticks or leader
 //! reports arrived after the SIGCONT; otherwise it counts as leading again from that read (or
 //! from the SIGCONT, if a tick arrived first) until it said standby, which shows up as
@@ -83,7 +83,7 @@
 //!
 //! With fewer than 100 runs the nearest-rank p99 is the maximum; the output says so.
 //!
-//! [`FaultProxy`]: pg_elector_harness::FaultProxy
+//! [`FaultProxy`]: pg_elector_testkit::FaultProxy
 
 mod bench;
 mod fleet;
@@ -93,7 +93,7 @@ mod report;
 mod scenario;
 
 use pg_elector::LockKey;
-use pg_elector_harness::replica;
+use pg_elector_testkit::replica;
 use pg_elector_tools::args::or_exit;
 use pg_elector_tools::block_on;
 

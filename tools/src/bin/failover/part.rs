@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 use pg_elector_tools::Mode;
 
 use crate::bench::{Bench, connect};

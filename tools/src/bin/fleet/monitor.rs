@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
-use pg_elector_harness::TestDb;
+use pg_elector_testkit::TestDb;
 use tokio_postgres::types::Type;
 
 use crate::server::connect;

@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pg_elector_harness::TestDb;
+use pg_elector_testkit::TestDb;
 use pg_elector_tools::Mode;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;

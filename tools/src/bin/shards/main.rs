@@ -35,8 +35,8 @@ mod fleet;
 use std::time::Duration;
 
 use pg_elector::shards::Shards;
-use pg_elector_harness::replica::unix_us;
-use pg_elector_harness::{PgServer, ShutdownMode, TestDb};
+use pg_elector_testkit::replica::unix_us;
+use pg_elector_testkit::{PgServer, ShutdownMode, TestDb};
 use pg_elector_tools::args::{Args, or_exit};
 use pg_elector_tools::procfs::{clock_ticks_per_second, postmaster_pid, server_ticks};
 use pg_elector_tools::rng::Rng;

@@ -25,11 +25,11 @@
 use std::time::Duration;
 
 use pg_elector::Elector;
-pub(crate) use pg_elector_harness::replica::unix_us;
-use pg_elector_harness::replica::{
+pub(crate) use pg_elector_testkit::replica::unix_us;
+use pg_elector_testkit::replica::{
     key_setting, log_to_stderr, ms_setting, on_current_thread, setting,
 };
-use pg_elector_harness::{config_with_addr, pool_from_config};
+use pg_elector_testkit::{config_with_addr, pool_from_config};
 use tokio_util::sync::CancellationToken;
 
 /// The argument that makes the soak binary a replica.

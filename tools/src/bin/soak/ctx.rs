@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
-use pg_elector_harness::PgServer;
+use pg_elector_testkit::PgServer;
 
 use crate::check::{Checkpoint, Violation};
 use crate::child::unix_us;

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pg_elector::LockKey;
-use pg_elector_harness::FaultProxy;
-use pg_elector_harness::replica::for_each_line;
+use pg_elector_testkit::FaultProxy;
+use pg_elector_testkit::replica::for_each_line;
 use pg_elector_tools::procfs::rss_kb;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::io::AsyncWriteExt;

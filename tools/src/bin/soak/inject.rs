@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_elector_harness::ShutdownMode;
+use pg_elector_testkit::ShutdownMode;
 use rustix::process::Signal;
 use tokio::sync::MutexGuard;
 
@@ -374,8 +374,8 @@ async fn proxy_acted() -> u64 {
 /// When every connection a proxy had before a reset has closed (each sent its RSTs), polled
 /// every millisecond (at most 5 s); `before` is [`FaultProxy::accepted`] just before the reset.
 ///
-/// [`FaultProxy::accepted`]: pg_elector_harness::FaultProxy::accepted
-async fn reset_done(proxy: &pg_elector_harness::FaultProxy, before: u64) -> u64 {
+/// [`FaultProxy::accepted`]: pg_elector_testkit::FaultProxy::accepted
+async fn reset_done(proxy: &pg_elector_testkit::FaultProxy, before: u64) -> u64 {
     let deadline = unix_us() + 5_000_000;
     loop {
         let fresh = proxy.accepted().saturating_sub(before) as usize;

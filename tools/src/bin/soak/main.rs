@@ -142,8 +142,8 @@
 //! two leaders, rows of one epoch from two replicas, interleaved epochs, rows after a later
 //! epoch and rows while another replica held the lock).
 //!
-//! [`PgServer::spawn`]: pg_elector_harness::PgServer::spawn
-//! [`FaultProxy`]: pg_elector_harness::FaultProxy
+//! [`PgServer::spawn`]: pg_elector_testkit::PgServer::spawn
+//! [`FaultProxy`]: pg_elector_testkit::FaultProxy
 
 mod check;
 mod child;
@@ -162,7 +162,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
-use pg_elector_harness::{PgServer, TestDb};
+use pg_elector_testkit::{PgServer, TestDb};
 use pg_elector_tools::args::or_exit;
 use pg_elector_tools::block_on;
 use pg_elector_tools::rng::Rng;

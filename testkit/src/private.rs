@@ -358,7 +358,7 @@ impl PrivateServer {
             .append(true)
             .open(self.data_dir.join("postgresql.conf"))
             .map_err(|e| HarnessError::io("opening postgresql.conf", e))?;
-        conf.write_all(b"\n# Added by pg-elector-harness\ninclude 'harness.conf'\n")
+        conf.write_all(b"\n# Added by pg-elector-testkit\ninclude 'harness.conf'\n")
             .map_err(|e| HarnessError::io("writing postgresql.conf", e))
     }
 
@@ -607,7 +607,7 @@ pub(crate) fn make_temp_root() -> Result<PathBuf, HarnessError> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let dir = base.join(format!("pg-elector-harness-{pid}-{n}-{nanos:x}"));
+        let dir = base.join(format!("pg-elector-testkit-{pid}-{n}-{nanos:x}"));
         match std::fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pg_elector_harness::{
+use pg_elector_testkit::{
     FaultProxy, HarnessError, PgServer, Pgbouncer, PoolMode, SerialGuard, ShutdownMode, TestDb,
     serial,
 };

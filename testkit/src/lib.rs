@@ -2,7 +2,7 @@
 //! per test, and a TCP proxy that injects network faults.
 //!
 //! ```no_run
-//! use pg_elector_harness::{FaultProxy, PgServer};
+//! use pg_elector_testkit::{FaultProxy, PgServer};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let server = PgServer::shared()?; // DATABASE_URL, or a private server
@@ -29,7 +29,7 @@
 //! [`PgServer::start_again`]).
 //!
 //! A private server lives in a new directory under the system temp dir
-//! (`pg-elector-harness-*`), listens on `127.0.0.1` on a free port, trusts
+//! (`pg-elector-testkit-*`), listens on `127.0.0.1` on a free port, trusts
 //! user `postgres` without a password, runs with durability off for speed,
 //! and logs to `server.log` in that directory. When running as root, every
 //! server process runs as the `postgres` user. It is stopped and its
@@ -122,7 +122,7 @@ pub struct SerialGuard {
 /// ```no_run
 /// #[tokio::test]
 /// async fn failover_is_fast() {
-///     let _serial = pg_elector_harness::serial();
+///     let _serial = pg_elector_testkit::serial();
 ///     // ...
 /// }
 /// ```

@@ -16,7 +16,7 @@ where
 {
     let (tx, rx) = mpsc::sync_channel(1);
     let spawned = std::thread::Builder::new()
-        .name("pg-elector-harness".into())
+        .name("pg-elector-testkit".into())
         .spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

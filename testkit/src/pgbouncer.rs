@@ -60,7 +60,7 @@ impl PoolMode {
 /// `/usr/sbin/pgbouncer` (Debian's package `pgbouncer`).
 ///
 /// ```no_run
-/// use pg_elector_harness::{PgServer, Pgbouncer, PoolMode};
+/// use pg_elector_testkit::{PgServer, Pgbouncer, PoolMode};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let server = PgServer::shared()?;

@@ -70,7 +70,7 @@ impl Watchdog {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(WATCHDOG_SCRIPT)
-            .arg("pg-elector-harness-watchdog")
+            .arg("pg-elector-testkit-watchdog")
             .arg(pg_ctl)
             .arg(data_dir)
             .arg(root)
@@ -88,7 +88,7 @@ impl Watchdog {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(PROCESS_WATCHDOG_SCRIPT)
-            .arg("pg-elector-harness-watchdog")
+            .arg("pg-elector-testkit-watchdog")
             .arg(pid.to_string())
             .arg(marker)
             .arg(root);
