@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::HarnessError;
+use crate::KitError;
 
 /// The programs a bin dir must contain for the harness to use it.
 const REQUIRED: [&str; 3] = ["initdb", "postgres", "pg_ctl"];
@@ -29,14 +29,14 @@ fn advice() -> &'static str {
 /// --bindir`, the newest `/usr/lib/postgresql/<version>/bin`,
 /// `/usr/pgsql-<version>/bin`, `/usr/local/pgsql/bin`, then the directory of an
 /// `initdb` found on `PATH`.
-pub(crate) fn find_bin_dir() -> Result<PathBuf, HarnessError> {
+pub(crate) fn find_bin_dir() -> Result<PathBuf, KitError> {
     if let Some(dir) = std::env::var_os("PG_BINDIR").filter(|v| !v.is_empty()) {
         let dir = PathBuf::from(dir);
         let missing = missing_in(&dir);
         if missing.is_empty() {
             return Ok(dir);
         }
-        return Err(HarnessError::NoServer(format!(
+        return Err(KitError::NoServer(format!(
             "PostgreSQL server binaries not found: PG_BINDIR is set to {} but it lacks {}. {}",
             dir.display(),
             missing.join(", "),
@@ -51,7 +51,7 @@ pub(crate) fn find_bin_dir() -> Result<PathBuf, HarnessError> {
             return Ok(candidate);
         }
     }
-    Err(HarnessError::NoServer(format!(
+    Err(KitError::NoServer(format!(
         "PostgreSQL server binaries (initdb, postgres, pg_ctl) not found; looked in: {}. {}",
         looked.join("; "),
         advice()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use tokio_postgres::config::TargetSessionAttrs;
 
-use crate::{FaultProxy, HarnessError, PgServer, ShutdownMode, TestDb, pool_from_config};
+use crate::{FaultProxy, KitError, PgServer, ShutdownMode, TestDb, pool_from_config};
 
 /// How long a promoted standby may take to accept writes, as clients see it.
 const WRITABLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,12 +53,12 @@ impl Cluster {
     /// `synchronous`, commits on the primary wait until the standby has flushed them (set
     /// after the copy, so that the promoted standby does not wait for a standby of its own).
     /// Needs a tokio runtime; the blocking steps run on its blocking threads.
-    pub async fn start(follow: Follow, synchronous: bool) -> Result<Cluster, HarnessError> {
+    pub async fn start(follow: Follow, synchronous: bool) -> Result<Cluster, KitError> {
         let primary = Arc::new(blocking(PgServer::spawn).await?);
         let db = primary.create_database().await?;
         let wal = FaultProxy::start(primary.addr())
             .await
-            .map_err(|e| HarnessError::io("starting the WAL proxy", e))?;
+            .map_err(|e| KitError::io("starting the WAL proxy", e))?;
         let standby = Arc::new(
             blocking({
                 let (primary, upstream) = (primary.clone(), wal.addr());
@@ -75,7 +75,7 @@ impl Cluster {
             Follow::MovingAddress => Some(
                 FaultProxy::start(primary.addr())
                     .await
-                    .map_err(|e| HarnessError::io("starting the moving address", e))?,
+                    .map_err(|e| KitError::io("starting the moving address", e))?,
             ),
         };
         Ok(Cluster {
@@ -115,7 +115,7 @@ impl Cluster {
     }
 
     /// Stops the primary: `Immediate` is a crash, `Fast` a planned switchover.
-    pub async fn stop_primary(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+    pub async fn stop_primary(&self, mode: ShutdownMode) -> Result<(), KitError> {
         let primary = self.primary.clone();
         blocking(move || primary.stop(mode)).await
     }
@@ -130,14 +130,14 @@ impl Cluster {
     /// Promotes the standby and points the moving address at it; returns the first instant
     /// a connection made with [`config`](Self::config) reached a server that accepts writes
     /// (tried every 5 ms from before the promotion).
-    pub async fn promote(&self) -> Result<Instant, HarnessError> {
+    pub async fn promote(&self) -> Result<Instant, KitError> {
         let prober = tokio::spawn(first_writable(self.config()));
         self.point_at_standby();
         let standby = self.standby.clone();
         blocking(move || standby.promote()).await?;
         match tokio::time::timeout(WRITABLE_TIMEOUT, prober).await {
             Ok(Ok(at)) => Ok(at),
-            _ => Err(HarnessError::Server(format!(
+            _ => Err(KitError::Server(format!(
                 "the promoted standby on {} took no write connection within {}s",
                 self.standby.addr(),
                 WRITABLE_TIMEOUT.as_secs()
@@ -147,7 +147,7 @@ impl Cluster {
 
     /// Makes the old primary a standby of the promoted one, on its own port again (see
     /// [`PgServer::rejoin_as_standby_of`]).
-    pub async fn rejoin_old_primary(&self) -> Result<(), HarnessError> {
+    pub async fn rejoin_old_primary(&self) -> Result<(), KitError> {
         let (old, new) = (self.primary.clone(), self.standby.clone());
         blocking(move || old.rejoin_as_standby_of(&new)).await
     }
@@ -176,9 +176,9 @@ async fn first_writable(config: tokio_postgres::Config) -> Instant {
 
 /// Runs a blocking harness call on a blocking thread.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, HarnessError> + Send + 'static,
-) -> Result<T, HarnessError> {
+    f: impl FnOnce() -> Result<T, KitError> + Send + 'static,
+) -> Result<T, KitError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| HarnessError::Server(format!("a blocking harness call failed: {e}")))?
+        .map_err(|e| KitError::Server(format!("a blocking harness call failed: {e}")))?
 }

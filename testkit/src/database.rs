@@ -8,7 +8,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use crate::{HarnessError, PgServer, runtime};
+use crate::{KitError, PgServer, runtime};
 
 /// How many names to try when a database with the generated name exists
 /// (a leftover from an earlier process with the same pid).
@@ -21,7 +21,7 @@ impl PgServer {
     /// per database. The database is dropped when the [`TestDb`] is.
     ///
     /// Needs a tokio runtime (it spawns the admin connection's task).
-    pub async fn create_database(&self) -> Result<TestDb, HarnessError> {
+    pub async fn create_database(&self) -> Result<TestDb, KitError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let admin = self.config();
         let client =
@@ -40,15 +40,16 @@ impl PgServer {
                         name,
                         config,
                         admin,
+                        server: self.addr(),
                     });
                 }
                 Err(e) if e.code() == Some(&SqlState::DUPLICATE_DATABASE) => continue,
                 Err(e) => {
-                    return Err(HarnessError::pg(format!("creating database {name}"), e));
+                    return Err(KitError::pg(format!("creating database {name}"), e));
                 }
             }
         }
-        Err(HarnessError::Server(format!(
+        Err(KitError::Server(format!(
             "could not find a free database name after {NAME_ATTEMPTS} tries"
         )))
     }
@@ -68,12 +69,19 @@ pub struct TestDb {
     name: String,
     config: tokio_postgres::Config,
     admin: tokio_postgres::Config,
+    server: SocketAddr,
 }
 
 impl TestDb {
     /// The database's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The server's address (what a [`FaultProxy`](crate::FaultProxy) in front of it
+    /// forwards to).
+    pub fn server_addr(&self) -> SocketAddr {
+        self.server
     }
 
     /// Connection settings for this database, straight to the server.
@@ -107,7 +115,7 @@ impl TestDb {
 
     /// A direct client; its connection task is spawned on the current tokio
     /// runtime (errors are logged at debug level).
-    pub async fn connect(&self) -> Result<tokio_postgres::Client, HarnessError> {
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, KitError> {
         connect_config(
             &self.config,
             &format!("connecting to database {}", self.name),
@@ -164,14 +172,14 @@ pub fn pool_from_config(config: tokio_postgres::Config, max_size: usize) -> Pool
 }
 
 /// Connects and spawns the connection task on the current runtime.
-async fn connect_config(
+pub(crate) async fn connect_config(
     config: &tokio_postgres::Config,
     context: &str,
-) -> Result<tokio_postgres::Client, HarnessError> {
+) -> Result<tokio_postgres::Client, KitError> {
     let (client, conn) = config
         .connect(NoTls)
         .await
-        .map_err(|e| HarnessError::pg(context, e))?;
+        .map_err(|e| KitError::pg(context, e))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "test connection ended with an error");

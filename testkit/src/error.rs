@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// error to every caller.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub enum HarnessError {
+pub enum KitError {
     /// No usable PostgreSQL server: the binaries were not found (the message
     /// says where the harness looked and how to fix it) or `PG_BINDIR` is invalid.
     NoServer(String),
@@ -26,6 +26,14 @@ pub enum HarnessError {
     Server(String),
     /// The connection settings are unusable (e.g. a bad `DATABASE_URL`).
     Config(String),
+    /// A waiting helper's bound passed first: the message says what was awaited and what was
+    /// seen instead.
+    Timeout(String),
+    /// The elector refused its settings (an interval below the crate's minimum, say).
+    Elector(String),
+    /// A fault could not be put in place: the message says which and why (the replica has no
+    /// lock session to kill, the process is gone, ...).
+    Fault(String),
     /// An I/O error, with what the harness was doing.
     Io {
         /// What the harness was doing.
@@ -42,37 +50,40 @@ pub enum HarnessError {
     },
 }
 
-impl HarnessError {
+impl KitError {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        HarnessError::Io {
+        KitError::Io {
             context: context.into(),
             source: Arc::new(source),
         }
     }
 
     pub(crate) fn pg(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
-        HarnessError::Postgres {
+        KitError::Postgres {
             context: context.into(),
             source: Arc::new(source),
         }
     }
 }
 
-impl fmt::Display for HarnessError {
+impl fmt::Display for KitError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HarnessError::NoServer(msg)
-            | HarnessError::Server(msg)
-            | HarnessError::NoPgbouncer(msg) => f.write_str(msg),
-            HarnessError::NotPrivate => f.write_str(
+            KitError::NoServer(msg) | KitError::Server(msg) | KitError::NoPgbouncer(msg) => {
+                f.write_str(msg)
+            }
+            KitError::Timeout(msg) => write!(f, "timed out: {msg}"),
+            KitError::Elector(msg) => write!(f, "the elector refused its settings: {msg}"),
+            KitError::Fault(msg) => write!(f, "could not put the fault in place: {msg}"),
+            KitError::NotPrivate => f.write_str(
                 "this operation needs a private server started by the harness \
                  (PgServer::spawn), not an external one from DATABASE_URL",
             ),
-            HarnessError::Config(msg) => write!(f, "invalid configuration: {msg}"),
-            HarnessError::Io { context, source } => {
+            KitError::Config(msg) => write!(f, "invalid configuration: {msg}"),
+            KitError::Io { context, source } => {
                 write!(f, "{context}: {}", chain(&**source))
             }
-            HarnessError::Postgres { context, source } => {
+            KitError::Postgres { context, source } => {
                 write!(f, "{context}: {}", chain(&**source))
             }
         }
@@ -95,11 +106,11 @@ pub(crate) fn chain(err: &(dyn StdError + 'static)) -> String {
     text
 }
 
-impl StdError for HarnessError {
+impl StdError for KitError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            HarnessError::Io { source, .. } => Some(&**source),
-            HarnessError::Postgres { source, .. } => Some(&**source),
+            KitError::Io { source, .. } => Some(&**source),
+            KitError::Postgres { source, .. } => Some(&**source),
             _ => None,
         }
     }

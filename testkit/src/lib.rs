@@ -83,24 +83,36 @@ mod binaries;
 mod cluster;
 mod database;
 mod error;
+mod faults;
+mod fenced;
+mod locks;
 mod pgbouncer;
 mod private;
 mod proxy;
 #[cfg(feature = "replica")]
 pub mod replica;
+mod replicas;
 mod runtime;
 mod server;
 mod standby;
+pub mod timeline;
 mod watchdog;
 
 use std::sync::{Mutex, MutexGuard};
 
 pub use cluster::{Cluster, Follow};
 pub use database::{TestDb, config_with_addr, pool_from_config};
-pub use error::HarnessError;
+pub use error::KitError;
+pub use faults::{PoolHold, Who};
+pub use fenced::{FencedWrites, Interleaving, RecordError, Write};
+pub use locks::{LockSession, holders, lock_sessions, terminate};
 pub use pgbouncer::{Pgbouncer, PoolMode};
 pub use proxy::FaultProxy;
+pub use replicas::{
+    Leading, Replica, Replicas, ReplicasBuilder, TEST_INTERVAL, TEST_POOL_SIZE, identity,
+};
 pub use server::{PgServer, ShutdownMode};
+pub use timeline::{Overlap, Seen, Span, Timeline};
 
 /// The `deadpool-postgres` this crate builds pools with.
 pub use deadpool_postgres;

@@ -10,7 +10,7 @@ use deadpool_postgres::Pool;
 
 use crate::private::{RunAs, free_port, make_temp_root};
 use crate::watchdog::Watchdog;
-use crate::{HarnessError, PgServer, TestDb};
+use crate::{KitError, PgServer, TestDb};
 
 /// How long PgBouncer may take to start listening.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -86,13 +86,13 @@ impl Pgbouncer {
     /// `default_pool_size` (server sessions per database and user pair).
     ///
     /// Blocking: returns once PgBouncer listens (at most about 10 s). Fails
-    /// with [`HarnessError::NoPgbouncer`] when there is no `pgbouncer`
+    /// with [`KitError::NoPgbouncer`] when there is no `pgbouncer`
     /// program (install it with `apt-get install pgbouncer`).
     pub fn start(
         server: &PgServer,
         mode: PoolMode,
         pool_size: usize,
-    ) -> Result<Pgbouncer, HarnessError> {
+    ) -> Result<Pgbouncer, KitError> {
         let program = find_pgbouncer()?;
         let run_as = RunAs::when_root()?;
         let mut last = None;
@@ -112,7 +112,7 @@ impl Pgbouncer {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| HarnessError::Server("could not start pgbouncer".into())))
+        Err(last.unwrap_or_else(|| KitError::Server("could not start pgbouncer".into())))
     }
 
     /// One attempt on a fresh free port: the inner error means the port was
@@ -123,7 +123,7 @@ impl Pgbouncer {
         server: &PgServer,
         mode: PoolMode,
         pool_size: usize,
-    ) -> Result<Result<Pgbouncer, HarnessError>, HarnessError> {
+    ) -> Result<Result<Pgbouncer, KitError>, KitError> {
         let root = make_temp_root()?;
         let mut cleanup = RemoveOnDrop(Some(root.clone()));
         if let Some(run_as) = run_as {
@@ -182,7 +182,7 @@ impl Pgbouncer {
         }
         let mut child = cmd
             .spawn()
-            .map_err(|e| HarnessError::io(format!("starting {}", program.display()), e))?;
+            .map_err(|e| KitError::io(format!("starting {}", program.display()), e))?;
         let watchdog = match Watchdog::for_process(child.id(), &ini, &root) {
             Ok(w) => w,
             Err(e) => {
@@ -211,7 +211,7 @@ impl Pgbouncer {
 
     /// Waits until PgBouncer logs that it listens on its port; the error says
     /// whether the port was taken.
-    fn wait_listening(&mut self) -> Result<(), (HarnessError, bool)> {
+    fn wait_listening(&mut self) -> Result<(), (KitError, bool)> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let listening = format!("listening on {}", self.addr);
         loop {
@@ -229,7 +229,7 @@ impl Pgbouncer {
                     "did not listen in time"
                 };
                 return Err((
-                    HarnessError::Server(format!(
+                    KitError::Server(format!(
                         "pgbouncer on {} {why}\n--- {} ---\n{}",
                         self.addr,
                         self.log_file.display(),
@@ -308,13 +308,13 @@ impl Drop for RemoveOnDrop {
 }
 
 /// Finds the `pgbouncer` program.
-fn find_pgbouncer() -> Result<PathBuf, HarnessError> {
+fn find_pgbouncer() -> Result<PathBuf, KitError> {
     if let Some(path) = std::env::var_os("PGBOUNCER").filter(|v| !v.is_empty()) {
         let path = PathBuf::from(path);
         if path.is_file() {
             return Ok(path);
         }
-        return Err(HarnessError::NoPgbouncer(format!(
+        return Err(KitError::NoPgbouncer(format!(
             "PGBOUNCER is set to {}, which is not a file; unset it, or install PgBouncer \
              with `apt-get install pgbouncer` (Debian/Ubuntu)",
             path.display()
@@ -336,7 +336,7 @@ fn find_pgbouncer() -> Result<PathBuf, HarnessError> {
         .map(PathBuf::from),
     );
     candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
-        HarnessError::NoPgbouncer(
+        KitError::NoPgbouncer(
             "PgBouncer not found (looked at PGBOUNCER, `pgbouncer` on PATH, /usr/sbin, \
              /usr/local/sbin, /usr/local/bin): install it with `apt-get install pgbouncer` \
              (Debian/Ubuntu), or set PGBOUNCER to the program's path"
@@ -345,9 +345,9 @@ fn find_pgbouncer() -> Result<PathBuf, HarnessError> {
     })
 }
 
-fn write_file(path: &Path, text: &str, run_as: Option<RunAs>) -> Result<(), HarnessError> {
+fn write_file(path: &Path, text: &str, run_as: Option<RunAs>) -> Result<(), KitError> {
     std::fs::write(path, text)
-        .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))?;
+        .map_err(|e| KitError::io(format!("writing {}", path.display()), e))?;
     if let Some(run_as) = run_as {
         run_as.chown(path)?;
     }

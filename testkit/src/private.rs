@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::watchdog::Watchdog;
-use crate::{HarnessError, ShutdownMode, binaries, error, runtime};
+use crate::{KitError, ShutdownMode, binaries, error, runtime};
 
 /// How long `pg_ctl` may wait for a start, stop or restart.
 const PG_CTL_TIMEOUT_SECS: &str = "30";
@@ -28,7 +28,7 @@ pub(crate) struct RunAs {
 
 impl RunAs {
     /// `Some(postgres)` when this process runs as root, else `None`.
-    pub(crate) fn when_root() -> Result<Option<RunAs>, HarnessError> {
+    pub(crate) fn when_root() -> Result<Option<RunAs>, KitError> {
         if rustix::process::getuid().is_root() {
             postgres_user().map(Some)
         } else {
@@ -37,9 +37,9 @@ impl RunAs {
     }
 
     /// Gives `path` to this user.
-    pub(crate) fn chown(self, path: &Path) -> Result<(), HarnessError> {
+    pub(crate) fn chown(self, path: &Path) -> Result<(), KitError> {
         std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
-            .map_err(|e| HarnessError::io(format!("chown of {} to postgres", path.display()), e))
+            .map_err(|e| KitError::io(format!("chown of {} to postgres", path.display()), e))
     }
 }
 
@@ -60,7 +60,7 @@ pub(crate) struct PrivateServer {
 
 impl PrivateServer {
     /// Finds the binaries, creates a temp dir, runs initdb and starts the server.
-    pub(crate) fn spawn() -> Result<Self, HarnessError> {
+    pub(crate) fn spawn() -> Result<Self, KitError> {
         let started = Instant::now();
         let bin_dir = binaries::find_bin_dir()?;
         let mut server = PrivateServer::empty(bin_dir, RunAs::when_root()?)?;
@@ -77,7 +77,7 @@ impl PrivateServer {
 
     /// A server with a temp dir and a watchdog, but no data dir yet. From
     /// here on the value owns the temp dir: dropping it cleans up.
-    fn empty(bin_dir: PathBuf, run_as: Option<RunAs>) -> Result<Self, HarnessError> {
+    fn empty(bin_dir: PathBuf, run_as: Option<RunAs>) -> Result<Self, KitError> {
         let root = make_temp_root()?;
         let mut server = PrivateServer {
             bin_dir,
@@ -101,7 +101,7 @@ impl PrivateServer {
     /// on a free port: `pg_basebackup -R` when the bin dir has it, else a copy
     /// of the data dir taken while this server is stopped (`pg_ctl stop -m
     /// fast`, copy, start again: every connection to this server is cut).
-    pub(crate) fn spawn_standby(&self, upstream_port: u16) -> Result<Self, HarnessError> {
+    pub(crate) fn spawn_standby(&self, upstream_port: u16) -> Result<Self, KitError> {
         let started = Instant::now();
         let mut standby = PrivateServer::empty(self.bin_dir.clone(), self.run_as)?;
         let how = self.copy_into(&standby, upstream_port)?;
@@ -126,14 +126,14 @@ impl PrivateServer {
         &self,
         primary: &PrivateServer,
         upstream_port: u16,
-    ) -> Result<(), HarnessError> {
+    ) -> Result<(), KitError> {
         let _guard = lock(&self.control);
         let started = Instant::now();
         if self.data_dir.join("postmaster.pid").exists() {
             let _ = self.pg_ctl_stop(ShutdownMode::Immediate);
         }
         std::fs::remove_dir_all(&self.data_dir)
-            .map_err(|e| HarnessError::io("removing the old primary's data dir", e))?;
+            .map_err(|e| KitError::io("removing the old primary's data dir", e))?;
         let how = primary.copy_into(self, upstream_port)?;
         // The copy carries the primary's settings, its port among them.
         self.write_settings(self.port)?;
@@ -154,7 +154,7 @@ impl PrivateServer {
         &self,
         standby: &PrivateServer,
         upstream_port: u16,
-    ) -> Result<&'static str, HarnessError> {
+    ) -> Result<&'static str, KitError> {
         if self.bin_dir.join("pg_basebackup").is_file() {
             self.base_backup_into(standby, upstream_port)?;
             Ok("pg_basebackup")
@@ -170,7 +170,7 @@ impl PrivateServer {
         &self,
         standby: &PrivateServer,
         upstream_port: u16,
-    ) -> Result<(), HarnessError> {
+    ) -> Result<(), KitError> {
         let data = standby.data_dir.to_string_lossy().into_owned();
         let port = upstream_port.to_string();
         let what = "taking a base backup for a standby";
@@ -202,11 +202,7 @@ impl PrivateServer {
     /// copy a standby streaming from this server (what `pg_basebackup -R`
     /// writes: `standby.signal` and `primary_conninfo`, here through
     /// `upstream_port`).
-    fn cold_copy_into(
-        &self,
-        standby: &PrivateServer,
-        upstream_port: u16,
-    ) -> Result<(), HarnessError> {
+    fn cold_copy_into(&self, standby: &PrivateServer, upstream_port: u16) -> Result<(), KitError> {
         let what = "copying the data dir for a standby";
         self.stop(ShutdownMode::Fast)?;
         let copied = self
@@ -215,12 +211,12 @@ impl PrivateServer {
             .arg(&self.data_dir)
             .arg(&standby.data_dir)
             .output()
-            .map_err(|e| HarnessError::io(format!("{what}: running cp"), e));
+            .map_err(|e| KitError::io(format!("{what}: running cp"), e));
         // The primary comes back whatever happened to the copy.
         let restarted = self.start_again();
         let copied = copied?;
         if !copied.status.success() {
-            return Err(HarnessError::Server(format!(
+            return Err(KitError::Server(format!(
                 "{what}: cp failed ({}): {}",
                 copied.status,
                 String::from_utf8_lossy(&copied.stderr).trim()
@@ -232,18 +228,18 @@ impl PrivateServer {
         }
         let signal = standby.data_dir.join("standby.signal");
         std::fs::write(&signal, b"")
-            .map_err(|e| HarnessError::io(format!("{what}: writing standby.signal"), e))?;
+            .map_err(|e| KitError::io(format!("{what}: writing standby.signal"), e))?;
         let auto = standby.data_dir.join("postgresql.auto.conf");
         let mut conf = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .open(&auto)
-            .map_err(|e| HarnessError::io(format!("{what}: opening postgresql.auto.conf"), e))?;
+            .map_err(|e| KitError::io(format!("{what}: opening postgresql.auto.conf"), e))?;
         writeln!(
             conf,
             "primary_conninfo = 'host=127.0.0.1 port={upstream_port} user=postgres application_name=standby'"
         )
-        .map_err(|e| HarnessError::io(format!("{what}: writing postgresql.auto.conf"), e))?;
+        .map_err(|e| KitError::io(format!("{what}: writing postgresql.auto.conf"), e))?;
         if let Some(run_as) = self.run_as {
             run_as.chown(&signal)?;
             run_as.chown(&auto)?;
@@ -253,13 +249,13 @@ impl PrivateServer {
 
     /// `pg_ctl promote -w`: ends recovery; returns once the server runs as a
     /// primary (as far as `pg_ctl` can tell).
-    pub(crate) fn promote(&self) -> Result<(), HarnessError> {
+    pub(crate) fn promote(&self) -> Result<(), KitError> {
         let _guard = lock(&self.control);
         self.pg_ctl("promote", &[], "promoting the standby")
     }
 
     /// `pg_ctl {action} -w -t {PG_CTL_TIMEOUT_SECS} -s -D {data dir} {extra…}`, checked.
-    fn pg_ctl(&self, action: &str, extra: &[&str], what: &str) -> Result<(), HarnessError> {
+    fn pg_ctl(&self, action: &str, extra: &[&str], what: &str) -> Result<(), KitError> {
         let data = self.data_dir.to_string_lossy().into_owned();
         let mut args = vec![action, "-w", "-t", PG_CTL_TIMEOUT_SECS, "-s", "-D", &data];
         args.extend_from_slice(extra);
@@ -301,16 +297,16 @@ impl PrivateServer {
         cmd
     }
 
-    fn run(&self, program: &str, args: &[&str], what: &str) -> Result<Output, HarnessError> {
+    fn run(&self, program: &str, args: &[&str], what: &str) -> Result<Output, KitError> {
         let output = self
             .command(program)
             .args(args)
             .output()
-            .map_err(|e| HarnessError::io(format!("{what}: running {program}"), e))?;
+            .map_err(|e| KitError::io(format!("{what}: running {program}"), e))?;
         Ok(output)
     }
 
-    fn start_watchdog(&mut self) -> Result<(), HarnessError> {
+    fn start_watchdog(&mut self) -> Result<(), KitError> {
         let watchdog = Watchdog::start(
             &self.bin_dir.join("pg_ctl"),
             &self.data_dir,
@@ -321,7 +317,7 @@ impl PrivateServer {
         Ok(())
     }
 
-    fn initdb(&self) -> Result<(), HarnessError> {
+    fn initdb(&self) -> Result<(), KitError> {
         let data = self.data_dir.to_string_lossy().into_owned();
         let out = self.run(
             "initdb",
@@ -347,7 +343,7 @@ impl PrivateServer {
             } else {
                 String::new()
             };
-            return Err(HarnessError::Server(format!(
+            return Err(KitError::Server(format!(
                 "initdb failed ({}):\n{}{}{hint}",
                 out.status,
                 String::from_utf8_lossy(&out.stdout),
@@ -357,13 +353,13 @@ impl PrivateServer {
         let mut conf = std::fs::OpenOptions::new()
             .append(true)
             .open(self.data_dir.join("postgresql.conf"))
-            .map_err(|e| HarnessError::io("opening postgresql.conf", e))?;
+            .map_err(|e| KitError::io("opening postgresql.conf", e))?;
         conf.write_all(b"\n# Added by pg-elector-testkit\ninclude 'harness.conf'\n")
-            .map_err(|e| HarnessError::io("writing postgresql.conf", e))
+            .map_err(|e| KitError::io("writing postgresql.conf", e))
     }
 
     /// Writes the harness settings, including the port.
-    fn write_settings(&self, port: u16) -> Result<(), HarnessError> {
+    fn write_settings(&self, port: u16) -> Result<(), KitError> {
         let path = self.data_dir.join("harness.conf");
         let settings = format!(
             "listen_addresses = '127.0.0.1'\n\
@@ -379,15 +375,15 @@ impl PrivateServer {
              log_connections = on\n\
              log_line_prefix = '%m [%p] %q%u@%d '\n"
         );
-        std::fs::write(&path, settings).map_err(|e| HarnessError::io("writing harness.conf", e))?;
+        std::fs::write(&path, settings).map_err(|e| KitError::io("writing harness.conf", e))?;
         if let Some(RunAs { uid, gid }) = self.run_as {
             std::os::unix::fs::chown(&path, Some(uid), Some(gid))
-                .map_err(|e| HarnessError::io("chown of harness.conf", e))?;
+                .map_err(|e| KitError::io("chown of harness.conf", e))?;
         }
         Ok(())
     }
 
-    fn start_on_free_port(&mut self) -> Result<(), HarnessError> {
+    fn start_on_free_port(&mut self) -> Result<(), KitError> {
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port()?;
@@ -411,17 +407,17 @@ impl PrivateServer {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| HarnessError::Server("could not start the server".into())))
+        Err(last.unwrap_or_else(|| KitError::Server("could not start the server".into())))
     }
 
     /// `pg_ctl start`, then waits until a connection succeeds.
-    fn start_and_wait(&self, what: &str) -> Result<(), HarnessError> {
+    fn start_and_wait(&self, what: &str) -> Result<(), KitError> {
         let log = self.log_file.to_string_lossy().into_owned();
         self.pg_ctl("start", &["-l", &log], what)?;
         self.wait_accepting(what)
     }
 
-    fn check(&self, out: &Output, what: &str) -> Result<(), HarnessError> {
+    fn check(&self, out: &Output, what: &str) -> Result<(), KitError> {
         self.check_command(out, what, "pg_ctl", "")
     }
 
@@ -433,11 +429,11 @@ impl PrivateServer {
         what: &str,
         tool: &str,
         log_label: &str,
-    ) -> Result<(), HarnessError> {
+    ) -> Result<(), KitError> {
         if out.status.success() {
             return Ok(());
         }
-        Err(HarnessError::Server(format!(
+        Err(KitError::Server(format!(
             "{what}: {tool} failed ({}): {}{}\n--- tail of {log_label}{} ---\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout).trim(),
@@ -448,7 +444,7 @@ impl PrivateServer {
     }
 
     /// Waits until the server accepts a connection and answers a query.
-    fn wait_accepting(&self, what: &str) -> Result<(), HarnessError> {
+    fn wait_accepting(&self, what: &str) -> Result<(), KitError> {
         let mut config = tokio_postgres::Config::new();
         config
             .host("127.0.0.1")
@@ -484,8 +480,8 @@ impl PrivateServer {
         }
     }
 
-    fn not_ready(&self, what: &str, err: &str) -> HarnessError {
-        HarnessError::Server(format!(
+    fn not_ready(&self, what: &str, err: &str) -> KitError {
+        KitError::Server(format!(
             "{what}: the server on 127.0.0.1:{} did not accept connections within {}s ({err})\n\
              --- tail of {} ---\n{}",
             self.port,
@@ -495,11 +491,11 @@ impl PrivateServer {
         ))
     }
 
-    fn pg_ctl_stop(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+    fn pg_ctl_stop(&self, mode: ShutdownMode) -> Result<(), KitError> {
         self.pg_ctl("stop", &["-m", mode.as_str()], "stopping the server")
     }
 
-    pub(crate) fn restart(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+    pub(crate) fn restart(&self, mode: ShutdownMode) -> Result<(), KitError> {
         let _guard = lock(&self.control);
         let log = self.log_file.to_string_lossy().into_owned();
         let what = "restarting the server";
@@ -507,12 +503,12 @@ impl PrivateServer {
         self.wait_accepting(what)
     }
 
-    pub(crate) fn stop(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+    pub(crate) fn stop(&self, mode: ShutdownMode) -> Result<(), KitError> {
         let _guard = lock(&self.control);
         self.pg_ctl_stop(mode)
     }
 
-    pub(crate) fn start_again(&self) -> Result<(), HarnessError> {
+    pub(crate) fn start_again(&self) -> Result<(), KitError> {
         let _guard = lock(&self.control);
         self.start_and_wait("starting the server again")
     }
@@ -572,7 +568,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The uid and gid of the `postgres` user (needed when running as root).
-pub(crate) fn postgres_user() -> Result<RunAs, HarnessError> {
+pub(crate) fn postgres_user() -> Result<RunAs, KitError> {
     let id = |flag: &str| -> Option<u32> {
         let out = Command::new("id")
             .args([flag, "postgres"])
@@ -587,7 +583,7 @@ pub(crate) fn postgres_user() -> Result<RunAs, HarnessError> {
     };
     match (id("-u"), id("-g")) {
         (Some(uid), Some(gid)) if uid != 0 => Ok(RunAs { uid, gid }),
-        _ => Err(HarnessError::NoServer(
+        _ => Err(KitError::NoServer(
             "running as root, but PostgreSQL refuses to run as root and there is no \
              `postgres` user to run it as: create one (e.g. `useradd --system postgres`, \
              or install the `postgresql` package), or run the tests as a normal user, \
@@ -598,7 +594,7 @@ pub(crate) fn postgres_user() -> Result<RunAs, HarnessError> {
 }
 
 /// Creates a fresh directory under the system temp dir.
-pub(crate) fn make_temp_root() -> Result<PathBuf, HarnessError> {
+pub(crate) fn make_temp_root() -> Result<PathBuf, KitError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let base = std::env::temp_dir();
     let pid = std::process::id();
@@ -612,25 +608,25 @@ pub(crate) fn make_temp_root() -> Result<PathBuf, HarnessError> {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
-                return Err(HarnessError::io(
+                return Err(KitError::io(
                     format!("creating a temp dir in {}", base.display()),
                     e,
                 ));
             }
         }
     }
-    Err(HarnessError::Server(format!(
+    Err(KitError::Server(format!(
         "could not create a unique temp dir in {}",
         base.display()
     )))
 }
 
 /// A TCP port that was free a moment ago on 127.0.0.1.
-pub(crate) fn free_port() -> Result<u16, HarnessError> {
+pub(crate) fn free_port() -> Result<u16, KitError> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| HarnessError::io("finding a free port on 127.0.0.1", e))?;
+        .map_err(|e| KitError::io("finding a free port on 127.0.0.1", e))?;
     listener
         .local_addr()
         .map(|a| a.port())
-        .map_err(|e| HarnessError::io("finding a free port on 127.0.0.1", e))
+        .map_err(|e| KitError::io("finding a free port on 127.0.0.1", e))
 }

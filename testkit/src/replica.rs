@@ -496,6 +496,48 @@ impl Fleet {
         at
     }
 
+    /// Freezes a replica (SIGSTOP: a long GC pause, a VM stolen from under it): nothing in it
+    /// runs, its connections stay open. Returns the time just before, once the kernel shows
+    /// the process stopped.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Fault`](crate::KitError::Fault) when the signal fails (the process is gone)
+    /// or the process was not seen stopped within 5 s.
+    pub async fn freeze(&self, replica: usize) -> Result<u64, crate::KitError> {
+        self.signal_until(replica, Signal::STOP, true).await
+    }
+
+    /// Thaws a frozen replica (SIGCONT); returns the time just before, once it runs again.
+    ///
+    /// # Errors
+    ///
+    /// As [`freeze`](Self::freeze).
+    pub async fn thaw(&self, replica: usize) -> Result<u64, crate::KitError> {
+        self.signal_until(replica, Signal::CONT, false).await
+    }
+
+    async fn signal_until(
+        &self,
+        replica: usize,
+        signal: Signal,
+        stopped: bool,
+    ) -> Result<u64, crate::KitError> {
+        let fault = |why: String| crate::KitError::Fault(format!("replica {replica}: {why}"));
+        let at = self
+            .try_signal(replica, signal)
+            .map_err(|e| fault(format!("{signal:?} failed: {e}")))?;
+        let pid = self.procs[replica].pid;
+        let start = std::time::Instant::now();
+        while is_stopped(pid) != Some(stopped) {
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(fault(format!("not seen {signal:?}ped within 5 s")));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(at)
+    }
+
     /// Waits for a replica's process to end.
     pub async fn reap(&mut self, replica: usize) {
         let _ = self.procs[replica].child.wait().await;
@@ -577,4 +619,13 @@ pub fn transitions(events: &[Event]) -> Vec<Event> {
         .collect();
     transitions.sort_by_key(|e| (e.at, e.what == What::Leader));
     transitions
+}
+
+/// Whether the kernel shows process `pid` stopped (state `T`), from `/proc/<pid>/stat`; `None`
+/// when it cannot be read (the process is gone, or no procfs).
+fn is_stopped(pid: Pid) -> Option<bool> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+    Some(state == "T" || state == "t")
 }

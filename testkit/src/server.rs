@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 
 use crate::private::PrivateServer;
-use crate::{HarnessError, runtime};
+use crate::{KitError, runtime};
 
 /// The connect timeout put on every configuration the harness hands out.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -68,8 +68,8 @@ impl PgServer {
     /// files removed by a watchdog process when the test process exits. Give
     /// each test its own database with [`create_database`](Self::create_database),
     /// and use [`spawn`](Self::spawn) for tests that stop or restart the server.
-    pub fn shared() -> Result<&'static PgServer, HarnessError> {
-        static SHARED: OnceLock<Result<PgServer, HarnessError>> = OnceLock::new();
+    pub fn shared() -> Result<&'static PgServer, KitError> {
+        static SHARED: OnceLock<Result<PgServer, KitError>> = OnceLock::new();
         SHARED
             .get_or_init(|| match std::env::var("DATABASE_URL") {
                 Ok(url) if !url.trim().is_empty() => PgServer::external(url.trim()),
@@ -86,7 +86,7 @@ impl PgServer {
     /// server accepts connections (at most about 30 s). It may be called from
     /// inside an async test, but blocks that runtime's thread meanwhile. When
     /// running as root, the server runs as the `postgres` user.
-    pub fn spawn() -> Result<PgServer, HarnessError> {
+    pub fn spawn() -> Result<PgServer, KitError> {
         PrivateServer::spawn().map(PgServer::from_private)
     }
 
@@ -110,9 +110,9 @@ impl PgServer {
 
     /// Uses an existing server given by a connection string (URL or
     /// `key=value` form). Checks that one connection succeeds.
-    pub fn external(url: &str) -> Result<PgServer, HarnessError> {
+    pub fn external(url: &str) -> Result<PgServer, KitError> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            HarnessError::Config(format!(
+            KitError::Config(format!(
                 "DATABASE_URL is not a valid connection string: {e}"
             ))
         })?;
@@ -141,8 +141,8 @@ impl PgServer {
         };
         match result {
             Some(Ok(())) => {}
-            Some(Err(e)) => return Err(HarnessError::pg(describe(), e)),
-            None => return Err(HarnessError::Config(format!("{}: timed out", describe()))),
+            Some(Err(e)) => return Err(KitError::pg(describe(), e)),
+            None => return Err(KitError::Config(format!("{}: timed out", describe()))),
         }
         Ok(PgServer {
             config,
@@ -176,27 +176,27 @@ impl PgServer {
         self.private.is_some()
     }
 
-    pub(crate) fn private(&self) -> Result<&PrivateServer, HarnessError> {
-        self.private.as_ref().ok_or(HarnessError::NotPrivate)
+    pub(crate) fn private(&self) -> Result<&PrivateServer, KitError> {
+        self.private.as_ref().ok_or(KitError::NotPrivate)
     }
 
     /// `pg_ctl restart -m <mode>`: same port and data; returns once the
     /// server accepts connections again. Blocking. Every connection is cut.
     /// Avoid on the shared server: other tests use it.
-    pub fn restart(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+    pub fn restart(&self, mode: ShutdownMode) -> Result<(), KitError> {
         self.private()?.restart(mode)
     }
 
     /// `pg_ctl stop -m <mode>` (waits until the server is down, at most
     /// 30 s; with [`ShutdownMode::Smart`] that means until every client has
     /// gone). Blocking. Bring it back with [`start_again`](Self::start_again).
-    pub fn stop(&self, mode: ShutdownMode) -> Result<(), HarnessError> {
+    pub fn stop(&self, mode: ShutdownMode) -> Result<(), KitError> {
         self.private()?.stop(mode)
     }
 
     /// Starts a stopped server again on the same port; returns once it
     /// accepts connections. Blocking.
-    pub fn start_again(&self) -> Result<(), HarnessError> {
+    pub fn start_again(&self) -> Result<(), KitError> {
         self.private()?.start_again()
     }
 
@@ -227,7 +227,7 @@ impl PgServer {
 
 /// The first TCP address of a configuration (`hostaddr` first, then the
 /// first TCP host), resolved.
-fn resolve_addr(config: &tokio_postgres::Config) -> Result<SocketAddr, HarnessError> {
+fn resolve_addr(config: &tokio_postgres::Config) -> Result<SocketAddr, KitError> {
     let ports = config.get_ports();
     let port_at = |i: usize| match ports {
         [] => 5432,
@@ -247,7 +247,7 @@ fn resolve_addr(config: &tokio_postgres::Config) -> Result<SocketAddr, HarnessEr
             _ => None,
         })
         .ok_or_else(|| {
-            HarnessError::Config(
+            KitError::Config(
                 "DATABASE_URL must name a TCP host (the harness needs a TCP address, \
                  e.g. for fault-injection proxies)"
                     .into(),
@@ -256,7 +256,7 @@ fn resolve_addr(config: &tokio_postgres::Config) -> Result<SocketAddr, HarnessEr
     let port = port_at(index);
     (host.as_str(), port)
         .to_socket_addrs()
-        .map_err(|e| HarnessError::io(format!("resolving {host}:{port} from DATABASE_URL"), e))?
+        .map_err(|e| KitError::io(format!("resolving {host}:{port} from DATABASE_URL"), e))?
         .next()
-        .ok_or_else(|| HarnessError::Config(format!("{host}:{port} resolves to no address")))
+        .ok_or_else(|| KitError::Config(format!("{host}:{port} resolves to no address")))
 }

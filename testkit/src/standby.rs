@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::server::CONNECT_TIMEOUT;
-use crate::{HarnessError, PgServer, runtime};
+use crate::{KitError, PgServer, runtime};
 
 /// How long a promoted standby may take to leave recovery.
 const PROMOTE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,8 +27,8 @@ impl PgServer {
     /// The standby accepts read-only connections (`pg_is_in_recovery()` is
     /// true; its advisory locks are local to it) until [`promote`](Self::promote).
     /// It is cleaned up like any private server when dropped. Fails with
-    /// [`HarnessError::NotPrivate`] on an external server.
-    pub fn spawn_standby(&self) -> Result<PgServer, HarnessError> {
+    /// [`KitError::NotPrivate`] on an external server.
+    pub fn spawn_standby(&self) -> Result<PgServer, KitError> {
         let private = self.private()?;
         private
             .spawn_standby(private.port())
@@ -39,7 +39,7 @@ impl PgServer {
     /// from this server through `upstream` (a [`FaultProxy`](crate::FaultProxy)
     /// to this server, on 127.0.0.1): blackhole the proxy and the standby is
     /// cut off from this server's WAL while both keep running. Blocking.
-    pub fn spawn_standby_via(&self, upstream: SocketAddr) -> Result<PgServer, HarnessError> {
+    pub fn spawn_standby_via(&self, upstream: SocketAddr) -> Result<PgServer, KitError> {
         self.private()?
             .spawn_standby(upstream.port())
             .map(PgServer::from_private)
@@ -52,7 +52,7 @@ impl PgServer {
     /// `primary` is stopped for the copy and started again: its connections
     /// are cut), and it starts streaming from `primary`. What an operator
     /// does after a failover instead of `pg_rewind`. Blocking.
-    pub fn rejoin_as_standby_of(&self, primary: &PgServer) -> Result<(), HarnessError> {
+    pub fn rejoin_as_standby_of(&self, primary: &PgServer) -> Result<(), KitError> {
         let upstream = primary.private()?;
         self.private()?
             .rejoin_as_standby_of(upstream, upstream.port())
@@ -62,7 +62,7 @@ impl PgServer {
     /// (`synchronous_standby_names = '*'`, `synchronous_commit = on`, then a
     /// reload), or, with `false`, asynchronous again (the harness default).
     /// With it on, a commit waits for as long as no standby streams. Blocking.
-    pub fn set_synchronous_standby(&self, on: bool) -> Result<(), HarnessError> {
+    pub fn set_synchronous_standby(&self, on: bool) -> Result<(), KitError> {
         let (names, commit) = if on { ("*", "on") } else { ("", "off") };
         self.execute(&format!(
             "ALTER SYSTEM SET synchronous_standby_names = '{names}'"
@@ -73,13 +73,13 @@ impl PgServer {
 
     /// Promotes this standby to a primary (`pg_ctl promote`) and waits until
     /// `pg_is_in_recovery()` is false (at most 30 s). Blocking. Fails with
-    /// [`HarnessError::NotPrivate`] on an external server.
-    pub fn promote(&self) -> Result<(), HarnessError> {
+    /// [`KitError::NotPrivate`] on an external server.
+    pub fn promote(&self) -> Result<(), KitError> {
         self.private()?.promote()?;
         let deadline = Instant::now() + PROMOTE_TIMEOUT;
         while self.is_in_recovery()? {
             if Instant::now() > deadline {
-                return Err(HarnessError::Server(format!(
+                return Err(KitError::Server(format!(
                     "the promoted standby on {} is still in recovery after {}s\n--- server log ---\n{}",
                     self.addr(),
                     PROMOTE_TIMEOUT.as_secs(),
@@ -93,7 +93,7 @@ impl PgServer {
 
     /// Whether the server is in recovery (`pg_is_in_recovery()`): true on a
     /// hot standby. Blocking (one short connection).
-    pub fn is_in_recovery(&self) -> Result<bool, HarnessError> {
+    pub fn is_in_recovery(&self) -> Result<bool, KitError> {
         Ok(self.scalar("SELECT pg_is_in_recovery()::text")? == "true")
     }
 
@@ -101,28 +101,28 @@ impl PgServer {
     /// 13.22, 180004 for 18.4). Blocking (one short connection). Useful to
     /// explain a test that needs a feature some versions lack, e.g.
     /// `idle_session_timeout` (PostgreSQL 14 and newer).
-    pub fn version_num(&self) -> Result<u32, HarnessError> {
+    pub fn version_num(&self) -> Result<u32, KitError> {
         let text = self.scalar("SHOW server_version_num")?;
-        text.trim().parse().map_err(|_| {
-            HarnessError::Server(format!("server_version_num is not a number: {text:?}"))
-        })
+        text.trim()
+            .parse()
+            .map_err(|_| KitError::Server(format!("server_version_num is not a number: {text:?}")))
     }
 
     /// Runs `sql` (one statement) on the maintenance database.
-    fn execute(&self, sql: &str) -> Result<(), HarnessError> {
+    fn execute(&self, sql: &str) -> Result<(), KitError> {
         self.query_text(sql.to_owned()).map(drop)
     }
 
     /// Runs `sql` (one row, one column) on the maintenance database; returns
     /// the value as text.
-    fn scalar(&self, sql: &'static str) -> Result<String, HarnessError> {
+    fn scalar(&self, sql: &'static str) -> Result<String, KitError> {
         self.query_text(sql.to_owned())?.ok_or_else(|| {
-            HarnessError::Server(format!("running `{sql}` on {}: no value", self.addr()))
+            KitError::Server(format!("running `{sql}` on {}: no value", self.addr()))
         })
     }
 
     /// Runs `sql` on the maintenance database: the first row's first value, as text.
-    fn query_text(&self, sql: String) -> Result<Option<String>, HarnessError> {
+    fn query_text(&self, sql: String) -> Result<Option<String>, KitError> {
         let config = self.config();
         let context = format!("running `{sql}` on {}", self.addr());
         let result = runtime::block_on_thread(
@@ -142,8 +142,8 @@ impl PgServer {
         );
         match result {
             Some(Ok(value)) => Ok(value),
-            Some(Err(e)) => Err(HarnessError::pg(context, e)),
-            None => Err(HarnessError::Server(format!("{context}: timed out"))),
+            Some(Err(e)) => Err(KitError::pg(context, e)),
+            None => Err(KitError::Server(format!("{context}: timed out"))),
         }
     }
 }

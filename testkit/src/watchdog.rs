@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::HarnessError;
+use crate::KitError;
 
 /// The watchdog: waits for EOF on stdin (the test process closed it or died),
 /// then stops the server and removes the temp dir. Own process group and
@@ -66,7 +66,7 @@ impl Watchdog {
         data_dir: &Path,
         root: &Path,
         as_root: bool,
-    ) -> Result<Watchdog, HarnessError> {
+    ) -> Result<Watchdog, KitError> {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(WATCHDOG_SCRIPT)
@@ -80,11 +80,7 @@ impl Watchdog {
 
     /// Starts the watchdog of a helper process `pid`, whose command line
     /// contains `marker`; it kills the process and removes `root`.
-    pub(crate) fn for_process(
-        pid: u32,
-        marker: &Path,
-        root: &Path,
-    ) -> Result<Watchdog, HarnessError> {
+    pub(crate) fn for_process(pid: u32, marker: &Path, root: &Path) -> Result<Watchdog, KitError> {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
             .arg(PROCESS_WATCHDOG_SCRIPT)
@@ -95,7 +91,7 @@ impl Watchdog {
         Self::spawn(cmd)
     }
 
-    fn spawn(mut cmd: Command) -> Result<Watchdog, HarnessError> {
+    fn spawn(mut cmd: Command) -> Result<Watchdog, KitError> {
         let child = cmd
             .current_dir("/")
             .env("LC_ALL", "C")
@@ -105,7 +101,7 @@ impl Watchdog {
             // Its own process group: a Ctrl-C to the test run does not reach it.
             .process_group(0)
             .spawn()
-            .map_err(|e| HarnessError::io("starting the cleanup watchdog (/bin/sh)", e))?;
+            .map_err(|e| KitError::io("starting the cleanup watchdog (/bin/sh)", e))?;
         Ok(Watchdog { child })
     }
 

@@ -6,8 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pg_elector_testkit::{
-    FaultProxy, HarnessError, PgServer, Pgbouncer, PoolMode, SerialGuard, ShutdownMode, TestDb,
-    serial,
+    FaultProxy, KitError, PgServer, Pgbouncer, PoolMode, SerialGuard, ShutdownMode, TestDb, serial,
 };
 use tokio::time::timeout;
 
@@ -210,7 +209,7 @@ async fn external_server_is_usable_but_not_controllable() {
     assert!(external.data_dir().is_none());
     assert!(matches!(
         external.restart(ShutdownMode::Fast),
-        Err(HarnessError::NotPrivate)
+        Err(KitError::NotPrivate)
     ));
     let db = external.create_database().await.unwrap();
     db.connect()
@@ -692,7 +691,7 @@ async fn standby_replicates_refuses_writes_and_promotes() {
     assert!(wait_gone(&dir, Duration::from_secs(10)));
     assert!(matches!(
         PgServer::external(&shared().url()).unwrap().spawn_standby(),
-        Err(HarnessError::NotPrivate)
+        Err(KitError::NotPrivate)
     ));
 }
 

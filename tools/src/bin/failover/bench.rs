@@ -16,7 +16,7 @@ use crate::scenario::{Sample, Scenario};
 /// A restart's tasks: when the server accepts connections again, and the restart itself.
 type Restart = (
     tokio::task::JoinHandle<u64>,
-    tokio::task::JoinHandle<Result<(), pg_elector_testkit::HarnessError>>,
+    tokio::task::JoinHandle<Result<(), pg_elector_testkit::KitError>>,
 );
 
 pub(crate) struct Bench {

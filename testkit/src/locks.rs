@@ -1,0 +1,78 @@
+//! What the server says about a key: the sessions that hold or wait for its advisory lock.
+
+use pg_elector::LockKey;
+
+/// One session that holds or waits for a key's advisory lock, as `pg_locks` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSession {
+    /// The backend's pid.
+    pub pid: i32,
+    /// Its `application_name` (an elector's identity).
+    pub name: String,
+    /// Whether it holds the lock (else it waits for it).
+    pub granted: bool,
+}
+
+/// Every session of the client's database that holds or waits for `key` (the elector's
+/// two-int4 form), holders first.
+pub async fn lock_sessions(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+) -> Result<Vec<LockSession>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT l.pid, coalesce(a.application_name, ''), l.granted FROM pg_catalog.pg_locks l \
+             LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
+             AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
+             ORDER BY l.granted DESC, l.pid",
+            &[&(key.class() as u32), &(key.object() as u32)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| LockSession {
+            pid: row.get(0),
+            name: row.get(1),
+            granted: row.get(2),
+        })
+        .collect())
+}
+
+/// The pids of the sessions that hold `key` in the client's database (at most one).
+pub async fn holders(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+) -> Result<Vec<i32>, tokio_postgres::Error> {
+    Ok(lock_sessions(client, key)
+        .await?
+        .into_iter()
+        .filter(|s| s.granted)
+        .map(|s| s.pid)
+        .collect())
+}
+
+/// Ends backend `pid` (`pg_terminate_backend`) and waits up to 5 s until it is gone from
+/// `pg_stat_activity`; whether it went.
+pub async fn terminate(
+    client: &tokio_postgres::Client,
+    pid: i32,
+) -> Result<bool, tokio_postgres::Error> {
+    client
+        .execute("SELECT pg_catalog.pg_terminate_backend($1)", &[&pid])
+        .await?;
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        let left = client
+            .query(
+                "SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await?;
+        if left.is_empty() {
+            return Ok(true);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    Ok(false)
+}

@@ -1,0 +1,240 @@
+//! Who led when: every replica's `is_leader()` read on a thread of its own, and who the
+//! server said held the lock, read from `pg_locks`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pg_elector::{Elector, LockKey};
+use tokio_util::sync::CancellationToken;
+
+use crate::locks;
+
+/// How often the sampler reads every replica's `is_leader()`: an overlap shorter than this can
+/// be missed, one longer cannot.
+pub const SAMPLE_EVERY: Duration = Duration::from_micros(100);
+
+/// How often the server's view (`pg_locks`) is read.
+pub const SERVER_EVERY: Duration = Duration::from_millis(10);
+
+/// One stretch of time in which one replica said it led (or the server said it held the lock),
+/// in time since the timeline started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// The replica's index.
+    pub replica: usize,
+    /// When it began.
+    pub from: Duration,
+    /// When it ended; `None` while it lasts.
+    pub to: Option<Duration>,
+}
+
+impl Span {
+    fn end_or(&self, now: Duration) -> Duration {
+        self.to.unwrap_or(now)
+    }
+}
+
+/// A stretch of time in which two replicas both said they led.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Overlap {
+    /// The replica that led first.
+    pub first: usize,
+    /// The one that also led.
+    pub second: usize,
+    /// When both led, since the timeline started.
+    pub from: Duration,
+    /// For how long, to the sample (two leaders in one sample count one sample's length).
+    pub length: Duration,
+}
+
+/// What a [`Timeline`] saw so far.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Every stretch of leadership as `is_leader()` said it, in order of start.
+    pub leaders: Vec<Span>,
+    /// Every stretch in which the server showed a replica's lock session holding the key, read
+    /// every [`SERVER_EVERY`] (a holder the replicas do not name is left out).
+    pub holders: Vec<Span>,
+    /// How long the timeline ran.
+    pub elapsed: Duration,
+}
+
+impl Seen {
+    /// Every stretch in which two replicas both said they led, with its length.
+    pub fn overlaps(&self) -> Vec<Overlap> {
+        let mut found = Vec::new();
+        for (i, a) in self.leaders.iter().enumerate() {
+            for b in &self.leaders[i + 1..] {
+                if a.replica == b.replica {
+                    continue;
+                }
+                let from = a.from.max(b.from);
+                let to = a.end_or(self.elapsed).min(b.end_or(self.elapsed));
+                if to > from {
+                    let length = to - from;
+                    found.push(Overlap {
+                        first: a.replica,
+                        second: b.replica,
+                        from,
+                        length,
+                    });
+                }
+            }
+        }
+        found
+    }
+
+    /// The longest overlap, or zero when there was none.
+    pub fn longest_overlap(&self) -> Duration {
+        self.overlaps()
+            .iter()
+            .map(|o| o.length)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The replicas in the order they began to lead, one entry per term.
+    pub fn leader_order(&self) -> Vec<usize> {
+        self.leaders.iter().map(|s| s.replica).collect()
+    }
+}
+
+/// Records who leads, from every replica's `is_leader()` (read every [`SAMPLE_EVERY`] on a
+/// thread of its own) and from the server's `pg_locks` (every [`SERVER_EVERY`]), until
+/// dropped or [`finish`](Self::finish)ed.
+#[derive(Debug)]
+pub struct Timeline {
+    start: Instant,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    server: CancellationToken,
+}
+
+impl Timeline {
+    /// Starts recording `electors` (a replica's index is its place in the slice). With `server`
+    /// (an admin connection's settings to the electors' database, the key and every replica's
+    /// identity), the server's view is recorded as well; it needs a tokio runtime.
+    pub fn start(electors: &[Elector], server: Option<ServerView>) -> Self {
+        let start = Instant::now();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let electors = electors.to_vec();
+        std::thread::spawn({
+            let (seen, stop) = (seen.clone(), stop.clone());
+            move || sample_leaders(&electors, start, &seen, &stop)
+        });
+        let token = CancellationToken::new();
+        if let Some(view) = server {
+            tokio::spawn(sample_server(view, start, seen.clone(), token.clone()));
+        }
+        Self {
+            start,
+            seen,
+            stop,
+            server: token,
+        }
+    }
+
+    /// What was seen until now (the timeline goes on).
+    pub fn seen(&self) -> Seen {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        seen.elapsed = self.start.elapsed();
+        seen
+    }
+
+    /// Stops recording and returns what was seen.
+    pub fn finish(self) -> Seen {
+        self.seen()
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.server.cancel();
+    }
+}
+
+/// What the [`Timeline`] needs to read the server's view of a key.
+#[derive(Clone, Debug)]
+pub struct ServerView {
+    /// Settings of a direct connection to the electors' database.
+    pub config: tokio_postgres::Config,
+    /// The key the replicas elect on.
+    pub key: LockKey,
+    /// Each replica's identity (its lock session's `application_name`), by index.
+    pub identities: Vec<String>,
+}
+
+fn sample_leaders(electors: &[Elector], start: Instant, seen: &Mutex<Seen>, stop: &AtomicBool) {
+    let mut open: Vec<Option<usize>> = vec![None; electors.len()];
+    while !stop.load(Ordering::Relaxed) {
+        let now = start.elapsed();
+        for (replica, elector) in electors.iter().enumerate() {
+            let leads = elector.is_leader();
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            record(&mut seen.leaders, &mut open[replica], replica, leads, now);
+        }
+        std::thread::sleep(SAMPLE_EVERY);
+    }
+}
+
+/// Opens a span for `replica` when `on` and none is open, closes the open one when not.
+fn record(
+    spans: &mut Vec<Span>,
+    open: &mut Option<usize>,
+    replica: usize,
+    on: bool,
+    now: Duration,
+) {
+    match (on, *open) {
+        (true, None) => {
+            spans.push(Span {
+                replica,
+                from: now,
+                to: None,
+            });
+            *open = Some(spans.len() - 1);
+        }
+        (false, Some(at)) => {
+            spans[at].to = Some(now);
+            *open = None;
+        }
+        _ => {}
+    }
+}
+
+async fn sample_server(
+    view: ServerView,
+    start: Instant,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+) {
+    let mut open: Vec<Option<usize>> = vec![None; view.identities.len()];
+    let mut client = None;
+    while !stop.is_cancelled() {
+        if client.is_none() {
+            client = crate::database::connect_config(&view.config, "reading pg_locks")
+                .await
+                .ok();
+        }
+        if let Some(c) = &client {
+            match locks::lock_sessions(c, view.key).await {
+                Ok(sessions) => {
+                    let now = start.elapsed();
+                    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    for (replica, name) in view.identities.iter().enumerate() {
+                        let holds = sessions.iter().any(|s| s.granted && &s.name == name);
+                        record(&mut seen.holders, &mut open[replica], replica, holds, now);
+                    }
+                }
+                Err(_) => client = None,
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(SERVER_EVERY) => {}
+            () = stop.cancelled() => {}
+        }
+    }
+}
