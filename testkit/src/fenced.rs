@@ -107,21 +107,48 @@ impl FencedWrites {
     ///
     /// [`KitError::Postgres`] when the query fails (the table is missing, say).
     pub async fn read(client: &tokio_postgres::Client) -> Result<Self, KitError> {
+        Self::query(
+            client,
+            &format!("SELECT epoch, what, at FROM {TABLE} ORDER BY at, seq"),
+        )
+        .await
+    }
+
+    /// The writes of the service's own table, from `sql`: a query whose rows are (epoch
+    /// `bigint`, what `text`, at `timestamptz`), each row a write of the term of that epoch
+    /// stamped by the server's clock inside the write's transaction. The rows are put in order
+    /// of `at` (ties keep the query's order).
+    ///
+    /// ```no_run
+    /// # async fn demo(admin: &tokio_postgres::Client) -> Result<(), pg_elector_testkit::KitError> {
+    /// use pg_elector_testkit::FencedWrites;
+    /// let sends = FencedWrites::query(
+    ///     admin,
+    ///     "SELECT epoch, invoice_id::text, queued_at FROM outbox ORDER BY queued_at",
+    /// )
+    /// .await?;
+    /// assert!(sends.interleavings().is_empty());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Postgres`] when the query fails or its columns are not of those types.
+    pub async fn query(client: &tokio_postgres::Client, sql: &str) -> Result<Self, KitError> {
         let rows = client
-            .query(
-                &format!("SELECT epoch, what, at FROM {TABLE} ORDER BY at, seq"),
-                &[],
-            )
+            .query(sql, &[])
             .await
-            .map_err(|e| KitError::pg(format!("reading {TABLE}"), e))?;
-        let writes = rows
-            .iter()
-            .map(|row| Write {
-                epoch: row.get(0),
-                what: row.get(1),
-                at: row.get(2),
-            })
-            .collect();
+            .map_err(|e| KitError::pg(format!("reading the writes ({sql})"), e))?;
+        let mut writes = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let column = |e| KitError::pg(format!("reading the writes ({sql})"), e);
+            writes.push(Write {
+                epoch: row.try_get(0).map_err(column)?,
+                what: row.try_get(1).map_err(column)?,
+                at: row.try_get(2).map_err(column)?,
+            });
+        }
+        writes.sort_by_key(|w| w.at);
         Ok(Self { writes })
     }
 

@@ -80,7 +80,7 @@ impl PgServer {
     }
 
     /// Spawns a new private server from the machine's binaries (see
-    /// [the crate docs](crate#server-binaries) for where they are looked for).
+    /// [the crate docs](crate#what-it-needs-on-the-machine) for where they are looked for).
     ///
     /// Blocking: it runs `initdb` and `pg_ctl start` and waits until the
     /// server accepts connections (at most about 30 s). It may be called from
