@@ -6,17 +6,17 @@
 //! session or to a try; and the handover marker of a graceful unlock counts only for the grant
 //! that unlock made, not for the next one.
 //!
-//! A sampler thread reads every replica's `is_leader()` about every 50 µs for the whole test.
+//! The test kit's timeline reads every replica's `is_leader()` about every 50 µs for the whole
+//! test.
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::capture::Capture;
 use common::*;
 use pg_elector::{Elector, LockKey};
+use pg_elector_testkit::Timeline;
 
 /// The interval of the pairing runs: short, so that a standby that only tries lands its try
 /// within a few milliseconds of a terminate in a good share of the runs (the window an overlap
@@ -29,52 +29,13 @@ const RUNS: usize = 50;
 /// How long the first replica may take to lead: its first pool connection is opened then.
 const STARTUP: Duration = Duration::from_secs(5);
 
-/// What the sampler saw: the samples with two or more leaders, and the longest such stretch.
-#[derive(Debug, Default, Clone, Copy)]
-struct Overlaps {
-    samples: u64,
-    both: u64,
-    longest: Duration,
-}
+/// How often the timeline reads every replica's `is_leader()`.
+const SAMPLE: Duration = Duration::from_micros(50);
 
-/// Reads every elector's `is_leader()` every ~50 µs until stopped.
-struct Sampler {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Overlaps>,
-}
-
-impl Sampler {
-    fn start(electors: &[&Elector]) -> Self {
-        let electors: Vec<Elector> = electors.iter().map(|e| (*e).clone()).collect();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::thread::spawn({
-            let stop = stop.clone();
-            move || {
-                let mut seen = Overlaps::default();
-                let mut since: Option<Instant> = None;
-                while !stop.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    let leading = electors.iter().filter(|e| e.is_leader()).count();
-                    seen.samples += 1;
-                    if leading > 1 {
-                        seen.both += 1;
-                        let start = *since.get_or_insert(now);
-                        seen.longest = seen.longest.max(now - start);
-                    } else {
-                        since = None;
-                    }
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                seen
-            }
-        });
-        Self { stop, thread }
-    }
-
-    fn finish(self) -> Overlaps {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the sampler does not panic")
-    }
+/// Records every replica's `is_leader()` every [`SAMPLE`] (the test kit's timeline).
+fn sampler(electors: &[&Elector]) -> Timeline {
+    let electors: Vec<Elector> = electors.iter().map(|e| (*e).clone()).collect();
+    Timeline::start_sampling(&electors, None, SAMPLE)
 }
 
 fn elector(db: &TestDb, key: LockKey, interval: Duration, name: &str, fast: bool) -> Elector {
@@ -130,7 +91,7 @@ async fn terminates_under_a_live_leader(fast: [bool; 2], runs: usize) {
         .expect("a leads");
     let b = Replica::run(elector(&db, key, SHORT, "b", fast[1]));
     let replicas = [a, b];
-    let sampler = Sampler::start(&[&replicas[0].elector, &replicas[1].elector]);
+    let sampler = sampler(&[&replicas[0].elector, &replicas[1].elector]);
     let mode = |i: usize| if fast[i] { "fast" } else { "poll" };
     let mut phases = Phases::new(&format!("{} + {}", mode(0), mode(1)));
     let admin = db.connect().await.unwrap();
@@ -163,16 +124,17 @@ async fn terminates_under_a_live_leader(fast: [bool; 2], runs: usize) {
     }
     let seen = sampler.finish();
     eprintln!(
-        "{} + {}: {runs} terminates, moves [from][to] {moves:?}; {} samples, {} with two leaders (longest {:?})",
+        "{} + {}: {runs} terminates, moves [from][to] {moves:?}; {} samples, {} terms, longest overlap {:?}",
         mode(0),
         mode(1),
         seen.samples,
-        seen.both,
-        seen.longest
+        seen.leaders.len(),
+        seen.longest_overlap()
     );
-    assert_eq!(
-        seen.both, 0,
-        "two leaders at once after a terminate under a live leader: {seen:?}"
+    assert!(
+        seen.overlaps().is_empty(),
+        "two leaders at once after a terminate under a live leader: {:?}",
+        seen.overlaps()
     );
     for replica in replicas {
         replica.stop().await.unwrap();
@@ -224,7 +186,7 @@ async fn f1_a_terminate_just_after_a_handover_is_not_taken_for_one() {
         ];
         session_waiting(&admin, key, "b", 2 * long).await;
         session_waiting(&admin, key, "c", 2 * long).await;
-        let sampler = Sampler::start(&[&a.elector, &standbys[0].elector, &standbys[1].elector]);
+        let sampler = sampler(&[&a.elector, &standbys[0].elector, &standbys[1].elector]);
         let stopping = tokio::spawn(a.stop());
         wait_for(long, || leaders(&standbys).len() == 1)
             .await
@@ -255,7 +217,11 @@ async fn f1_a_terminate_just_after_a_handover_is_not_taken_for_one() {
             "false",
             "round {round}: the lock came from a session that ended, not from the graceful unlock"
         );
-        assert_eq!(seen.both, 0, "round {round}: two leaders at once: {seen:?}");
+        assert!(
+            seen.overlaps().is_empty(),
+            "round {round}: two leaders at once: {:?}",
+            seen.overlaps()
+        );
         for standby in standbys {
             standby.stop().await.unwrap();
         }

@@ -184,13 +184,13 @@ async fn a_sigstopped_leader_never_ticks_as_leader_after_sigcont() {
     if !has_idle_session_timeout(&db).await {
         return frozen_leader_without_idle_session_timeout(&fleet, old).await;
     }
-    let stopped = fleet.signal(old, Signal::STOP);
+    let stopped = fleet.freeze(old).await.expect("the leader freezes");
     // E13: the server ends the silent session 4·I after its last check (at most I before the
     // stop); a standby's next try, at most one I later, gets the lock.
     let new = fleet.first(8 * I, What::Leader, Some(old), stopped).await;
     let took = new.at - stopped;
 
-    let resumed = fleet.signal(old, Signal::CONT);
+    let resumed = fleet.thaw(old).await.expect("the leader thaws");
     // E18: its local lease (3·I from its last check) has expired; the watcher reads that
     // as soon as the process runs again.
     let standby = fleet.first_of(2 * I, What::Standby, old, resumed).await;
@@ -247,7 +247,7 @@ async fn a_sigstopped_leader_never_ticks_as_leader_after_sigcont() {
 /// PostgreSQL 13: nobody can take over from a frozen leader, since the server keeps its silent
 /// session; on resume the local lease (E18) still keeps it from ticking before it demotes.
 async fn frozen_leader_without_idle_session_timeout(fleet: &Fleet, old: usize) {
-    let stopped = fleet.signal(old, Signal::STOP);
+    let stopped = fleet.freeze(old).await.expect("the leader freezes");
     tokio::time::sleep(6 * I).await;
     let takeovers: Vec<Event> = fleet
         .events()
@@ -255,7 +255,7 @@ async fn frozen_leader_without_idle_session_timeout(fleet: &Fleet, old: usize) {
         .filter(|e| e.replica != old && e.what == What::Leader && e.at > stopped)
         .collect();
     assert!(takeovers.is_empty(), "{takeovers:?}");
-    let resumed = fleet.signal(old, Signal::CONT);
+    let resumed = fleet.thaw(old).await.expect("the leader thaws");
     let standby = fleet.first_of(2 * I, What::Standby, old, resumed).await;
     assert!(
         standby.at - resumed <= 150_000,

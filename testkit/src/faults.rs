@@ -84,6 +84,7 @@ impl Replicas {
     /// poll mode between tries has none).
     pub async fn kill_session(&self, who: impl Into<Who>) -> Result<usize, KitError> {
         let index = self.resolve(who)?;
+        self.fault_begins();
         let admin = connect_config(&self.admin, "connecting to kill a lock session").await?;
         let name = identity(index);
         let sessions = lock_sessions(&admin, self.key())
@@ -117,6 +118,7 @@ impl Replicas {
     /// ends it.
     pub fn partition(&self, who: impl Into<Who>) -> Result<usize, KitError> {
         let index = self.resolve(who)?;
+        self.fault_begins();
         self.proxy(index).blackhole();
         Ok(index)
     }
@@ -135,6 +137,7 @@ impl Replicas {
     /// [`KitError::Fault`] when its connections were still open after 5 s.
     pub async fn reset_connections(&self, who: impl Into<Who>) -> Result<usize, KitError> {
         let index = self.resolve(who)?;
+        self.fault_begins();
         let proxy = self.proxy(index);
         let accepted = proxy.accepted();
         proxy.reset();
@@ -155,12 +158,14 @@ impl Replicas {
     /// (`Duration::ZERO` ends it). In place at once, for current and new connections.
     pub fn slow(&self, who: impl Into<Who>, delay: Duration) -> Result<usize, KitError> {
         let index = self.resolve(who)?;
+        self.fault_begins();
         self.proxy(index).delay(delay);
         Ok(index)
     }
 
     /// Makes the server slow for every replica (see [`slow`](Self::slow)).
     pub fn slow_server(&self, delay: Duration) {
+        self.fault_begins();
         for index in 0..self.len() {
             self.proxy(index).delay(delay);
         }
@@ -176,6 +181,7 @@ impl Replicas {
     /// replica's proxy is down).
     pub async fn exhaust_pool(&self, who: impl Into<Who>) -> Result<PoolHold, KitError> {
         let index = self.resolve(who)?;
+        self.fault_begins();
         let pool = &self.replica(index).pool;
         let mut held = Vec::new();
         let quick = Timeouts {
@@ -212,6 +218,7 @@ impl Replicas {
     /// [`KitError::NotPrivate`] for the server of `DATABASE_URL`, or what the restart said.
     pub async fn restart_server(&self, server: &Arc<PgServer>) -> Result<(), KitError> {
         let server = server.clone();
+        self.fault_begins();
         tokio::task::spawn_blocking(move || server.restart(ShutdownMode::Fast))
             .await
             .map_err(|e| KitError::Fault(format!("the restart's thread failed: {e}")))?

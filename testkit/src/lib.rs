@@ -32,7 +32,8 @@ pub use locks::{LockSession, holders, lock_sessions, terminate};
 pub use pgbouncer::{Pgbouncer, PoolMode};
 pub use proxy::FaultProxy;
 pub use replicas::{
-    Leading, Replica, Replicas, ReplicasBuilder, TEST_INTERVAL, TEST_POOL_SIZE, identity,
+    Leading, Replica, Replicas, ReplicasBuilder, TEST_IDLE_IN_TRANSACTION, TEST_INTERVAL,
+    TEST_POOL_SIZE, identity,
 };
 pub use server::{PgServer, ShutdownMode};
 pub use timeline::{Overlap, Seen, Span, Timeline};

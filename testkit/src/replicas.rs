@@ -18,6 +18,9 @@ use crate::{FaultProxy, KitError, TestDb};
 /// fraction of a second, and long enough for a loaded 2-core machine.
 pub const TEST_INTERVAL: Duration = Duration::from_millis(200);
 
+/// The `idle_in_transaction_session_timeout` of the replicas' pools unless told otherwise.
+pub const TEST_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(1);
+
 /// Connections in each replica's pool unless told otherwise: the elector's two and two for the
 /// service's work.
 pub const TEST_POOL_SIZE: usize = 4;
@@ -47,6 +50,7 @@ pub struct ReplicasBuilder<'a> {
     interval: Duration,
     fast: bool,
     pool_size: usize,
+    idle_in_transaction: Option<Duration>,
     configure: Option<Configure>,
     service: Option<Service>,
 }
@@ -84,6 +88,15 @@ impl<'a> ReplicasBuilder<'a> {
     /// Connections in each replica's pool (default [`TEST_POOL_SIZE`]).
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
+        self
+    }
+
+    /// The `idle_in_transaction_session_timeout` of every replica's pool (default
+    /// [`TEST_IDLE_IN_TRANSACTION`]; `None`: the server's). A leader partitioned or frozen in
+    /// the middle of a fenced transaction leaves it open, holding the epoch row that the next
+    /// term must take: as in production, the server's timeout is what ends it.
+    pub fn idle_in_transaction_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_in_transaction = timeout;
         self
     }
 
@@ -135,6 +148,7 @@ impl<'a> ReplicasBuilder<'a> {
             members,
             timeline,
             service: self.service,
+            terms_before_fault: std::sync::Mutex::new(None),
         };
         for index in 0..replicas.members.len() {
             replicas.launch(index);
@@ -146,7 +160,15 @@ impl<'a> ReplicasBuilder<'a> {
         let proxy = FaultProxy::start(self.db.server_addr())
             .await
             .map_err(|e| KitError::io("starting a replica's fault proxy", e))?;
-        let pool = self.db.pool_via(proxy.addr(), self.pool_size);
+        let mut config = self.db.config_via(proxy.addr());
+        if let Some(timeout) = self.idle_in_transaction {
+            let options = config.get_options().unwrap_or_default().to_owned();
+            config.options(format!(
+                "{options} -c idle_in_transaction_session_timeout={}",
+                timeout.as_millis().max(1)
+            ));
+        }
+        let pool = crate::pool_from_config(config, self.pool_size);
         let mut builder = Elector::builder(pool.clone(), self.key)
             .check_interval(self.interval)
             .identity(identity(index))
@@ -207,6 +229,8 @@ pub struct Replicas {
     pub(crate) members: Vec<Member>,
     timeline: Timeline,
     service: Option<Service>,
+    /// How many terms the timeline had seen when the last fault began.
+    terms_before_fault: std::sync::Mutex<Option<usize>>,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -229,6 +253,7 @@ impl Replicas {
             interval: TEST_INTERVAL,
             fast: false,
             pool_size: TEST_POOL_SIZE,
+            idle_in_transaction: Some(TEST_IDLE_IN_TRANSACTION),
             configure: None,
             service: None,
         }
@@ -331,6 +356,42 @@ impl Replicas {
         }
     }
 
+    /// Waits for the next term: until exactly one replica leads in a term that began after
+    /// the last fault was put in place (or after this call, when there was none), the same
+    /// replica as before or another. What to wait for after a fault that may leave the old
+    /// leader leading for a moment before it notices, and after which it may win again.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Timeout`] when no term began within `limit`.
+    pub async fn wait_for_next_leader(&self, limit: Duration) -> Result<Leading, KitError> {
+        let start = Instant::now();
+        let mark = *self
+            .terms_before_fault
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let before = mark.unwrap_or_else(|| self.timeline.seen().leaders.len());
+        loop {
+            let seen = self.timeline.seen();
+            let newest = seen.leaders.last().filter(|span| span.to.is_none());
+            if let Some(span) = newest.filter(|_| seen.leaders.len() > before) {
+                if self.leader() == Some(span.replica) {
+                    return Ok(Leading {
+                        replica: span.replica,
+                        took: start.elapsed(),
+                    });
+                }
+            }
+            if start.elapsed() > limit {
+                return Err(KitError::Timeout(format!(
+                    "no term began within {limit:?} (leading now: {:?})",
+                    self.leaders()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Waits until no replica leads; how long that took.
     ///
     /// # Errors
@@ -350,6 +411,16 @@ impl Replicas {
         Ok(start.elapsed())
     }
 
+    /// Notes where the timeline stands as a fault begins (see
+    /// [`wait_for_next_leader`](Self::wait_for_next_leader)).
+    pub(crate) fn fault_begins(&self) {
+        let terms = self.timeline.seen().leaders.len();
+        *self
+            .terms_before_fault
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(terms);
+    }
+
     /// Who led when so far, as `is_leader()` and the server said (see [`Seen::overlaps`]).
     pub fn seen(&self) -> Seen {
         self.timeline.seen()
@@ -358,6 +429,7 @@ impl Replicas {
     /// Stops replica `index` gracefully: cancels its shutdown and waits for its service to
     /// return (a leader drains its work and unlocks, as at a deploy).
     pub async fn stop(&mut self, index: usize) {
+        self.fault_begins();
         let member = &mut self.members[index];
         member.replica.shutdown.cancel();
         if let Some(task) = member.task.take() {
@@ -373,6 +445,7 @@ impl Replicas {
     /// every one of its connections is reset, as when its process dies. Returns when the
     /// task is gone.
     pub async fn crash(&mut self, index: usize) {
+        self.fault_begins();
         let member = &mut self.members[index];
         if let Some(task) = member.task.take() {
             task.abort();

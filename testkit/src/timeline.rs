@@ -58,6 +58,8 @@ pub struct Seen {
     pub holders: Vec<Span>,
     /// How long the timeline ran.
     pub elapsed: Duration,
+    /// How many times every replica's `is_leader()` was read.
+    pub samples: u64,
 }
 
 impl Seen {
@@ -116,13 +118,23 @@ impl Timeline {
     /// (an admin connection's settings to the electors' database, the key and every replica's
     /// identity), the server's view is recorded as well; it needs a tokio runtime.
     pub fn start(electors: &[Elector], server: Option<ServerView>) -> Self {
+        Self::start_sampling(electors, server, SAMPLE_EVERY)
+    }
+
+    /// Like [`start`](Self::start), reading `is_leader()` every `every` instead (a shorter
+    /// period finds shorter overlaps and costs a core more of its time).
+    pub fn start_sampling(
+        electors: &[Elector],
+        server: Option<ServerView>,
+        every: Duration,
+    ) -> Self {
         let start = Instant::now();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let electors = electors.to_vec();
         std::thread::spawn({
             let (seen, stop) = (seen.clone(), stop.clone());
-            move || sample_leaders(&electors, start, &seen, &stop)
+            move || sample_leaders(&electors, start, every, &seen, &stop)
         });
         let token = CancellationToken::new();
         if let Some(view) = server {
@@ -167,16 +179,24 @@ pub struct ServerView {
     pub identities: Vec<String>,
 }
 
-fn sample_leaders(electors: &[Elector], start: Instant, seen: &Mutex<Seen>, stop: &AtomicBool) {
+fn sample_leaders(
+    electors: &[Elector],
+    start: Instant,
+    every: Duration,
+    seen: &Mutex<Seen>,
+    stop: &AtomicBool,
+) {
     let mut open: Vec<Option<usize>> = vec![None; electors.len()];
     while !stop.load(Ordering::Relaxed) {
         let now = start.elapsed();
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
         for (replica, elector) in electors.iter().enumerate() {
             let leads = elector.is_leader();
-            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
             record(&mut seen.leaders, &mut open[replica], replica, leads, now);
         }
-        std::thread::sleep(SAMPLE_EVERY);
+        seen.samples += 1;
+        drop(seen);
+        std::thread::sleep(every);
     }
 }
 

@@ -59,13 +59,19 @@ async fn kill_session_moves_the_lead_within_one_interval() {
             .all(|s| s.name != pg_elector_testkit::identity(old) || !s.granted),
         "the killed session still holds the lock: {left:?}"
     );
-    // The old leader hears its closed connection at once; a standby's next try wins.
-    replicas.wait_for_no_leader(I).await.unwrap();
+    // The old leader hears its closed connection at once; the next try (its own or a
+    // standby's) begins the next term.
     let next = replicas
-        .wait_for_leader(3 * I)
+        .wait_for_next_leader(3 * I)
         .await
-        .expect("a leader ≤ 3·I");
-    assert!(next.took <= 3 * I, "a new leader after {:?}", next.took);
+        .expect("a term ≤ 3·I");
+    assert!(next.took <= 3 * I, "the next term after {:?}", next.took);
+    let seen = replicas.seen();
+    let terms = &seen.leaders;
+    assert!(terms.len() >= 2, "{terms:?}");
+    assert_eq!(terms[0].replica, old);
+    assert!(terms[0].to.is_some(), "the old term ended: {terms:?}");
+    assert_eq!(terms.last().unwrap().replica, next.replica);
     no_overlap(replicas).await;
 }
 
@@ -290,4 +296,81 @@ async fn an_interval_the_crate_refuses_is_a_typed_error() {
         matches!(err, pg_elector_testkit::KitError::Elector(_)),
         "{err}"
     );
+}
+
+/// A service whose every tick holds a fenced transaction open, idle, for 2 s: a leader cut off
+/// in the middle of it leaves the transaction open on the server, holding the epoch row.
+fn stuck_in_transaction(
+    db: &TestDb,
+    key: LockKey,
+    idle: Option<Duration>,
+) -> pg_elector_testkit::ReplicasBuilder<'_> {
+    use pg_elector::background::{LeaderTicker, Supervisor};
+    Replicas::builder(db, key)
+        .count(2)
+        .check_interval(I)
+        .idle_in_transaction_timeout(idle)
+        .configure(|_, elector| elector.fencing(true))
+        .service(|r| async move {
+            let ticker = LeaderTicker::new("stuck", &r.elector, I);
+            let pool = r.pool.clone();
+            Supervisor::new()
+                .election(&r.elector)
+                .ticker(ticker, move |term| {
+                    let pool = pool.clone();
+                    async move {
+                        let mut client = pool.get().await.map_err(|e| e.to_string())?;
+                        let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                        term.fence(&tx).await.map_err(|e| e.to_string())?;
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        tx.commit().await.map_err(|e| e.to_string())
+                    }
+                })
+                .run(r.shutdown)
+                .await
+        })
+}
+
+async fn has_idle_session_timeout(db: &TestDb) -> bool {
+    let version: i32 = db
+        .connect()
+        .await
+        .unwrap()
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if version < 140_000 {
+        eprintln!(
+            "PostgreSQL 13 has no idle_session_timeout: no takeover from a partitioned leader to test"
+        );
+    }
+    version >= 140_000
+}
+
+#[tokio::test]
+async fn a_leader_cut_off_mid_transaction_holds_the_next_term_back_without_the_timeout() {
+    let _serial = serial();
+    let db = db().await;
+    if !has_idle_session_timeout(&db).await {
+        return;
+    }
+    for (idle, next_leads) in [(None, false), (Some(Duration::from_secs(1)), true)] {
+        let key = LockKey::new(21, 10 + next_leads as i32);
+        let replicas = stuck_in_transaction(&db, key, idle).start().await.unwrap();
+        let old = replicas.wait_for_leader(STARTUP).await.unwrap().replica;
+        // Inside the first tick's transaction.
+        tokio::time::sleep(I).await;
+        replicas.partition(old).unwrap();
+        // The server frees the lock at 4·I; with the timeout the transaction ends 1 s after its
+        // fence, and the next term begins at the standby's next try.
+        let next = replicas.wait_for_new_leader(old, 12 * I).await;
+        assert_eq!(
+            next.is_ok(),
+            next_leads,
+            "idle_in_transaction_session_timeout {idle:?}: {next:?}"
+        );
+        replicas.heal(old);
+        no_overlap(replicas).await;
+    }
 }

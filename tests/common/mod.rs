@@ -278,20 +278,12 @@ pub async fn one_leader(replicas: &[Replica], limit: Duration) -> usize {
     leaders(replicas)[0]
 }
 
-/// The backends that hold `key` (two-int4 form) in this database, per `pg_locks`.
+/// The backends that hold `key` (two-int4 form) in this database, per `pg_locks` (the kit's
+/// reader).
 pub async fn holders(client: &tokio_postgres::Client, key: LockKey) -> Vec<i32> {
-    client
-        .query(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND classid = $1 AND objid = $2 AND objsubid = 2 \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&(key.class() as u32), &(key.object() as u32)],
-        )
+    pg_elector_testkit::holders(client, key)
         .await
         .expect("pg_locks query")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
 }
 
 /// What a test that needs the server's bound on a silent session says on PostgreSQL 13.
@@ -315,14 +307,15 @@ pub async fn has_idle_session_timeout(db: &TestDb) -> bool {
     has
 }
 
-/// Terminates the backend that holds `key`, as an operator or a failover would.
+/// Terminates the backend that holds `key`, as an operator or a failover would, and waits
+/// until it is gone.
 pub async fn terminate_holder(db: &TestDb, key: LockKey) {
     let admin = db.connect().await.unwrap();
     let pid = holders(&admin, key).await[0];
-    admin
-        .execute("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap();
+    assert!(
+        pg_elector_testkit::terminate(&admin, pid).await.unwrap(),
+        "backend {pid} outlived pg_terminate_backend"
+    );
 }
 
 /// When the current term of `key` began, by the server's clock: the `since` of its epoch row.
@@ -359,19 +352,12 @@ pub fn gauge(registry: &prometheus::Registry, name: &str) -> Option<i64> {
 
 /// The backends waiting for `key` in this database: (pid, application_name).
 pub async fn waiting(client: &tokio_postgres::Client, key: LockKey) -> Vec<(i32, String)> {
-    client
-        .query(
-            "SELECT l.pid, coalesce(a.application_name, '') FROM pg_locks l \
-             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND NOT l.granted \
-             AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&(key.class() as u32), &(key.object() as u32)],
-        )
+    pg_elector_testkit::lock_sessions(client, key)
         .await
         .expect("pg_locks query")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
+        .into_iter()
+        .filter(|s| !s.granted)
+        .map(|s| (s.pid, s.name))
         .collect()
 }
 
