@@ -6,18 +6,21 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Object, Timeouts};
 
 use crate::database::connect_config;
+use crate::group::{Group, Role, identity};
 use crate::locks::{lock_sessions, terminate};
-use crate::replicas::identity;
-use crate::{KitError, PgServer, Replicas, ShutdownMode};
+use crate::{KitError, PgServer, ShutdownMode};
 
 /// Which replica a fault acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Who {
     /// The one replica that leads when the fault is put in place (an error when none does, or
-    /// more than one).
+    /// more than one). Of [`Replicas`](crate::Replicas) only: shard members have one owner per
+    /// shard ([`Who::Owner`]).
     Leader,
-    /// The replica of this index.
+    /// The replica (member) of this index.
     Replica(usize),
+    /// The one member that owns this shard (of [`ShardMembers`](crate::ShardMembers)).
+    Owner(u32),
 }
 
 impl From<usize> for Who {
@@ -26,7 +29,7 @@ impl From<usize> for Who {
     }
 }
 
-/// Connections borrowed from a replica's pool by [`Replicas::exhaust_pool`]; they go back when
+/// Connections borrowed from a member's pool by [`Group::exhaust_pool`]; they go back when
 /// this is dropped.
 #[must_use = "the pool gets its connections back as soon as this is dropped"]
 #[derive(Debug)]
@@ -51,7 +54,7 @@ impl PoolHold {
 /// How long a fault waits for the server or a proxy to show it in place.
 const IN_PLACE_WITHIN: Duration = Duration::from_secs(5);
 
-impl Replicas {
+impl<C: Role> Group<C> {
     /// The replica `who` names.
     ///
     /// # Errors
@@ -65,12 +68,27 @@ impl Replicas {
                 "there is no replica {index} (there are {})",
                 self.len()
             ))),
-            Who::Leader => self.leader().ok_or_else(|| {
+            Who::Leader if self.keys.len() == 1 => self.lane_leader(0).ok_or_else(|| {
                 KitError::Fault(format!(
                     "no single leader to act on (leading now: {:?})",
-                    self.leaders()
+                    self.lane_leaders(0)
                 ))
             }),
+            Who::Leader => Err(KitError::Fault(
+                "shard members have no one leader: name a shard's owner (Who::Owner)".into(),
+            )),
+            Who::Owner(shard) if (shard as usize) < self.keys.len() - 1 => {
+                self.lane_leader(shard as usize).ok_or_else(|| {
+                    KitError::Fault(format!(
+                        "shard {shard} has no single owner (owners now: {:?})",
+                        self.lane_leaders(shard as usize)
+                    ))
+                })
+            }
+            Who::Owner(shard) => Err(KitError::Fault(format!(
+                "there is no shard {shard} (there are {})",
+                self.keys.len().saturating_sub(1)
+            ))),
         }
     }
 
@@ -87,14 +105,20 @@ impl Replicas {
         self.fault_begins();
         let admin = connect_config(&self.admin, "connecting to kill a lock session").await?;
         let name = identity(index);
-        let sessions = lock_sessions(&admin, self.key())
-            .await
-            .map_err(|e| KitError::pg("reading pg_locks", e))?;
-        let pids: Vec<i32> = sessions
+        let mut sessions = Vec::new();
+        for key in &self.keys {
+            let on_key = lock_sessions(&admin, *key)
+                .await
+                .map_err(|e| KitError::pg("reading pg_locks", e))?;
+            sessions.extend(on_key);
+        }
+        let mut pids: Vec<i32> = sessions
             .iter()
             .filter(|s| s.name == name)
             .map(|s| s.pid)
             .collect();
+        pids.sort_unstable();
+        pids.dedup();
         if pids.is_empty() {
             return Err(KitError::Fault(format!(
                 "replica {index} has no lock session on the server (sessions on the key: {sessions:?})"
@@ -182,7 +206,7 @@ impl Replicas {
     pub async fn exhaust_pool(&self, who: impl Into<Who>) -> Result<PoolHold, KitError> {
         let index = self.resolve(who)?;
         self.fault_begins();
-        let pool = &self.replica(index).pool;
+        let pool = self.members[index].role.pool();
         let mut held = Vec::new();
         let quick = Timeouts {
             wait: Some(Duration::from_millis(20)),

@@ -8,7 +8,9 @@ mod database;
 mod error;
 mod faults;
 mod fenced;
+mod group;
 mod locks;
+mod members;
 mod pgbouncer;
 mod private;
 mod proxy;
@@ -28,13 +30,14 @@ pub use database::{TestDb, config_with_addr, pool_from_config};
 pub use error::KitError;
 pub use faults::{PoolHold, Who};
 pub use fenced::{FencedWrites, Interleaving, RecordError, Write};
-pub use locks::{LockSession, holders, lock_sessions, terminate};
+pub use group::{
+    Group, Leading, Role, TEST_IDLE_IN_TRANSACTION, TEST_INTERVAL, TEST_POOL_SIZE, identity,
+};
+pub use locks::{LockSession, advisory_holders, holders, lock_sessions, terminate};
+pub use members::{ShardMember, ShardMembers, ShardMembersBuilder};
 pub use pgbouncer::{Pgbouncer, PoolMode};
 pub use proxy::FaultProxy;
-pub use replicas::{
-    Leading, Replica, Replicas, ReplicasBuilder, TEST_IDLE_IN_TRANSACTION, TEST_INTERVAL,
-    TEST_POOL_SIZE, identity,
-};
+pub use replicas::{Replica, Replicas, ReplicasBuilder};
 pub use server::{PgServer, ShutdownMode};
 pub use timeline::{Overlap, Seen, Span, Timeline};
 

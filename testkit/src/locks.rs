@@ -39,6 +39,29 @@ pub async fn lock_sessions(
         .collect())
 }
 
+/// Every advisory lock held in the client's database in the elector's two-int4 form, with the
+/// holder's `application_name`: one query for many keys (a group's shards).
+pub async fn advisory_holders(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<(LockKey, String)>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT l.classid, l.objid, coalesce(a.application_name, '') FROM pg_catalog.pg_locks l \
+             LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+             AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let (class, object): (u32, u32) = (row.get(0), row.get(1));
+            (LockKey::new(class as i32, object as i32), row.get(2))
+        })
+        .collect())
+}
+
 /// The pids of the sessions that hold `key` in the client's database (at most one).
 pub async fn holders(
     client: &tokio_postgres::Client,

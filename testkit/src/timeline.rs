@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
+
 use tokio_util::sync::CancellationToken;
 
 use crate::locks;
@@ -23,6 +24,8 @@ pub const SERVER_EVERY: Duration = Duration::from_millis(10);
 pub struct Span {
     /// The replica's index.
     pub replica: usize,
+    /// Which key: the shard's index for shard members, 0 for one elector per replica.
+    pub lane: usize,
     /// When it began.
     pub from: Duration,
     /// When it ended; `None` while it lasts.
@@ -35,9 +38,11 @@ impl Span {
     }
 }
 
-/// A stretch of time in which two replicas both said they led.
+/// A stretch of time in which two replicas both said they led (owned) one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overlap {
+    /// Which key (see [`Span::lane`]).
+    pub lane: usize,
     /// The replica that led first.
     pub first: usize,
     /// The one that also led.
@@ -51,7 +56,7 @@ pub struct Overlap {
 /// What a [`Timeline`] saw so far.
 #[derive(Clone, Debug, Default)]
 pub struct Seen {
-    /// Every stretch of leadership as `is_leader()` said it, in order of start.
+    /// Every stretch of leadership (ownership) as `is_leader()` said it, in order of start.
     pub leaders: Vec<Span>,
     /// Every stretch in which the server showed a replica's lock session holding the key, read
     /// every [`SERVER_EVERY`] (a holder the replicas do not name is left out).
@@ -68,7 +73,7 @@ impl Seen {
         let mut found = Vec::new();
         for (i, a) in self.leaders.iter().enumerate() {
             for b in &self.leaders[i + 1..] {
-                if a.replica == b.replica {
+                if a.replica == b.replica || a.lane != b.lane {
                     continue;
                 }
                 let from = a.from.max(b.from);
@@ -76,6 +81,7 @@ impl Seen {
                 if to > from {
                     let length = to - from;
                     found.push(Overlap {
+                        lane: a.lane,
                         first: a.replica,
                         second: b.replica,
                         from,
@@ -128,6 +134,18 @@ impl Timeline {
         server: Option<ServerView>,
         every: Duration,
     ) -> Self {
+        let lanes: Vec<Vec<Elector>> = electors.iter().map(|e| vec![e.clone()]).collect();
+        Self::start_lanes(&lanes, server, every)
+    }
+
+    /// Records several keys at once: `electors[replica][lane]` is replica `replica`'s elector
+    /// of key `lane` (a shard's, from `Shards::elector`); an overlap is two replicas leading
+    /// one lane. With `server`, its `keys` are the lanes' keys.
+    pub fn start_lanes(
+        electors: &[Vec<Elector>],
+        server: Option<ServerView>,
+        every: Duration,
+    ) -> Self {
         let start = Instant::now();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -173,26 +191,34 @@ impl Drop for Timeline {
 pub struct ServerView {
     /// Settings of a direct connection to the electors' database.
     pub config: tokio_postgres::Config,
-    /// The key the replicas elect on.
-    pub key: LockKey,
+    /// The key of each lane (one, for replicas electing on one key).
+    pub keys: Vec<LockKey>,
     /// Each replica's identity (its lock session's `application_name`), by index.
     pub identities: Vec<String>,
 }
 
 fn sample_leaders(
-    electors: &[Elector],
+    electors: &[Vec<Elector>],
     start: Instant,
     every: Duration,
     seen: &Mutex<Seen>,
     stop: &AtomicBool,
 ) {
-    let mut open: Vec<Option<usize>> = vec![None; electors.len()];
+    let mut open: Vec<Vec<Option<usize>>> = electors.iter().map(|l| vec![None; l.len()]).collect();
     while !stop.load(Ordering::Relaxed) {
         let now = start.elapsed();
         let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
-        for (replica, elector) in electors.iter().enumerate() {
-            let leads = elector.is_leader();
-            record(&mut seen.leaders, &mut open[replica], replica, leads, now);
+        for (replica, lanes) in electors.iter().enumerate() {
+            for (lane, elector) in lanes.iter().enumerate() {
+                let at = (replica, lane);
+                record(
+                    &mut seen.leaders,
+                    &mut open[replica][lane],
+                    at,
+                    elector.is_leader(),
+                    now,
+                );
+            }
         }
         seen.samples += 1;
         drop(seen);
@@ -200,11 +226,12 @@ fn sample_leaders(
     }
 }
 
-/// Opens a span for `replica` when `on` and none is open, closes the open one when not.
+/// Opens a span for `(replica, lane)` when `on` and none is open, closes the open one when
+/// not.
 fn record(
     spans: &mut Vec<Span>,
     open: &mut Option<usize>,
-    replica: usize,
+    (replica, lane): (usize, usize),
     on: bool,
     now: Duration,
 ) {
@@ -212,6 +239,7 @@ fn record(
         (true, None) => {
             spans.push(Span {
                 replica,
+                lane,
                 from: now,
                 to: None,
             });
@@ -231,7 +259,8 @@ async fn sample_server(
     seen: Arc<Mutex<Seen>>,
     stop: CancellationToken,
 ) {
-    let mut open: Vec<Option<usize>> = vec![None; view.identities.len()];
+    let mut open: Vec<Vec<Option<usize>>> =
+        vec![vec![None; view.keys.len()]; view.identities.len()];
     let mut client = None;
     while !stop.is_cancelled() {
         if client.is_none() {
@@ -240,13 +269,16 @@ async fn sample_server(
                 .ok();
         }
         if let Some(c) = &client {
-            match locks::lock_sessions(c, view.key).await {
-                Ok(sessions) => {
+            match locks::advisory_holders(c).await {
+                Ok(held) => {
                     let now = start.elapsed();
                     let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
                     for (replica, name) in view.identities.iter().enumerate() {
-                        let holds = sessions.iter().any(|s| s.granted && &s.name == name);
-                        record(&mut seen.holders, &mut open[replica], replica, holds, now);
+                        for (lane, key) in view.keys.iter().enumerate() {
+                            let holds = held.iter().any(|(k, n)| k == key && n == name);
+                            let at = (replica, lane);
+                            record(&mut seen.holders, &mut open[replica][lane], at, holds, now);
+                        }
                     }
                 }
                 Err(_) => client = None,

@@ -1,0 +1,306 @@
+//! [`ShardMembers`]: a test's replicas of a service that spreads its work over a group of
+//! shards, each replica a member of the group through a fault proxy of its own.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use pg_elector::shards::{Shards, ShardsBuilder};
+use pg_elector::{Elector, LockKey};
+use tokio_util::sync::CancellationToken;
+
+use crate::group::{BoxFuture, Common, Group, Leading, Member, Role, Service, identity};
+use crate::{KitError, TestDb};
+
+type Configure = Arc<dyn Fn(usize, ShardsBuilder) -> ShardsBuilder + Send + Sync>;
+
+/// A test's replicas of a sharded service: in this process, each a member of one group of
+/// shards, with a pool of its own through a [`FaultProxy`](crate::FaultProxy) of its own,
+/// each running the service the test gave ([`ShardMembersBuilder::service`]). The faults are
+/// those of [`Replicas`](crate::Replicas), on a member or on a shard's owner
+/// ([`Who::Owner`](crate::Who::Owner)); [`seen`](Group::seen) has one lane per shard, and its
+/// overlaps are two owners of one shard at once.
+pub type ShardMembers = Group<ShardMember>;
+
+/// What a member's service is handed.
+#[derive(Clone, Debug)]
+pub struct ShardMember {
+    /// Its index among the [`ShardMembers`].
+    pub index: usize,
+    /// Its membership of the group (identity `replica-<index>`), not yet running.
+    pub shards: Shards,
+    /// Its pool, through its fault proxy: the group's pool, for the service's work too.
+    pub pool: Pool,
+    /// Cancelled when the member is stopped: the service's shutdown.
+    pub shutdown: CancellationToken,
+}
+
+impl Role for ShardMember {
+    fn index(&self) -> usize {
+        self.index
+    }
+
+    fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    fn renew_shutdown(&mut self) {
+        self.shutdown = CancellationToken::new();
+    }
+
+    fn lanes(&self) -> Vec<Elector> {
+        let shards = &self.shards;
+        shards
+            .all()
+            .filter_map(|s| shards.elector(s).cloned())
+            .collect()
+    }
+
+    fn leads(&self, lane: usize) -> bool {
+        let shards = &self.shards;
+        shards
+            .shard(lane as u32)
+            .is_some_and(|s| shards.is_owner(s))
+    }
+
+    fn run_alone(self) -> BoxFuture {
+        Box::pin(async move {
+            if let Err(e) = self.shards.run(self.shutdown.clone()).await {
+                tracing::error!(replica = self.index, error = %e, "the group's run failed");
+            }
+        })
+    }
+}
+
+/// Builds [`ShardMembers`]; from [`ShardMembers::builder`](Group::builder).
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct ShardMembersBuilder<'a> {
+    db: &'a TestDb,
+    group: String,
+    shards: u32,
+    members: usize,
+    common: Common,
+    configure: Option<Configure>,
+    service: Option<Service<ShardMember>>,
+}
+
+impl std::fmt::Debug for ShardMembersBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardMembersBuilder")
+            .field("group", &self.group)
+            .field("shards", &self.shards)
+            .field("members", &self.members)
+            .field("common", &self.common)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardMembersBuilder<'_> {
+    /// How many members (default 3).
+    pub fn members(mut self, count: usize) -> Self {
+        self.members = count;
+        self
+    }
+
+    /// Every member's check interval (default [`TEST_INTERVAL`](crate::TEST_INTERVAL)).
+    pub fn check_interval(mut self, every: Duration) -> Self {
+        self.common.interval = every;
+        self
+    }
+
+    /// Connections in each member's pool (default [`TEST_POOL_SIZE`](crate::TEST_POOL_SIZE)).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.common.pool_size = size;
+        self
+    }
+
+    /// The `idle_in_transaction_session_timeout` of every member's pool (see
+    /// [`ReplicasBuilder::idle_in_transaction_timeout`](crate::ReplicasBuilder::idle_in_transaction_timeout)).
+    pub fn idle_in_transaction_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.common.idle_in_transaction = timeout;
+        self
+    }
+
+    /// Sets what else each member's group is built with (fencing, a drain timeout, ...).
+    pub fn configure(
+        mut self,
+        f: impl Fn(usize, ShardsBuilder) -> ShardsBuilder + Send + Sync + 'static,
+    ) -> Self {
+        self.configure = Some(Arc::new(f));
+        self
+    }
+
+    /// The service each member runs, as its `main` would: it gets the member's `Shards`, pool
+    /// and shutdown, and runs the group itself (`shards.run(shutdown)`). Without it, each
+    /// member only runs the group.
+    pub fn service<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(ShardMember) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.service = Some(Arc::new(move |member| Box::pin(f(member))));
+        self
+    }
+
+    /// Starts a fault proxy, a pool and a membership per member, then every member's
+    /// service, and a [`Timeline`](crate::Timeline) with a lane per shard. Needs a tokio
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Io`] when a proxy cannot listen, [`KitError::Elector`] when the group's
+    /// settings are refused (no shards, say).
+    pub async fn start(self) -> Result<ShardMembers, KitError> {
+        let mut members = Vec::with_capacity(self.members);
+        for index in 0..self.members {
+            members.push(self.member(index).await?);
+        }
+        let Some(first) = members.first() else {
+            return Err(KitError::Elector("a group of shards needs a member".into()));
+        };
+        let shards = &first.role.shards;
+        let mut keys: Vec<LockKey> = shards.all().map(|s| s.key()).collect();
+        let lanes = keys.len();
+        keys.push(LockKey::new(keys[0].class(), -1));
+        let interval = self.common.interval;
+        Ok(Group::launch_all(
+            self.db,
+            keys,
+            lanes,
+            interval,
+            members,
+            self.service,
+        ))
+    }
+
+    async fn member(&self, index: usize) -> Result<Member<ShardMember>, KitError> {
+        let (proxy, pool) = self.common.proxy_and_pool(self.db).await?;
+        let mut builder = Shards::builder(pool.clone(), self.group.as_str(), self.shards)
+            .check_interval(self.common.interval)
+            .identity(identity(index));
+        if let Some(configure) = &self.configure {
+            builder = configure(index, builder);
+        }
+        let shards = builder
+            .build()
+            .map_err(|e| KitError::Elector(e.to_string()))?;
+        let member = ShardMember {
+            index,
+            shards,
+            pool,
+            shutdown: CancellationToken::new(),
+        };
+        Ok(Member::new(proxy, member))
+    }
+}
+
+impl Group<ShardMember> {
+    /// Members of the group `group` of `shards` shards in `db`: 3 by default, at
+    /// [`TEST_INTERVAL`](crate::TEST_INTERVAL).
+    pub fn builder(db: &TestDb, group: impl Into<String>, shards: u32) -> ShardMembersBuilder<'_> {
+        ShardMembersBuilder {
+            db,
+            group: group.into(),
+            shards,
+            members: 3,
+            common: Common::default(),
+            configure: None,
+            service: None,
+        }
+    }
+
+    /// How many shards the group has.
+    pub fn shard_count(&self) -> u32 {
+        self.keys.len() as u32 - 1
+    }
+
+    /// Member `index` (its `Shards`, pool and shutdown).
+    ///
+    /// # Panics
+    ///
+    /// When there is no member `index`.
+    pub fn member(&self, index: usize) -> &ShardMember {
+        &self.members[index].role
+    }
+
+    /// The members that own shard `shard` now (one, when all is well).
+    pub fn owners(&self, shard: u32) -> Vec<usize> {
+        self.lane_leaders(shard as usize)
+    }
+
+    /// The one member that owns shard `shard` now, if exactly one does.
+    pub fn owner(&self, shard: u32) -> Option<usize> {
+        self.lane_leader(shard as usize)
+    }
+
+    /// The shards member `index` owns now, by index.
+    pub fn owned_by(&self, index: usize) -> Vec<u32> {
+        let shards = &self.member(index).shards;
+        shards.owned().iter().map(|s| s.index()).collect()
+    }
+
+    /// Waits until exactly one member owns `shard`, and it is not `old` (any member, with
+    /// `None`).
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Timeout`] when none did within `limit`.
+    pub async fn wait_for_owner(
+        &self,
+        shard: u32,
+        old: Option<usize>,
+        limit: Duration,
+    ) -> Result<Leading, KitError> {
+        self.wait_lane(shard as usize, old, limit).await
+    }
+
+    /// Waits until exactly one member owns `shard` in a term that began after the last fault
+    /// (see [`Replicas::wait_for_next_leader`](Group::wait_for_next_leader)).
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Timeout`] when no term of the shard began within `limit`.
+    pub async fn wait_for_next_owner(
+        &self,
+        shard: u32,
+        limit: Duration,
+    ) -> Result<Leading, KitError> {
+        self.wait_lane_next(shard as usize, limit).await
+    }
+
+    /// Waits until every shard has exactly one owner and each of the N running members (see
+    /// [`running`](Group::running)) owns ⌊S/N⌋ or ⌈S/N⌉ of the S shards; how long that took.
+    /// A running member cut off from the server keeps it from being so.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Timeout`] when it was not so within `limit`, with each member's share.
+    pub async fn wait_for_balance(&self, limit: Duration) -> Result<Duration, KitError> {
+        self.wait_until(
+            limit,
+            || self.balanced(),
+            || {
+                let shares: Vec<usize> = (0..self.len()).map(|i| self.owned_by(i).len()).collect();
+                format!("not balanced: shares {shares:?}")
+            },
+        )
+        .await
+    }
+
+    fn balanced(&self) -> bool {
+        let count = self.shard_count() as usize;
+        let members = self.running();
+        if members.is_empty() || (0..count as u32).any(|s| self.owners(s).len() != 1) {
+            return false;
+        }
+        let (low, high) = (count / members.len(), count.div_ceil(members.len()));
+        members
+            .iter()
+            .all(|&i| (low..=high).contains(&self.owned_by(i).len()))
+    }
+}
