@@ -22,20 +22,16 @@
 //! process was stopped, or starved), it first says what that first read found, stamped just
 //! before the read: `woke leader` or `woke standby` (then the transition, if any, as usual).
 //! So a parent that SIGSTOPs a leader can tell whether it still led when it ran again.
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::{config_with_addr, pool_from_config};
-use pg_elector::{Elector, LockKey};
+use pg_elector::LockKey;
 use rustix::process::{Pid, Signal, kill_process};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 /// The connection URL of the replica's database.
 pub const ENV_URL: &str = "PG_ELECTOR_REPLICA_URL";
@@ -104,178 +100,9 @@ where
     });
 }
 
-/// Runs one replica with its settings in the environment (see [`Fleet::spawn`]), on a
-/// current-thread runtime, until its shutdown or the end of its stdin.
-pub fn child() {
-    on_current_thread(child_main());
-}
+mod child;
 
-/// Runs `future` to its end on a current-thread runtime, what a replica process runs on.
-pub fn on_current_thread<F: std::future::Future>(future: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(future)
-}
-
-/// The environment variable `name` of a replica's settings; panics when it is not set.
-pub fn setting(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"))
-}
-
-/// The setting `name` as a lock key, `class,object`; panics when it is not one.
-pub fn key_setting(name: &str) -> LockKey {
-    let (class, object) = setting(name)
-        .split_once(',')
-        .map(|(c, o)| (c.parse().expect("int4"), o.parse().expect("int4")))
-        .expect("class,object");
-    LockKey::new(class, object)
-}
-
-/// The setting `name` as a number of milliseconds; panics when it is not one.
-pub fn ms_setting(name: &str) -> Duration {
-    Duration::from_millis(setting(name).parse().expect("milliseconds"))
-}
-
-fn say(at: u64, what: &str) {
-    println!("{MARK}{at} {what}");
-}
-
-async fn child_main() {
-    log_to_stderr("pg_elector=info");
-    let interval = ms_setting(ENV_INTERVAL_MS);
-    let key = key_setting(ENV_KEY);
-    let mut config: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
-    if let Ok(addr) = std::env::var(ENV_ADDR) {
-        config = config_with_addr(&config, addr.parse().expect("a socket address"));
-    }
-    let fenced = std::env::var(ENV_FENCED).is_ok();
-    let app = pool_from_config(config.clone(), 2);
-    let name = setting(ENV_NAME);
-    let elector = Elector::builder(pool_from_config(config, 2), key)
-        .check_interval(interval)
-        .identity(name.as_str())
-        .fencing(fenced)
-        .fast_takeover(std::env::var(ENV_FAST).is_ok())
-        .build()
-        .expect("a valid elector");
-    tracing::info!(name = %setting(ENV_NAME), pid = std::process::id(), "replica starts");
-    say(unix_us(), "started");
-
-    // stdin: `stop` asks for a graceful shutdown; end of file means the parent is gone.
-    let shutdown = CancellationToken::new();
-    std::thread::spawn({
-        let shutdown = shutdown.clone();
-        move || {
-            for line in std::io::stdin().lines() {
-                match line {
-                    Ok(line) if line.trim() == "stop" => shutdown.cancel(),
-                    Ok(_) => {}
-                    Err(_) => break,
-                }
-            }
-            std::process::exit(0);
-        }
-    });
-
-    if let Ok(ms) = std::env::var(ENV_JOB_MS) {
-        let period = Duration::from_millis(ms.parse().expect("milliseconds"));
-        let (app, name) = (app.clone(), name.clone());
-        let schedule = pg_elector::schedule::Schedule::new(&elector, app.clone())
-            .poll_interval(interval)
-            .job(
-                pg_elector::schedule::Job::every("tick", period)
-                    .catch_up(pg_elector::schedule::CatchUp::All),
-                move |run| {
-                    let (app, name) = (app.clone(), name.clone());
-                    async move {
-                        let client = app.get().await.map_err(|e| e.to_string())?;
-                        client
-                            .execute(
-                                "INSERT INTO job_log (job, due, replica, kind) VALUES ($1, $2, $3, $4)",
-                                &[&run.job, &run.due, &name, &format!("{:?}", run.kind)],
-                            )
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        Ok::<_, String>(())
-                    }
-                },
-            );
-        tokio::spawn(schedule.run(shutdown.clone()));
-    }
-
-    // The watcher: every transition of `is_leader()`, read every millisecond.
-    let reported = Arc::new(AtomicBool::new(false));
-    std::thread::spawn({
-        let (elector, reported) = (elector.clone(), reported.clone());
-        move || {
-            let mut last = unix_us();
-            loop {
-                let before = unix_us();
-                let now = elector.is_leader();
-                if before.saturating_sub(last) > WOKE_GAP_US {
-                    say(before, if now { "woke leader" } else { "woke standby" });
-                }
-                last = before;
-                if now != reported.load(Ordering::Relaxed) {
-                    say(unix_us(), if now { "leader" } else { "standby" });
-                    reported.store(now, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    });
-
-    // The leader ticker: a tick every I/10, stamped when do_work is called.
-    let ticker = async {
-        let mut every = tokio::time::interval(interval / 10);
-        loop {
-            every.tick().await;
-            let called = unix_us();
-            let (app, name) = (&app, &name);
-            let _ = elector
-                .do_work(|term| async move {
-                    say(called, "tick");
-                    if fenced {
-                        // Any failure (fenced, or the database unreachable) just skips the
-                        // write: the parent reads what landed.
-                        let _ = fenced_write(app, &term, name).await;
-                    }
-                    Ok::<_, Infallible>(())
-                })
-                .await;
-        }
-    };
-    tokio::select! {
-        result = elector.run(shutdown.clone()) => result.expect("run returns Ok"),
-        () = ticker => unreachable!(),
-    }
-    // Let the watcher report the demotion before saying goodbye.
-    while reported.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    say(unix_us(), "exited");
-}
-
-/// One fenced row of this replica's term, stamped by the server.
-async fn fenced_write(
-    app: &deadpool_postgres::Pool,
-    term: &pg_elector::Term,
-    name: &str,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let mut client = app.get().await?;
-    let tx = client.transaction().await?;
-    term.fence(&tx).await?;
-    let epoch = term.epoch().map(|e| e as i64);
-    tx.execute(
-        "INSERT INTO replica_writes (replica, epoch) VALUES ($1, $2)",
-        &[&name, &epoch],
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(())
-}
+pub use child::{child, child_with, key_setting, ms_setting, on_current_thread, setting};
 
 // ---------------------------------------------------------------------------------------------
 // The parent: a fleet of replica processes and what they said.
@@ -575,6 +402,69 @@ impl Fleet {
                 return None;
             }
         }
+    }
+}
+
+impl Fleet {
+    /// Waits until every replica has started and exactly one says it leads; its index.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Timeout`](crate::KitError::Timeout) when not so within `limit`.
+    pub async fn wait_for_leader(&self, limit: Duration) -> Result<usize, crate::KitError> {
+        let n = self.procs.len();
+        self.wait(limit, |events| {
+            let started = events.iter().filter(|e| e.what == What::Started).count();
+            match leaders(events, n)[..] {
+                [one] if started >= n => Some(one),
+                _ => None,
+            }
+        })
+        .await
+        .ok_or_else(|| {
+            crate::KitError::Timeout(format!(
+                "no single leader among {n} replica processes within {limit:?} (leading: {:?})",
+                leaders(&self.events(), n)
+            ))
+        })
+    }
+
+    /// Waits until exactly one replica other than `old` says it leads, and says how long that
+    /// took. What `old` last said does not count: a frozen process cannot say it stopped.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Timeout`](crate::KitError::Timeout) when not so within `limit`.
+    pub async fn wait_for_new_leader(
+        &self,
+        old: usize,
+        limit: Duration,
+    ) -> Result<crate::Leading, crate::KitError> {
+        let n = self.procs.len();
+        let start = std::time::Instant::now();
+        let found = self
+            .wait(limit, |events| {
+                let others: Vec<usize> = leaders(events, n)
+                    .into_iter()
+                    .filter(|&r| r != old)
+                    .collect();
+                match others[..] {
+                    [one] => Some(one),
+                    _ => None,
+                }
+            })
+            .await;
+        found
+            .map(|replica| crate::Leading {
+                replica,
+                took: start.elapsed(),
+            })
+            .ok_or_else(|| {
+                crate::KitError::Timeout(format!(
+                    "no leader other than replica {old} within {limit:?} (leading: {:?})",
+                    leaders(&self.events(), n)
+                ))
+            })
     }
 }
 
