@@ -1,7 +1,10 @@
-//! One replica process of the soak: an elector, a fenced ticker, a watcher that reports every
-//! change of `is_leader()` on stdout, and commands on stdin.
+//! One replica process of the soak: an elector (or, in shard mode, one group of shards), a
+//! fenced ticker per key, a watcher that reports every change of `is_leader()` on stdout, and
+//! commands on stdin.
 //!
-//! Lines on stdout, each `@soak <what> …` with µs UNIX timestamps of this process's clock:
+//! Lines on stdout, each `@soak <what> …` with µs UNIX timestamps of this process's clock. In
+//! shard mode the lines about one shard say which: `<what>/<shard>` (`leader/3 …`); each
+//! shard's elector is watched, and ticks, as the one elector is in key mode.
 //!
 //! - `started <t>`;
 //! - `leader <definite> <possible> <epoch|->`: a read of `is_leader()` found it leading, and
@@ -47,6 +50,8 @@ pub(crate) const ENV_INTERVAL_MS: &str = "PG_ELECTOR_SOAK_INTERVAL_MS";
 pub(crate) const ENV_IDENTITY: &str = "PG_ELECTOR_SOAK_IDENTITY";
 /// Set: fast takeover.
 pub(crate) const ENV_FAST: &str = "PG_ELECTOR_SOAK_FAST";
+/// Shard mode: `<group>,<count>` (unset: key mode).
+pub(crate) const ENV_SHARDS: &str = "PG_ELECTOR_SOAK_SHARDS";
 /// The size of the elector's pool, and of the ticker's own pool.
 pub(crate) const POOL_SIZE: usize = 2;
 /// The prefix of every line meant for the parent.
@@ -56,6 +61,74 @@ pub(crate) const WOKE_GAP_US: u64 = 100_000;
 
 fn say(what: &str) {
     println!("{MARK}{what}");
+}
+
+/// One key this process competes for: its lane (the shard's index; 0 in key mode), the suffix
+/// of its lines (`/<shard>`, or nothing), and its elector.
+#[derive(Clone)]
+struct Lane {
+    tag: String,
+    elector: Elector,
+}
+
+/// What this process runs: one elector, or one group of shards.
+enum Runs {
+    Key(Elector),
+    Shards(pg_elector::shards::Shards),
+}
+
+impl Runs {
+    /// From the environment: the elector, or the group in shard mode.
+    fn build(pool: &deadpool_postgres::Pool, identity: &str, interval: Duration) -> Self {
+        let Ok(shards) = std::env::var(ENV_SHARDS) else {
+            let elector = Elector::builder(pool.clone(), key_setting(ENV_KEY))
+                .check_interval(interval)
+                .identity(identity)
+                .fencing(true)
+                .fast_takeover(std::env::var(ENV_FAST).is_ok())
+                .drain_timeout(interval)
+                .build()
+                .expect("a valid elector");
+            return Runs::Key(elector);
+        };
+        let (group, count) = shards.rsplit_once(',').expect("<group>,<count>");
+        let shards = pg_elector::shards::Shards::builder(
+            pool.clone(),
+            group,
+            count.parse().expect("a shard count"),
+        )
+        .check_interval(interval)
+        .identity(identity)
+        .fencing(true)
+        .drain_timeout(interval)
+        .build()
+        .expect("a valid group of shards");
+        Runs::Shards(shards)
+    }
+
+    /// Every key, with the tag its lines carry.
+    fn lanes(&self) -> Vec<Lane> {
+        match self {
+            Runs::Key(elector) => vec![Lane {
+                tag: String::new(),
+                elector: elector.clone(),
+            }],
+            Runs::Shards(shards) => shards
+                .all()
+                .map(|shard| Lane {
+                    tag: format!("/{shard}"),
+                    elector: shards.elector(shard).expect("its own shard").clone(),
+                })
+                .collect(),
+        }
+    }
+
+    async fn run(&self, shutdown: CancellationToken) -> Result<(), pg_elector::Error> {
+        match self {
+            Runs::Key(elector) => elector.run(shutdown).await,
+            Runs::Shards(shards) => shards.run(shutdown).await,
+        }
+    }
 }
 
 fn epoch_text(epoch: Option<u64>) -> String {
@@ -77,7 +150,6 @@ enum Command {
 async fn replica() {
     log_to_stderr("pg_elector=info");
     let interval = ms_setting(ENV_INTERVAL_MS);
-    let key = key_setting(ENV_KEY);
     let identity = setting(ENV_IDENTITY);
     let base: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
     let mut config = config_with_addr(&base, setting(ENV_ADDR).parse().expect("a socket address"));
@@ -89,35 +161,30 @@ async fn replica() {
     };
     let pool = pool_from_config(named("pool"), POOL_SIZE);
     let app = pool_from_config(named("app"), POOL_SIZE);
-    let elector = Elector::builder(pool.clone(), key)
-        .check_interval(interval)
-        .identity(identity.as_str())
-        .fencing(true)
-        .fast_takeover(std::env::var(ENV_FAST).is_ok())
-        .drain_timeout(interval)
-        .build()
-        .expect("a valid elector");
+    let runs = Runs::build(&pool, &identity, interval);
+    let lanes = runs.lanes();
     tracing::info!(%identity, pid = std::process::id(), "soak replica starts");
     say(&format!("started {}", unix_us()));
 
     let received = read_commands();
     std::thread::spawn({
-        let elector = elector.clone();
-        move || watch(&elector)
+        let lanes = lanes.clone();
+        move || watch(&lanes)
     });
     let shutdown = CancellationToken::new();
+    let mut ticks = tick_every_lane(&lanes, &app, &identity, interval);
     tokio::select! {
-        result = elector.run(shutdown.clone()) => {
+        result = runs.run(shutdown.clone()) => {
             if let Err(e) = result {
                 tracing::error!(error = %e, "run failed");
             }
         }
-        () = tick(&elector, &app, &identity, interval) => {}
-        () = obey(received, &elector, &pool, &shutdown) => {}
+        () = obey(received, &lanes[0].elector, &pool, &shutdown) => {}
     }
-    // Let the watcher report the demotion before saying goodbye.
+    ticks.abort_all();
+    // Let the watcher report the demotions before saying goodbye.
     let deadline = unix_us() + 200_000;
-    while elector.is_leader() && unix_us() < deadline {
+    while lanes.iter().any(|l| l.elector.is_leader()) && unix_us() < deadline {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -150,80 +217,127 @@ fn read_commands() -> tokio::sync::mpsc::UnboundedReceiver<Command> {
     received
 }
 
-/// The watcher: every change of `is_leader()`, read every millisecond, each read stamped on
-/// both sides. A term can end and the next begin between two reads (a leader whose lock
-/// session is terminated, with nobody waiting, takes the lock again within a millisecond): the
-/// epoch tells them apart, and the watcher reports the end of the one and the start of the
-/// other. Runs forever, on a thread of its own.
-fn watch(elector: &Elector) {
-    let leadership = elector.subscribe();
-    let mut leading = false;
-    let mut led_epoch = None;
-    let (mut prev_before, mut prev_after) = (unix_us(), unix_us());
+/// The watcher: every change of `is_leader()` of every lane, read every millisecond, each
+/// read stamped on both sides. Runs forever, on a thread of its own.
+fn watch(lanes: &[Lane]) {
+    let mut watches: Vec<Watch> = lanes.iter().map(Watch::new).collect();
     loop {
+        for watch in &mut watches {
+            watch.read();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The watch of one lane's elector. A term can end and the next begin between two reads (a
+/// leader whose lock session is terminated, with nobody waiting, takes the lock again within
+/// a millisecond): the epoch tells them apart, and the watch reports the end of the one and
+/// the start of the other.
+struct Watch {
+    lane: Lane,
+    leadership: tokio::sync::watch::Receiver<pg_elector::Leadership>,
+    leading: bool,
+    led_epoch: Option<u64>,
+    prev_before: u64,
+    prev_after: u64,
+}
+
+impl Watch {
+    fn new(lane: &Lane) -> Self {
+        Watch {
+            leadership: lane.elector.subscribe(),
+            lane: lane.clone(),
+            leading: false,
+            led_epoch: None,
+            prev_before: unix_us(),
+            prev_after: unix_us(),
+        }
+    }
+
+    /// One read, and the lines it calls for.
+    fn read(&mut self) {
+        let tag = &self.lane.tag;
+        let (prev_before, prev_after) = (self.prev_before, self.prev_after);
         let before = unix_us();
-        let now = elector.is_leader();
+        let now = self.lane.elector.is_leader();
         let after = unix_us();
         // The term the watch shows; it may already be past the read (a demotion or
         // a promotion since), which the next read settles.
         let (watched, epoch) = {
-            let l = leadership.borrow();
+            let l = self.leadership.borrow();
             (l.is_leader, l.epoch)
         };
         let epoch = if now { epoch } else { None };
         let read = unix_us();
         if before.saturating_sub(prev_after) > WOKE_GAP_US {
             say(&format!(
-                "woke {before} {prev_after} {} {}",
+                "woke{tag} {before} {prev_after} {} {}",
                 u8::from(now),
                 epoch_text(epoch)
             ));
         }
-        if now && leading && watched && led_epoch.is_none() {
+        if now && self.leading && watched && self.led_epoch.is_none() {
             // Promoted before the watch showed it: its epoch is known now.
-            led_epoch = epoch;
-        } else if now && leading && watched && epoch.is_some() && epoch != led_epoch {
+            self.led_epoch = epoch;
+        } else if now && self.leading && watched && epoch.is_some() && epoch != self.led_epoch {
             // The previous term led at the previous read and may have until this
             // one; the new one may have from the previous read on.
-            say(&format!("standby {prev_before} {read}"));
+            say(&format!("standby{tag} {prev_before} {read}"));
             say(&format!(
-                "leader {read} {prev_before} {}",
+                "leader{tag} {read} {prev_before} {}",
                 epoch_text(epoch)
             ));
-            led_epoch = epoch;
+            self.led_epoch = epoch;
         }
-        if now != leading {
+        if now != self.leading {
             if now {
                 say(&format!(
-                    "leader {after} {prev_before} {}",
+                    "leader{tag} {after} {prev_before} {}",
                     epoch_text(epoch)
                 ));
             } else {
-                say(&format!("standby {prev_before} {after}"));
+                say(&format!("standby{tag} {prev_before} {after}"));
             }
-            leading = now;
-            led_epoch = epoch;
+            self.leading = now;
+            self.led_epoch = epoch;
         }
-        (prev_before, prev_after) = (before, after);
-        std::thread::sleep(Duration::from_millis(1));
+        (self.prev_before, self.prev_after) = (before, after);
     }
 }
 
-/// The ticker: every I/10, one fenced row through do_work.
+/// One ticker per lane, each in a task of its own.
+fn tick_every_lane(
+    lanes: &[Lane],
+    app: &deadpool_postgres::Pool,
+    identity: &str,
+    interval: Duration,
+) -> tokio::task::JoinSet<()> {
+    let mut ticks = tokio::task::JoinSet::new();
+    for (shard, lane) in lanes.iter().enumerate() {
+        let (lane, app, identity) = (lane.clone(), app.clone(), identity.to_owned());
+        ticks.spawn(async move { tick(&lane, shard as i32, &app, &identity, interval).await });
+    }
+    ticks
+}
+
+/// The ticker of one lane: every I/10, one fenced row through do_work.
 async fn tick(
-    elector: &Elector,
+    lane: &Lane,
+    shard: i32,
     app: &deadpool_postgres::Pool,
     identity: &str,
     interval: Duration,
 ) {
     let mut every = tokio::time::interval(interval / 10);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let tag = &lane.tag;
     loop {
         every.tick().await;
-        let _ = elector
+        let _ = lane
+            .elector
             .do_work(|term| async move {
-                if let Err(Refused::Fence(epoch)) = write(app, &term, identity).await {
-                    say(&format!("fenced {} {}", unix_us(), epoch_text(epoch)));
+                if let Err(Refused::Fence(epoch)) = write(app, &term, shard, identity).await {
+                    say(&format!("fenced{tag} {} {}", unix_us(), epoch_text(epoch)));
                 }
                 Ok::<_, std::convert::Infallible>(())
             })
@@ -265,10 +379,12 @@ enum Refused {
     Other,
 }
 
-/// One fenced row of this term: replica, epoch and the server's `clock_timestamp()`.
+/// One fenced row of this term: replica, shard (0 in key mode), epoch and the server's
+/// `clock_timestamp()`.
 async fn write(
     app: &deadpool_postgres::Pool,
     term: &pg_elector::Term,
+    shard: i32,
     identity: &str,
 ) -> Result<(), Refused> {
     let mut client = app.get().await.map_err(|_| Refused::Other)?;
@@ -278,8 +394,9 @@ async fn write(
         .map_err(|_| Refused::Fence(term.epoch()))?;
     let epoch = term.epoch().map(|e| e as i64);
     tx.execute(
-        "INSERT INTO soak_writes (replica, epoch, at) VALUES ($1, $2, clock_timestamp())",
-        &[&identity, &epoch],
+        "INSERT INTO soak_writes (replica, shard, epoch, at) \
+         VALUES ($1, $2, $3, clock_timestamp())",
+        &[&identity, &shard, &epoch],
     )
     .await
     .map_err(|_| Refused::Other)?;

@@ -19,8 +19,8 @@ use crate::options::Options;
 pub(crate) struct Ctx {
     /// The run's options.
     pub(crate) options: Options,
-    /// The lock key.
-    pub(crate) key: LockKey,
+    /// The lock keys, one per lane: the one key, or the shards' in index order.
+    pub(crate) keys: Vec<LockKey>,
     /// The replica processes.
     pub(crate) fleet: tokio::sync::Mutex<Fleet>,
     /// The live process of each slot (a copy of the fleet's, readable without waiting).
@@ -58,14 +58,15 @@ impl Ctx {
             .unwrap_or(0)
     }
 
-    /// Every slot's process has started, none is stopped, exactly one leads (any number
-    /// under `--sabotage split-key`, where they all lead).
+    /// Every slot's process has started, none is stopped, exactly one leads each key (any
+    /// number under `--sabotage split-key`, where they all lead).
     pub(crate) fn steady(&self) -> bool {
         let live = self.live.lock().unwrap().clone();
         live.iter().all(|&p| {
             let s = self.board.state(p);
             s.started && !s.stopped && !s.ended
-        }) && (self.board.leaders().len() == 1 || self.options.split_key)
+        }) && (self.options.split_key
+            || (0..self.keys.len()).all(|lane| self.board.leaders(lane).len() == 1))
     }
 
     /// Waits (at most `limit`) until no fault runs and the fleet is steady.
@@ -126,15 +127,13 @@ impl Ctx {
             self.runtime_violations.lock().unwrap().push(Violation {
                 at,
                 what: format!("replica-{replica} exited with no fault ending it"),
+                lane: 0,
                 fault: None,
                 replicas: vec![replica],
             });
             // Ends its term and its state, as a kill would.
-            self.board.push(fleet::Event {
-                replica,
-                at,
-                what: fleet::What::Killed,
-            });
+            self.board
+                .push(fleet::Event::of_process(replica, at, fleet::What::Killed));
             let fast = fleet.procs[replica].fast;
             let index = fleet.spawn(slot, fast);
             self.live.lock().unwrap()[slot] = index;

@@ -46,8 +46,8 @@ pub(crate) const RUN_GAP_US: u64 = 30_000;
 /// The sampler's result.
 #[derive(Debug, Default)]
 pub(crate) struct Samples {
-    /// The runs, in time order.
-    pub(crate) runs: Mutex<Vec<Run>>,
+    /// Per lane (the one key, or each shard), the runs in time order.
+    pub(crate) runs: Mutex<Vec<Vec<Run>>>,
     /// Samples taken.
     pub(crate) count: AtomicU64,
     /// Times the sampler had to reconnect.
@@ -55,9 +55,15 @@ pub(crate) struct Samples {
 }
 
 impl Samples {
-    fn push(&self, at: u64, holder: Holder, epoch: Option<i64>) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let mut runs = self.runs.lock().unwrap();
+    fn push(&self, lane: usize, at: u64, holder: Holder, epoch: Option<i64>) {
+        if lane == 0 {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut lanes = self.runs.lock().unwrap();
+        if lanes.len() <= lane {
+            lanes.resize_with(lane + 1, Vec::new);
+        }
+        let runs = &mut lanes[lane];
         if let Some(last) = runs.last_mut() {
             if last.holder == holder && last.epoch == epoch && at <= last.last + RUN_GAP_US {
                 last.last = at.max(last.last);
@@ -105,8 +111,8 @@ pub(crate) async fn prepare(
 ) -> Result<(), tokio_postgres::Error> {
     client
         .batch_execute(&format!(
-            "CREATE TABLE soak_writes (replica text NOT NULL, epoch bigint NOT NULL, \
-               at timestamptz NOT NULL); \
+            "CREATE TABLE soak_writes (replica text NOT NULL, shard int NOT NULL, \
+               epoch bigint NOT NULL, at timestamptz NOT NULL); \
              {epochs_ddl}; \
              ALTER DATABASE \"{}\" SET idle_in_transaction_session_timeout = '{}ms'",
             database.replace('"', "\"\""),
@@ -115,27 +121,37 @@ pub(crate) async fn prepare(
         .await
 }
 
-/// Samples the lock's holder and the epoch row every `period`, from a connection of its own
-/// (reconnecting after a server restart), until `stop`.
+/// The objects of `keys`, as `pg_locks.objid` shows them.
+pub(crate) fn objects(keys: &[LockKey]) -> Vec<u32> {
+    keys.iter().map(|k| k.object() as u32).collect()
+}
+
+/// Samples each key's holder and epoch row every `period`, in one statement, from a
+/// connection of its own (reconnecting after a server restart), until `stop`. The keys share
+/// a class (the one key, or one group's shards).
 pub(crate) async fn sample(
     config: tokio_postgres::Config,
-    key: LockKey,
+    keys: Vec<LockKey>,
     period: Duration,
     samples: &Samples,
     stop: CancellationToken,
 ) {
-    // The time first, then the holder, then the epoch: the epoch comes from the statement's
-    // snapshot, taken before the clock is read, so an epoch seen here had committed before the
-    // sample's time.
+    // Per key, the time first, then the holder, then the epoch: the epoch comes from the
+    // statement's snapshot, taken before the clock is read, so an epoch seen here had
+    // committed before the sample's time.
     let query = "SELECT (extract(epoch FROM pg_catalog.clock_timestamp()) * 1e6)::int8, \
          (SELECT a.application_name FROM pg_catalog.pg_locks l \
             JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-          WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
+          WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = k.objid \
             AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_catalog.pg_database \
                                                  WHERE datname = pg_catalog.current_database()) \
           LIMIT 1), \
-         (SELECT epoch FROM pg_elector_epochs WHERE class = $3 AND object = $4)";
-    let (class, object) = (key.class(), key.object());
+         (SELECT epoch FROM pg_elector_epochs WHERE class = $2 AND object = k.object) \
+         FROM unnest($3::oid[], $4::int4[]) WITH ORDINALITY AS k(objid, object, lane) \
+         ORDER BY k.lane";
+    let class = keys[0].class();
+    let objids = objects(&keys);
+    let objects: Vec<i32> = keys.iter().map(|k| k.object()).collect();
     while !stop.is_cancelled() {
         let client = match connect(&config).await {
             Ok(c) => c,
@@ -155,32 +171,34 @@ pub(crate) async fn sample(
                 _ = every.tick() => {}
                 () = stop.cancelled() => return,
             }
-            let row = match client
-                .query_one(
-                    &statement,
-                    &[&(class as u32), &(object as u32), &class, &object],
-                )
+            let rows = match client
+                .query(&statement, &[&(class as u32), &class, &objids, &objects])
                 .await
             {
-                Ok(row) => row,
+                Ok(rows) => rows,
                 Err(_) => break,
             };
-            let at: i64 = row.get(0);
-            let holder = match row.get::<_, Option<String>>(1) {
-                None => Holder::None,
-                Some(name) => replica_of(&name).map_or(Holder::Unknown, Holder::Replica),
-            };
-            samples.push(at as u64, holder, row.get(2));
+            for (lane, row) in rows.iter().enumerate() {
+                let at: i64 = row.get(0);
+                let holder = match row.get::<_, Option<String>>(1) {
+                    None => Holder::None,
+                    Some(name) => replica_of(&name).map_or(Holder::Unknown, Holder::Replica),
+                };
+                samples.push(lane, at as u64, holder, row.get(2));
+            }
         }
         samples.reconnects.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// One fenced row: the replica process, its epoch, and the server's clock at the insert.
+/// One fenced row: the replica process, its lane, its epoch, and the server's clock at the
+/// insert.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Row {
     /// The replica process (`None`: a name that is not a replica's).
     pub(crate) replica: Option<usize>,
+    /// The shard (0 in key mode).
+    pub(crate) lane: usize,
     /// The term's epoch.
     pub(crate) epoch: i64,
     /// µs since the UNIX epoch, by the server's clock.
@@ -193,16 +211,17 @@ pub(crate) async fn rows(
 ) -> Result<Vec<Row>, tokio_postgres::Error> {
     Ok(client
         .query(
-            "SELECT replica, epoch, (extract(epoch FROM at) * 1e6)::int8 FROM soak_writes \
-             ORDER BY at, epoch",
+            "SELECT replica, shard, epoch, (extract(epoch FROM at) * 1e6)::int8 \
+             FROM soak_writes ORDER BY at, epoch",
             &[],
         )
         .await?
         .iter()
         .map(|row| Row {
             replica: replica_of(row.get(0)),
-            epoch: row.get(1),
-            at: row.get::<_, i64>(2) as u64,
+            lane: row.get::<_, i32>(1) as usize,
+            epoch: row.get(2),
+            at: row.get::<_, i64>(3) as u64,
         })
         .collect())
 }

@@ -31,7 +31,9 @@ impl Excerpts<'_> {
             .iter()
             .filter(|e| e.at + BEFORE_US >= v.at && e.at <= v.at + AFTER_US)
         {
-            eprintln!("  event {} replica-{} {:?}", t(e.at), e.replica, e.what);
+            if e.lane == v.lane || e.what.of_process() {
+                eprintln!("  event {} replica-{} {:?}", t(e.at), e.replica, e.what);
+            }
         }
         let window = (v.at.saturating_sub(BEFORE_US), v.at + AFTER_US);
         let inside = |at: u64| window.0 <= at && at <= window.1;
@@ -49,7 +51,7 @@ impl Excerpts<'_> {
                 f.note
             );
         }
-        self.holders(window);
+        self.holders(v.lane, window);
         for &(s, e) in c.stalls.iter().filter(|&&(s, e)| inside(s) || inside(e)) {
             let whose = if c.runtime_stalls.contains(&(s, e)) {
                 "runtime"
@@ -65,13 +67,16 @@ impl Excerpts<'_> {
         }
     }
 
-    /// The lock's holder as the sampler saw it within `window` (this machine's clock).
-    fn holders(&self, window: (u64, u64)) {
+    /// The holder of `lane`'s lock as the sampler saw it within `window` (this machine's
+    /// clock).
+    fn holders(&self, lane: usize, window: (u64, u64)) {
         let local = |server: u64| (server as i64 - self.offset) as u64;
         for run in self
             .collected
             .runs
-            .iter()
+            .get(lane)
+            .into_iter()
+            .flatten()
             .filter(|r| local(r.last) >= window.0 && local(r.first) <= window.1)
         {
             eprintln!(

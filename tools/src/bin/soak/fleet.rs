@@ -75,17 +75,46 @@ pub(crate) enum What {
 pub(crate) struct Event {
     /// The process (its index in [`Fleet::procs`]).
     pub(crate) replica: usize,
+    /// The key it is about: the shard's index in shard mode, else 0; 0 for what is about the
+    /// whole process (see [`What::of_process`]).
+    pub(crate) lane: usize,
     /// µs since the UNIX epoch.
     pub(crate) at: u64,
     /// What happened.
     pub(crate) what: What,
 }
 
+impl What {
+    /// Whether it is about the process (every lane), not about one key's term.
+    pub(crate) fn of_process(&self) -> bool {
+        !matches!(
+            self,
+            What::Leader { .. } | What::Standby { .. } | What::Woke { .. } | What::Fenced { .. }
+        )
+    }
+}
+
+impl Event {
+    /// An event about the whole process.
+    pub(crate) fn of_process(replica: usize, at: u64, what: What) -> Self {
+        Event {
+            replica,
+            lane: 0,
+            at,
+            what,
+        }
+    }
+}
+
 /// Parses one stdout line of a replica.
 pub(crate) fn parse(replica: usize, line: &str) -> Option<Event> {
     let rest = line.strip_prefix(MARK)?;
     let mut words = rest.split_whitespace();
-    let kind = words.next()?;
+    let word = words.next()?;
+    let (kind, lane) = match word.split_once('/') {
+        Some((kind, lane)) => (kind, lane.parse().ok()?),
+        None => (word, 0),
+    };
     let mut number = || words.next()?.parse::<u64>().ok();
     let at = number()?;
     let epoch = |w: Option<u64>| w;
@@ -103,6 +132,7 @@ pub(crate) fn parse(replica: usize, line: &str) -> Option<Event> {
             let possible = number()?;
             return Some(Event {
                 replica,
+                lane,
                 at: possible,
                 what: What::Standby { definite: at },
             });
@@ -129,7 +159,12 @@ pub(crate) fn parse(replica: usize, line: &str) -> Option<Event> {
         "exited" => What::Exited,
         _ => return None,
     };
-    Some(Event { replica, at, what })
+    Some(Event {
+        replica,
+        lane,
+        at,
+        what,
+    })
 }
 
 /// The latest state of one process, as its events tell.
@@ -137,9 +172,9 @@ pub(crate) fn parse(replica: usize, line: &str) -> Option<Event> {
 pub(crate) struct State {
     /// It said `started`.
     pub(crate) started: bool,
-    /// Its latest transition says it leads.
-    pub(crate) leading: bool,
-    /// The epoch of its latest term.
+    /// The lanes whose latest transition says it leads, one bit each.
+    pub(crate) leading: u64,
+    /// The epoch of its latest term in lane 0 (the one key).
     pub(crate) epoch: Option<u64>,
     /// SIGSTOPped and not yet SIGCONTed.
     pub(crate) stopped: bool,
@@ -147,6 +182,13 @@ pub(crate) struct State {
     pub(crate) ended: bool,
     /// Its latest `resigned` line (a counter, to wait for the next one).
     pub(crate) resigned: u64,
+}
+
+impl State {
+    /// Whether its latest transition in `lane` says it leads.
+    pub(crate) fn leads(&self, lane: usize) -> bool {
+        self.leading & (1 << lane) != 0
+    }
 }
 
 /// Everything the replicas said, in arrival order, and their latest states.
@@ -158,6 +200,10 @@ pub(crate) struct Board {
     logs: Mutex<Vec<VecDeque<(u64, String)>>>,
     version: watch::Sender<u64>,
 }
+
+/// The group every replica's shards belong to in shard mode (`soak-<n>` for process n under
+/// `--sabotage split-key`).
+pub(crate) const SHARD_GROUP: &str = "soak";
 
 /// Stderr lines kept per process.
 const LOG_LINES: usize = 4000;
@@ -174,12 +220,14 @@ impl Board {
             match event.what {
                 What::Started => state.started = true,
                 What::Leader { epoch, .. } => {
-                    state.leading = true;
-                    state.epoch = epoch;
+                    state.leading |= 1 << event.lane;
+                    if event.lane == 0 {
+                        state.epoch = epoch;
+                    }
                 }
-                What::Standby { .. } => state.leading = false,
+                What::Standby { .. } => state.leading &= !(1 << event.lane),
                 What::Killed | What::Exited => {
-                    state.leading = false;
+                    state.leading = 0;
                     state.ended = true;
                 }
                 What::Stopped => state.stopped = true,
@@ -222,14 +270,14 @@ impl Board {
             .unwrap_or_default()
     }
 
-    /// The processes that lead now, are not stopped, and live.
-    pub(crate) fn leaders(&self) -> Vec<usize> {
+    /// The processes that lead `lane` now, are not stopped, and live.
+    pub(crate) fn leaders(&self, lane: usize) -> Vec<usize> {
         self.states
             .lock()
             .unwrap()
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.leading && !s.stopped && !s.ended)
+            .filter(|(_, s)| s.leads(lane) && !s.stopped && !s.ended)
             .map(|(i, _)| i)
             .collect()
     }
@@ -309,6 +357,8 @@ pub(crate) struct Fleet {
     interval: Duration,
     /// Each process elects on a key of its own (`--sabotage split-key`).
     pub(crate) split_key: bool,
+    /// Shard mode: each process runs a group of this many shards (0: key mode).
+    pub(crate) shards: usize,
 }
 
 impl Fleet {
@@ -335,6 +385,7 @@ impl Fleet {
             key,
             interval,
             split_key: false,
+            shards: 0,
         }
     }
 
@@ -364,6 +415,14 @@ impl Fleet {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if self.shards > 0 {
+            let group = if self.split_key {
+                format!("{}-{index}", SHARD_GROUP)
+            } else {
+                SHARD_GROUP.to_owned()
+            };
+            command.env(child::ENV_SHARDS, format!("{group},{}", self.shards));
+        }
         if fast {
             command.env(child::ENV_FAST, "1");
         } else {
@@ -412,7 +471,7 @@ impl Fleet {
             None
         };
         if let Some(what) = what {
-            self.board.push(Event { replica, at, what });
+            self.board.push(Event::of_process(replica, at, what));
         }
         at
     }

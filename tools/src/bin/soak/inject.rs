@@ -7,10 +7,12 @@ use pg_elector_testkit::ShutdownMode;
 use rustix::process::Signal;
 use tokio::sync::MutexGuard;
 
+use pg_elector::LockKey;
+
 use crate::Ctx;
 use crate::check::Violation;
 use crate::child::unix_us;
-use crate::db;
+use crate::db::{self, objects};
 use crate::faults::{Fault, Kind, Plan};
 use crate::fleet::Fleet;
 
@@ -52,7 +54,7 @@ async fn inject_slot(ctx: &Arc<Ctx>, plan: Plan, mut fault: Fault) -> Option<usi
     let replica = fleet.live[slot];
     let state = ctx.board.state(replica);
     fault.replica = Some(replica);
-    fault.on_leader = state.leading && !state.stopped;
+    fault.on_leader = state.leading != 0 && !state.stopped;
     fault.epoch = state.epoch.filter(|_| fault.on_leader);
     let (at, fleet) = act(ctx, fleet, slot, replica, plan, &mut fault).await;
     drop(fleet);
@@ -117,7 +119,7 @@ async fn inject_terminate(ctx: &Ctx, plan: Plan, mut fault: Fault) -> Option<usi
     let kind = plan.kind;
     let client = db::connect(&ctx.db).await.ok()?;
     let (at, pid, name, holder) = if kind == Kind::TerminateLock {
-        terminate_lock(ctx, &client).await?
+        terminate_lock(&client, ctx.keys[lane_of(ctx, plan.pick)]).await?
     } else {
         terminate_random(ctx, &client, plan.pick).await?
     };
@@ -138,8 +140,8 @@ async fn inject_terminate(ctx: &Ctx, plan: Plan, mut fault: Fault) -> Option<usi
 
 /// Terminates the lock session: when, its pid and name, and that it held the lock.
 async fn terminate_lock(
-    ctx: &Ctx,
     client: &tokio_postgres::Client,
+    key: LockKey,
 ) -> Option<(u64, i32, String, bool)> {
     let at = unix_us();
     let row = client
@@ -151,7 +153,7 @@ async fn terminate_lock(
                AND l.objid = $2 AND l.objsubid = 2 \
                AND l.database = (SELECT oid FROM pg_catalog.pg_database \
                                  WHERE datname = pg_catalog.current_database())",
-            &[&(ctx.key.class() as u32), &(ctx.key.object() as u32)],
+            &[&(key.class() as u32), &(key.object() as u32)],
         )
         .await
         .ok()??;
@@ -159,7 +161,7 @@ async fn terminate_lock(
 }
 
 /// Terminates the backend `pick` chooses among the replicas': when, its pid and name, and
-/// whether it held the lock.
+/// whether it held the lock (in shard mode: a shard's).
 async fn terminate_random(
     ctx: &Ctx,
     client: &tokio_postgres::Client,
@@ -185,9 +187,9 @@ async fn terminate_random(
     let row = client
         .query_one(
             "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE pid = $1 \
-               AND locktype = 'advisory' AND granted AND classid = $2 AND objid = $3 \
+               AND locktype = 'advisory' AND granted AND classid = $2 AND objid = ANY($3) \
                AND objsubid = 2), pg_catalog.pg_terminate_backend($1)",
-            &[&pid, &(ctx.key.class() as u32), &(ctx.key.object() as u32)],
+            &[&pid, &(ctx.keys[0].class() as u32), &objects(&ctx.keys)],
         )
         .await
         .ok()?;
@@ -207,10 +209,10 @@ async fn inject_restart(ctx: &Arc<Ctx>, kind: Kind, mut fault: Fault) -> Option<
     fault.heal = fault.inject;
     fault.epoch = ctx
         .board
-        .leaders()
+        .leaders(0)
         .first()
         .and_then(|&r| ctx.board.state(r).epoch);
-    fault.replica = ctx.board.leaders().first().copied();
+    fault.replica = ctx.board.leaders(0).first().copied();
     let id = record(ctx, fault);
     let ctx = ctx.clone();
     tokio::spawn(async move {
@@ -240,7 +242,7 @@ async fn inject_restart(ctx: &Arc<Ctx>, kind: Kind, mut fault: Fault) -> Option<
 /// Claims a slot for a fault: the leader's if the plan aims at it and it is free, else a
 /// random free one (never slot 0 for a fault that ends the process, when it is kept alive).
 fn claim_slot(ctx: &Ctx, kind: Kind, plan: Plan) -> Option<usize> {
-    let leaders = ctx.board.leaders();
+    let leaders = ctx.board.leaders(lane_of(ctx, plan.pick));
     let live = ctx.live.lock().unwrap().clone();
     let mut claims = ctx.claims.lock().unwrap();
     let allowed = |slot: usize| !(ctx.options.keep_one && slot == 0 && kind.ends_process());
@@ -257,6 +259,11 @@ fn claim_slot(ctx: &Ctx, kind: Kind, plan: Plan) -> Option<usize> {
     };
     claims.slots[slot] = true;
     Some(slot)
+}
+
+/// The lane a fault aimed at a leader aims at: the one key, or a shard `pick` chooses.
+fn lane_of(ctx: &Ctx, pick: u64) -> usize {
+    (pick % ctx.keys.len() as u64) as usize
 }
 
 fn record(ctx: &Ctx, mut fault: Fault) -> usize {
@@ -325,6 +332,7 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
                                  unlock ≤ 2 s, + slack): SIGKILLed",
                                 limit.as_millis()
                             ),
+                            lane: 0,
                             fault: Some(id),
                             replicas: vec![replica],
                         });

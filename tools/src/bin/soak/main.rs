@@ -161,6 +161,7 @@ mod stalls;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pg_elector::shards::Shards;
 use pg_elector::{Elector, LockKey};
 use pg_elector_testkit::{PgServer, TestDb};
 use pg_elector_tools::args::or_exit;
@@ -240,17 +241,29 @@ async fn server(options: &mut Options) -> Result<Arc<PgServer>, i32> {
     Ok(server)
 }
 
-/// The soak's tables and settings in `database`; the server's version and its clock minus
-/// this machine's (µs).
-async fn prepare(database: &TestDb, i: Duration) -> (String, i64) {
-    let admin = db::connect(&database.config()).await.expect("a connection");
-    let ddl = Elector::builder(database.pool(1), KEY)
+/// The lock keys the checks look at, one per lane: [`KEY`], or in shard mode the group's
+/// shards in index order; and the fencing table's DDL.
+fn keys(database: &TestDb, shards: usize) -> (Vec<LockKey>, String) {
+    if shards == 0 {
+        let elector = Elector::builder(database.pool(1), KEY)
+            .fencing(true)
+            .build()
+            .expect("an elector");
+        return (vec![KEY], elector.fencing_ddl().expect("fencing is on"));
+    }
+    let group = Shards::builder(database.pool(1), fleet::SHARD_GROUP, shards as u32)
         .fencing(true)
         .build()
-        .expect("an elector")
-        .fencing_ddl()
-        .expect("fencing is on");
-    db::prepare(&admin, database.name(), i, &ddl)
+        .expect("a group of shards");
+    let keys = group.all().map(|shard| shard.key()).collect();
+    (keys, group.fencing_ddl().expect("fencing is on"))
+}
+
+/// The soak's tables and settings in `database`; the server's version and its clock minus
+/// this machine's (µs).
+async fn prepare(database: &TestDb, i: Duration, ddl: &str) -> (String, i64) {
+    let admin = db::connect(&database.config()).await.expect("a connection");
+    db::prepare(&admin, database.name(), i, ddl)
         .await
         .expect("the soak's tables and settings");
     let server_version: String = admin
@@ -268,11 +281,13 @@ async fn start_fleet(
     options: &Options,
     server: &Arc<PgServer>,
     database: &TestDb,
+    keys: Vec<LockKey>,
     rng: &mut Rng,
 ) -> (Arc<Ctx>, u64) {
     let i = options.interval;
     let mut fleet = Fleet::new(options.replicas, server.addr(), database.url(), KEY, i).await;
     fleet.split_key = options.split_key;
+    fleet.shards = options.shards;
     let start = unix_us();
     for slot in 0..options.replicas {
         let fast = match options.mode {
@@ -285,7 +300,7 @@ async fn start_fleet(
     }
     let board = fleet.board.clone();
     let ctx = Arc::new(Ctx {
-        key: KEY,
+        keys,
         live: Mutex::new(fleet.live.clone()),
         fleet: tokio::sync::Mutex::new(fleet),
         board,
@@ -328,7 +343,8 @@ struct Collected {
     procs: Vec<ProcInfo>,
     events: Vec<fleet::Event>,
     faults: Vec<Fault>,
-    runs: Vec<db::Run>,
+    /// Per lane.
+    runs: Vec<Vec<db::Run>>,
     checkpoints: Vec<Checkpoint>,
     /// Every stall, the runtime's among them.
     stalls: Vec<(u64, u64)>,
@@ -344,17 +360,18 @@ impl Started {
     async fn start(mut options: Options) -> Result<Self, i32> {
         let server = server(&mut options).await?;
         let database = server.create_database().await.expect("a database");
-        let (server_version, offset) = prepare(&database, options.interval).await;
+        let (keys, ddl) = keys(&database, options.shards);
+        let (server_version, offset) = prepare(&database, options.interval, &ddl).await;
         let stalls = stalls::Monitors::start();
         let samples = Arc::new(db::Samples::default());
         let stop_sampling = CancellationToken::new();
         let sampler = tokio::spawn({
-            let (config, samples) = (database.config(), samples.clone());
+            let (config, samples, keys) = (database.config(), samples.clone(), keys.clone());
             let stop = stop_sampling.clone();
-            async move { db::sample(config, KEY, SAMPLE_EVERY, &samples, stop).await }
+            async move { db::sample(config, keys, SAMPLE_EVERY, &samples, stop).await }
         });
         let mut rng = Rng::new(options.seed);
-        let (ctx, start) = start_fleet(&options, &server, &database, &mut rng).await;
+        let (ctx, start) = start_fleet(&options, &server, &database, keys, &mut rng).await;
         let rss = tokio::spawn({
             let ctx = ctx.clone();
             async move {
@@ -432,19 +449,24 @@ impl Started {
     async fn finish(mut self, wall: Instant, injection_start: u64, injected_for: Duration) -> i32 {
         let c = self.collect().await;
         let options = &self.options;
-        let mut analysis = check::analyse(&check::Input {
+        let input = check::Input {
             options,
             start: self.start,
             end: c.end,
             events: &c.events,
             procs: &c.procs,
             faults: &c.faults,
-            runs: &c.runs,
+            runs: c.runs.first().map_or(&[][..], Vec::as_slice),
             rows: &c.rows,
             offset: self.offset,
             checkpoints: &c.checkpoints,
             stalls: &c.stalls,
-        });
+        };
+        let mut analysis = if options.shards == 0 {
+            check::analyse(&input)
+        } else {
+            check::analyse_shards(&input, &c.runs)
+        };
         analysis
             .violations
             .extend(self.ctx.runtime_violations.lock().unwrap().iter().cloned());

@@ -58,13 +58,19 @@ pub(crate) struct Options {
     /// Checks the checker: every replica process elects on a key of its own, so they all
     /// lead at once and write rows of unrelated epochs; the run must report violations.
     pub(crate) split_key: bool,
+    /// Shard mode: every replica runs one group of this many shards instead of one elector
+    /// (0: key mode). Shards have no fast takeover and no resign: poll mode, no `resign`.
+    pub(crate) shards: usize,
 }
+
+/// The most shards shard mode runs (the board keeps a replica's owned shards in a `u64`).
+pub(crate) const MAX_SHARDS: usize = 64;
 
 /// The usage line printed on a bad option.
 pub(crate) const USAGE: &str =
     "usage: cargo run --release -p pg-elector-tools --bin soak -- [--seed N] [--duration 60s] \
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
-[--overlap 0.25] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
+[--overlap 0.25] [--shards N] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
 restart-fast, restart-immediate (restart: both), exhaust, graceful, resign";
 
@@ -87,7 +93,9 @@ impl Options {
             out: None,
             verbose: false,
             split_key: false,
+            shards: 0,
         };
+        let mut mode_given = false;
         let mut args = Args::new(args);
         while let Some(flag) = args.next_flag() {
             match flag {
@@ -116,6 +124,7 @@ impl Options {
                     );
                 }
                 "--mode" => {
+                    mode_given = true;
                     options.mode = match args.value()?.as_str() {
                         "poll" => Mode::Poll,
                         "fast" => Mode::Fast,
@@ -138,6 +147,14 @@ impl Options {
                         .filter(|p| (0.0..=1.0).contains(p))
                         .ok_or("--overlap takes a probability from 0 to 1")?;
                 }
+                "--shards" => {
+                    options.shards = args
+                        .value()?
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_SHARDS).contains(n))
+                        .ok_or(format!("--shards takes a number from 1 to {MAX_SHARDS}"))?;
+                }
                 "--no-keep-one" => options.keep_one = false,
                 "--out" => options.out = Some(PathBuf::from(args.value()?)),
                 "--verbose" | "-v" => options.verbose = true,
@@ -148,7 +165,29 @@ impl Options {
                 _ => args.other()?,
             }
         }
+        if options.shards > 0 {
+            options.shard_mode(mode_given)?;
+        }
         Ok(options)
+    }
+
+    /// Shard mode's limits: poll only (shards have no fast takeover), no `resign` (a shard's
+    /// owner gives it up only when the assignment moves it).
+    fn shard_mode(&mut self, mode_given: bool) -> Result<(), String> {
+        if mode_given && self.mode != Mode::Poll {
+            return Err("--shards runs in poll mode only (shards have no fast takeover)".into());
+        }
+        self.mode = Mode::Poll;
+        self.faults.retain(|&k| k != Kind::Resign);
+        if self.faults.is_empty() {
+            return Err("--shards: resign is not a fault of shards; name another".into());
+        }
+        Ok(())
+    }
+
+    /// How many lock keys the checks look at: the shards, or the one key.
+    pub(crate) fn lanes(&self) -> usize {
+        self.shards.max(1)
     }
 
     /// The slack every time bound gets on a loaded machine: I/2 + 250 ms.
@@ -175,6 +214,9 @@ impl Options {
         }
         if !self.keep_one {
             args.push_str(" --no-keep-one");
+        }
+        if self.shards > 0 {
+            args.push_str(&format!(" --shards {}", self.shards));
         }
         if self.split_key {
             args.push_str(" --sabotage split-key");

@@ -90,11 +90,14 @@ impl Render<'_> {
         let fast = procs.iter().filter(|p| p.fast).count();
         let _ = writeln!(
             out,
-            "### Chaos soak: seed {}, {} of faults, {} replicas, {} mode, I = {i_ms} ms",
+            "### Chaos soak: seed {}, {} of faults, {} replicas, {}, I = {i_ms} ms",
             options.seed,
             duration_text(facts.injected_for),
             options.replicas,
-            options.mode.name()
+            match options.shards {
+                0 => format!("{} mode", options.mode.name()),
+                n => format!("{n} shards (poll mode)"),
+            }
         );
         let _ = writeln!(out);
         let _ = writeln!(
@@ -122,6 +125,17 @@ impl Render<'_> {
              leaders*: two replicas certainly leading and running at once, any fault.",
             slack.as_millis()
         );
+        if options.shards > 0 {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "Shard mode: every replica runs one group of {} shards, and each check above runs \
+                 per shard on that shard's owners, rows and `pg_locks` samples; *leader* reads \
+                 *owner of the shard*, a fault hits the shards its replica owned, and the table \
+                 shows the worst shard per fault.",
+                options.shards
+            );
+        }
         let _ = writeln!(out);
     }
 
@@ -228,13 +242,24 @@ impl Render<'_> {
              clock − this machine's: {} µs.",
             facts.samples.0, facts.samples.1, facts.offset
         );
-        let _ = writeln!(
-            out,
-            "- Leaderless with no fault to explain it: {} gaps, max {} ms (a leader that stepped down \
-             by itself; allowed up to 1·I + slack).",
-            a.unprovoked.len(),
-            ms(unprovoked_max)
-        );
+        let _ = if self.options.shards > 0 {
+            writeln!(
+                out,
+                "- Shards unowned beyond every fault's own bound: {} gaps, max {} ms (a shard \
+                 moving when the members changed: drain, unlock, the new owner's next try; allowed \
+                 up to 2·I + slack from the gap's start).",
+                a.unprovoked.len(),
+                ms(unprovoked_max)
+            )
+        } else {
+            writeln!(
+                out,
+                "- Leaderless with no fault to explain it: {} gaps, max {} ms (a leader that \
+                 stepped down by itself; allowed up to 1·I + slack).",
+                a.unprovoked.len(),
+                ms(unprovoked_max)
+            )
+        };
         let backends = &a.backends;
         let _ = writeln!(
             out,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 mod excuses;
 mod intervals;
+mod lanes;
 mod lead;
 mod leaders;
 mod resources;
@@ -18,6 +19,7 @@ use crate::options::Options;
 use excuses::Excuses;
 pub(crate) use intervals::Iv;
 use intervals::within;
+pub(crate) use lanes::analyse_shards;
 use lead::{Lead, leadership};
 use rows::rows;
 
@@ -28,6 +30,8 @@ pub(crate) struct Violation {
     pub(crate) at: u64,
     /// What happened.
     pub(crate) what: String,
+    /// The lane (the shard in shard mode; 0 in key mode).
+    pub(crate) lane: usize,
     /// The fault it is attributed to.
     pub(crate) fault: Option<usize>,
     /// The replica processes involved (for the log excerpts).
@@ -75,7 +79,7 @@ pub(crate) struct Input<'a> {
     pub(crate) procs: &'a [ProcInfo],
     /// Every fault, by id (in injection order).
     pub(crate) faults: &'a [Fault],
-    /// The `pg_locks` and epoch samples (server clock).
+    /// The `pg_locks` and epoch samples of the key (server clock).
     pub(crate) runs: &'a [Run],
     /// The rows, ordered by `at`, then epoch (server clock).
     pub(crate) rows: &'a [Row],
@@ -170,8 +174,13 @@ impl Checker<'_> {
     }
 }
 
-/// Runs every check.
+/// Runs every check (key mode).
 pub(crate) fn analyse(input: &Input<'_>) -> Analysis {
+    analyse_lane(input, true)
+}
+
+/// Runs every check of one key; the resources' too when `resources`.
+fn analyse_lane(input: &Input<'_>, resources: bool) -> Analysis {
     let i = input.options.interval;
     let slack = us(input.options.slack());
     let mut a = Analysis::default();
@@ -201,8 +210,10 @@ pub(crate) fn analyse(input: &Input<'_>) -> Analysis {
         .iter()
         .filter(|e| matches!(e.what, What::Fenced { .. }))
         .count();
-    checker.memory(&mut a);
-    checker.backends(&mut a);
+    if resources {
+        checker.memory(&mut a);
+        checker.backends(&mut a);
+    }
     a.violations.sort_by_key(|v| v.at);
     a
 }

@@ -33,6 +33,7 @@ impl Checker<'_> {
                          16 MiB and 50 %)",
                         life / 1_000_000
                     ),
+                    lane: 0,
                     fault: None,
                     replicas: vec![p],
                 });
@@ -57,6 +58,7 @@ impl Checker<'_> {
                     None => a.violations.push(Violation {
                         at: c.at,
                         what: format!("{n} backend(s) named {name:?}, not a replica's"),
+                        lane: 0,
                         fault: None,
                         replicas: Vec::new(),
                     }),
@@ -77,6 +79,7 @@ impl Checker<'_> {
                                     c.at.saturating_sub(e) as f64 / 1e6
                                 ))
                         ),
+                        lane: 0,
                         fault: latest_fault(c.at),
                         replicas: vec![p],
                     });
@@ -89,6 +92,7 @@ impl Checker<'_> {
                                 "leaked backends: replica-{p} has {n}, more than its pools and one \
                                  lock or waiting session ({per_replica})"
                             ),
+                            lane: 0,
                             fault: latest_fault(c.at),
                             replicas: vec![p],
                         });

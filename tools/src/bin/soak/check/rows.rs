@@ -74,6 +74,7 @@ impl RowCheck<'_> {
         Violation {
             at,
             what,
+            lane: 0,
             fault: self
                 .input
                 .faults
