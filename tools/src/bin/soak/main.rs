@@ -6,13 +6,15 @@
 //! cargo run --release -p pg-elector-tools --bin soak -- --duration 60s                  # CI's run; a random seed, printed
 //! cargo run --release -p pg-elector-tools --bin soak -- --seed 4242 --duration 60s      # the same draws again
 //! cargo run --release -p pg-elector-tools --bin soak -- --mode poll --faults stop,partition --verbose
-//! scripts/soak-long                                           # ≈ 1 h: poll, fast and mixed
+//! cargo run --release -p pg-elector-tools --bin soak -- --shards 8 --duration 60s       # shard mode, as CI
+//! scripts/soak-long                                           # ≈ 80 min: poll, fast, mixed, shards
 //! ```
 //!
 //! Options (after `--`): `--seed N` (default: from the clock, or `SOAK_SEED`), `--duration`
 //! (default `60s`; `90`, `5m`, `1h` work too), `--replicas N` (default 5), `--interval-ms`
 //! (the check interval I, default 250), `--mode poll|fast|mixed` (default `mixed`),
-//! `--faults all|<kind>[,<kind>…]`, `--overlap P` (default 0.25), `--no-keep-one`,
+//! `--faults all|<kind>[,<kind>…]`, `--overlap P` (default 0.25), `--shards N` (shard mode,
+//! below; 1 to 64), `--no-keep-one`,
 //! `--out FILE` (the report, also written there), `--verbose` (each fault as it is injected),
 //! `--sabotage split-key` (checks the checker, below). It exits 1 on any violation, 2 on a
 //! bad option.
@@ -124,6 +126,26 @@
 //! - **Memory.** Each replica's RSS (`/proc/<pid>/status`) every 2 s; for each process that
 //!   lived 30 s or more, the growth from its first sample at 10 s of age to its last is a
 //!   violation beyond 16 MiB and 50 %.
+//!
+//! # Shard mode
+//!
+//! With `--shards N` every replica process runs one group of N shards
+//! ([`Shards`](pg_elector::shards::Shards), group `soak`, the same options) instead of one
+//! elector, and ticks each shard it owns as it ticked the key: one fenced row per shard tick,
+//! with the shard's index. The watcher reads each shard's `is_leader()` every millisecond and
+//! tags its lines with the shard; the sampler reads every shard's holder and epoch row in one
+//! statement. Every check above then runs **per shard**, on that shard's reports, rows and
+//! samples: "leader" reads "owner of the shard", and a fault hits a shard when it hit the
+//! replica that owned the shard at the injection (a terminate, when it ended that replica's
+//! lock session; a restart hits every shard). The bounds are the single elector's (the
+//! README's shard bounds are the same), and the backends' bound too (all of a replica's shards
+//! live on one lock session). One allowance is shard mode's own: a shard moves whenever the
+//! members change (a respawned replica joining, a replica back after a partition), sometimes
+//! after the fault's own bound is over; its owner ends the term, drains (≤ the drain timeout,
+//! I) and unlocks, and the new owner takes it at its next try, so such a gap may last 2·I +
+//! slack from its start; the report lists those gaps. Shards have no fast takeover and no
+//! resign: shard mode runs in poll mode and never injects `resign`. Memory and backends are
+//! checked once, not per shard. `--sabotage split-key` gives each process a group of its own.
 //!
 //! # The report
 //!

@@ -62,14 +62,15 @@ fn as_seen_by(f: &Fault, events: &[Event]) -> Fault {
     f
 }
 
-/// Whether process `p` led at `t` as its reports tell (a live, not stopped term), and the
-/// term's epoch.
+/// Whether process `p` led just before `t` as its reports tell (a live, not stopped term),
+/// and the term's epoch: before, so that a fault's own signal, stamped at its injection, does
+/// not count.
 fn term_at(events: &[Event], p: usize, t: u64) -> Option<Option<u64>> {
     let mut term = None;
     let mut stopped = false;
     let mut mine: Vec<&Event> = events
         .iter()
-        .filter(|e| e.replica == p && e.at <= t)
+        .filter(|e| e.replica == p && e.at < t)
         .collect();
     mine.sort_by_key(|e| e.at);
     for e in mine {
