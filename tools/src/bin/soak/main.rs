@@ -130,7 +130,7 @@
 //! # Shard mode
 //!
 //! With `--shards N` every replica process runs one group of N shards
-//! ([`Shards`](pg_elector::shards::Shards), group `soak`, the same options) instead of one
+//! ([`Shards`], group `soak`, the same options) instead of one
 //! elector, and ticks each shard it owns as it ticked the key: one fenced row per shard tick,
 //! with the shard's index. The watcher reads each shard's `is_leader()` every millisecond and
 //! tags its lines with the shard; the sampler reads every shard's holder and epoch row in one

@@ -132,3 +132,98 @@ fn add(total: &mut Analysis, a: Analysis, lane: usize) {
         total.stalls = a.stalls;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::faults::Kind;
+
+    fn fault(kind: Kind, replica: Option<usize>, on_leader: bool, inject: u64) -> Fault {
+        Fault {
+            id: 0,
+            kind,
+            replica,
+            on_leader,
+            epoch: None,
+            param: Duration::ZERO,
+            inject,
+            lag: 0,
+            heal: inject,
+            done: true,
+            overlapped: false,
+            note: String::new(),
+        }
+    }
+
+    fn leads(replica: usize, lane: usize, at: u64, epoch: u64) -> Event {
+        Event {
+            replica,
+            lane,
+            at,
+            what: What::Leader {
+                possible: at - 1,
+                epoch: Some(epoch),
+            },
+        }
+    }
+
+    /// What one shard sees: replica 1 owns shard 0 from t = 100 (epoch 7); replica 2 owned
+    /// it from 10 to 50 (epoch 3).
+    fn shard_zero() -> Vec<Event> {
+        vec![
+            leads(2, 0, 10, 3),
+            Event {
+                replica: 2,
+                lane: 0,
+                at: 50,
+                what: What::Standby { definite: 49 },
+            },
+            leads(1, 0, 100, 7),
+        ]
+    }
+
+    #[test]
+    fn a_fault_hits_a_shard_its_replica_owned() {
+        let hit = as_seen_by(&fault(Kind::Partition, Some(1), true, 200), &shard_zero());
+        assert!(hit.on_leader);
+        assert_eq!(hit.epoch, Some(7));
+        // Replica 2 led some shard at 200 (the injector said so), but not this one any more.
+        let missed = as_seen_by(&fault(Kind::Partition, Some(2), true, 200), &shard_zero());
+        assert!(!missed.on_leader);
+        assert_eq!(missed.epoch, None);
+    }
+
+    #[test]
+    fn the_faults_own_signal_does_not_hide_the_owner() {
+        let mut events = shard_zero();
+        // The parent stamps its SIGSTOP at the injection itself.
+        events.push(Event::of_process(1, 200, What::Stopped));
+        let hit = as_seen_by(&fault(Kind::Stop, Some(1), true, 200), &events);
+        assert!(hit.on_leader, "a freeze of the owner hits the shard");
+        // A replica frozen before the fault does not lead, so the fault hits no owner.
+        events.push(Event::of_process(1, 300, What::Stopped));
+        let later = as_seen_by(&fault(Kind::Reset, Some(1), true, 400), &events);
+        assert!(
+            !later.on_leader,
+            "a replica frozen before the fault is not hit as owner"
+        );
+    }
+
+    #[test]
+    fn a_terminate_of_no_lock_session_hits_no_shard() {
+        let f = fault(Kind::TerminateRandom, Some(1), false, 200);
+        assert!(!as_seen_by(&f, &shard_zero()).on_leader);
+    }
+
+    #[test]
+    fn a_restart_hits_each_shards_owner_then() {
+        let f = fault(Kind::RestartFast, None, true, 200);
+        let seen = as_seen_by(&f, &shard_zero());
+        assert!(seen.on_leader);
+        assert_eq!((seen.replica, seen.epoch), (Some(1), Some(7)));
+        let early = as_seen_by(&fault(Kind::RestartFast, None, true, 20), &shard_zero());
+        assert_eq!((early.replica, early.epoch), (Some(2), Some(3)));
+    }
+}
