@@ -53,6 +53,22 @@ pub trait Role: sealed::Sealed + Clone + Send + Sync + 'static {
     /// What the member runs when the test gave no service: its election alone.
     #[doc(hidden)]
     fn run_alone(self) -> BoxFuture;
+    /// What every member's election is built from: the key, or the group and its shards.
+    #[doc(hidden)]
+    type Spec: std::fmt::Debug + Send + Sync;
+    /// The builder of a member's election, as a test's
+    /// [`configure`](crate::GroupBuilder::configure) sees it.
+    type Builder;
+    /// The builder the kit makes for member `index`, before the test's `configure`.
+    #[doc(hidden)]
+    fn builder(spec: &Self::Spec, pool: Pool, interval: Duration, index: usize) -> Self::Builder;
+    /// Builds member `index` from its builder.
+    #[doc(hidden)]
+    fn build(builder: Self::Builder, index: usize, pool: Pool) -> Result<Self, KitError>;
+    /// Every key a member's lock session may hold, and how many of the first are the
+    /// timeline's lanes; `first` is the first member, if there is one.
+    #[doc(hidden)]
+    fn keys(spec: &Self::Spec, first: Option<&Self>) -> Result<(Vec<LockKey>, usize), KitError>;
 }
 
 impl sealed::Sealed for crate::Replica {}

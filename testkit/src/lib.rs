@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 mod binaries;
+mod builder;
 mod cluster;
 mod database;
 mod error;
@@ -25,6 +26,7 @@ mod watchdog;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use builder::GroupBuilder;
 pub use cluster::{Cluster, Follow};
 pub use database::{TestDb, config_with_addr, pool_from_config};
 pub use error::KitError;

@@ -1,8 +1,6 @@
 //! [`ShardMembers`]: a test's replicas of a service that spreads its work over a group of
 //! shards, each replica a member of the group through a fault proxy of its own.
 
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -10,10 +8,9 @@ use pg_elector::shards::{Shards, ShardsBuilder};
 use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
 
-use crate::group::{BoxFuture, Common, Group, Leading, Member, Role, Service, identity};
+use crate::builder::GroupBuilder;
+use crate::group::{BoxFuture, Group, Leading, Role, identity};
 use crate::{KitError, TestDb};
-
-type Configure = Arc<dyn Fn(usize, ShardsBuilder) -> ShardsBuilder + Send + Sync>;
 
 /// A test's replicas of a sharded service: in this process, each a member of one group of
 /// shards, with a pool of its own through a [`FaultProxy`](crate::FaultProxy) of its own,
@@ -36,7 +33,47 @@ pub struct ShardMember {
     pub shutdown: CancellationToken,
 }
 
+/// The group every member joins, and its number of shards.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ShardSpec {
+    group: String,
+    shards: u32,
+}
+
 impl Role for ShardMember {
+    type Spec = ShardSpec;
+    type Builder = ShardsBuilder;
+
+    fn builder(spec: &ShardSpec, pool: Pool, interval: Duration, index: usize) -> ShardsBuilder {
+        Shards::builder(pool, spec.group.as_str(), spec.shards)
+            .check_interval(interval)
+            .identity(identity(index))
+    }
+
+    fn build(builder: ShardsBuilder, index: usize, pool: Pool) -> Result<Self, KitError> {
+        let shards = builder
+            .build()
+            .map_err(|e| KitError::Elector(e.to_string()))?;
+        Ok(ShardMember {
+            index,
+            shards,
+            pool,
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// Each shard's key (the lanes), then the membership's.
+    fn keys(_spec: &ShardSpec, first: Option<&Self>) -> Result<(Vec<LockKey>, usize), KitError> {
+        let Some(first) = first else {
+            return Err(KitError::Elector("a group of shards needs a member".into()));
+        };
+        let mut keys: Vec<LockKey> = first.shards.all().map(|s| s.key()).collect();
+        let lanes = keys.len();
+        keys.push(LockKey::new(keys[0].class(), -1));
+        Ok((keys, lanes))
+    }
+
     fn index(&self) -> usize {
         self.index
     }
@@ -78,124 +115,13 @@ impl Role for ShardMember {
 }
 
 /// Builds [`ShardMembers`]; from [`ShardMembers::builder`](Group::builder).
-#[must_use = "a builder does nothing until `start` is called"]
-pub struct ShardMembersBuilder<'a> {
-    db: &'a TestDb,
-    group: String,
-    shards: u32,
-    members: usize,
-    common: Common,
-    configure: Option<Configure>,
-    service: Option<Service<ShardMember>>,
-}
-
-impl std::fmt::Debug for ShardMembersBuilder<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardMembersBuilder")
-            .field("group", &self.group)
-            .field("shards", &self.shards)
-            .field("members", &self.members)
-            .field("common", &self.common)
-            .finish_non_exhaustive()
-    }
-}
+pub type ShardMembersBuilder<'a> = GroupBuilder<'a, ShardMember>;
 
 impl ShardMembersBuilder<'_> {
     /// How many members (default 3).
     pub fn members(mut self, count: usize) -> Self {
-        self.members = count;
+        self.count = count;
         self
-    }
-
-    /// Every member's check interval (default [`TEST_INTERVAL`](crate::TEST_INTERVAL)).
-    pub fn check_interval(mut self, every: Duration) -> Self {
-        self.common.interval = every;
-        self
-    }
-
-    /// Connections in each member's pool (default [`TEST_POOL_SIZE`](crate::TEST_POOL_SIZE)).
-    pub fn pool_size(mut self, size: usize) -> Self {
-        self.common.pool_size = size;
-        self
-    }
-
-    /// The `idle_in_transaction_session_timeout` of every member's pool (see
-    /// [`ReplicasBuilder::idle_in_transaction_timeout`](crate::ReplicasBuilder::idle_in_transaction_timeout)).
-    pub fn idle_in_transaction_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.common.idle_in_transaction = timeout;
-        self
-    }
-
-    /// Sets what else each member's group is built with (fencing, a drain timeout, ...).
-    pub fn configure(
-        mut self,
-        f: impl Fn(usize, ShardsBuilder) -> ShardsBuilder + Send + Sync + 'static,
-    ) -> Self {
-        self.configure = Some(Arc::new(f));
-        self
-    }
-
-    /// The service each member runs, as its `main` would: it gets the member's `Shards`, pool
-    /// and shutdown, and runs the group itself (`shards.run(shutdown)`). Without it, each
-    /// member only runs the group.
-    pub fn service<F, Fut>(mut self, f: F) -> Self
-    where
-        F: Fn(ShardMember) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        self.service = Some(Arc::new(move |member| Box::pin(f(member))));
-        self
-    }
-
-    /// Starts a fault proxy, a pool and a membership per member, then every member's
-    /// service, and a [`Timeline`](crate::Timeline) with a lane per shard. Needs a tokio
-    /// runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`KitError::Io`] when a proxy cannot listen, [`KitError::Elector`] when the group's
-    /// settings are refused (no shards, say).
-    pub async fn start(self) -> Result<ShardMembers, KitError> {
-        let mut members = Vec::with_capacity(self.members);
-        for index in 0..self.members {
-            members.push(self.member(index).await?);
-        }
-        let Some(first) = members.first() else {
-            return Err(KitError::Elector("a group of shards needs a member".into()));
-        };
-        let shards = &first.role.shards;
-        let mut keys: Vec<LockKey> = shards.all().map(|s| s.key()).collect();
-        let lanes = keys.len();
-        keys.push(LockKey::new(keys[0].class(), -1));
-        let interval = self.common.interval;
-        Ok(Group::launch_all(
-            self.db,
-            keys,
-            lanes,
-            interval,
-            members,
-            self.service,
-        ))
-    }
-
-    async fn member(&self, index: usize) -> Result<Member<ShardMember>, KitError> {
-        let (proxy, pool) = self.common.proxy_and_pool(self.db).await?;
-        let mut builder = Shards::builder(pool.clone(), self.group.as_str(), self.shards)
-            .check_interval(self.common.interval)
-            .identity(identity(index));
-        if let Some(configure) = &self.configure {
-            builder = configure(index, builder);
-        }
-        let shards = builder
-            .build()
-            .map_err(|e| KitError::Elector(e.to_string()))?;
-        let member = ShardMember {
-            index,
-            shards,
-            pool,
-            shutdown: CancellationToken::new(),
-        };
-        Ok(Member::new(proxy, member))
     }
 }
 
@@ -203,15 +129,8 @@ impl Group<ShardMember> {
     /// Members of the group `group` of `shards` shards in `db`: 3 by default, at
     /// [`TEST_INTERVAL`](crate::TEST_INTERVAL).
     pub fn builder(db: &TestDb, group: impl Into<String>, shards: u32) -> ShardMembersBuilder<'_> {
-        ShardMembersBuilder {
-            db,
-            group: group.into(),
-            shards,
-            members: 3,
-            common: Common::default(),
-            configure: None,
-            service: None,
-        }
+        let group = group.into();
+        GroupBuilder::new(db, ShardSpec { group, shards })
     }
 
     /// How many shards the group has.

@@ -1,18 +1,15 @@
 //! [`Replicas`]: a test's replicas of one service, in this process, each electing on one key
 //! through a fault proxy of its own.
 
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use pg_elector::{Elector, ElectorBuilder, LockKey};
 use tokio_util::sync::CancellationToken;
 
-use crate::group::{BoxFuture, Common, Group, Leading, Member, Role, Service, identity};
+use crate::builder::GroupBuilder;
+use crate::group::{BoxFuture, Group, Leading, Role, identity};
 use crate::{KitError, TestDb};
-
-type Configure = Arc<dyn Fn(usize, ElectorBuilder) -> ElectorBuilder + Send + Sync>;
 
 /// A test's replicas of one service: in this process, one elector each on one key, each with a
 /// pool of its own through a [`FaultProxy`](crate::FaultProxy) of its own, each running the
@@ -37,7 +34,41 @@ pub struct Replica {
     pub shutdown: CancellationToken,
 }
 
+/// The key every replica elects on, and whether with fast takeover.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ReplicaSpec {
+    key: LockKey,
+    fast: bool,
+}
+
 impl Role for Replica {
+    type Spec = ReplicaSpec;
+    type Builder = ElectorBuilder;
+
+    fn builder(spec: &ReplicaSpec, pool: Pool, interval: Duration, index: usize) -> ElectorBuilder {
+        Elector::builder(pool, spec.key)
+            .check_interval(interval)
+            .identity(identity(index))
+            .fast_takeover(spec.fast)
+    }
+
+    fn build(builder: ElectorBuilder, index: usize, pool: Pool) -> Result<Self, KitError> {
+        let elector = builder
+            .build()
+            .map_err(|e| KitError::Elector(e.to_string()))?;
+        Ok(Replica {
+            index,
+            elector,
+            pool,
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    fn keys(spec: &ReplicaSpec, _first: Option<&Self>) -> Result<(Vec<LockKey>, usize), KitError> {
+        Ok((vec![spec.key], 1))
+    }
+
     fn index(&self) -> usize {
         self.index
     }
@@ -72,27 +103,7 @@ impl Role for Replica {
 }
 
 /// Builds [`Replicas`]; from [`Replicas::builder`](Group::builder).
-#[must_use = "a builder does nothing until `start` is called"]
-pub struct ReplicasBuilder<'a> {
-    db: &'a TestDb,
-    key: LockKey,
-    count: usize,
-    fast: bool,
-    common: Common,
-    configure: Option<Configure>,
-    service: Option<Service<Replica>>,
-}
-
-impl std::fmt::Debug for ReplicasBuilder<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicasBuilder")
-            .field("key", &self.key)
-            .field("count", &self.count)
-            .field("common", &self.common)
-            .field("fast", &self.fast)
-            .finish_non_exhaustive()
-    }
-}
+pub type ReplicasBuilder<'a> = GroupBuilder<'a, Replica>;
 
 impl ReplicasBuilder<'_> {
     /// How many replicas (default 3).
@@ -101,98 +112,10 @@ impl ReplicasBuilder<'_> {
         self
     }
 
-    /// Every elector's check interval (default [`TEST_INTERVAL`](crate::TEST_INTERVAL)).
-    pub fn check_interval(mut self, every: Duration) -> Self {
-        self.common.interval = every;
-        self
-    }
-
     /// Fast takeover on every elector (default off).
     pub fn fast_takeover(mut self, on: bool) -> Self {
-        self.fast = on;
+        self.spec.fast = on;
         self
-    }
-
-    /// Connections in each replica's pool (default [`TEST_POOL_SIZE`](crate::TEST_POOL_SIZE)).
-    pub fn pool_size(mut self, size: usize) -> Self {
-        self.common.pool_size = size;
-        self
-    }
-
-    /// The `idle_in_transaction_session_timeout` of every replica's pool (default
-    /// [`TEST_IDLE_IN_TRANSACTION`](crate::TEST_IDLE_IN_TRANSACTION); `None`: the server's).
-    /// A leader partitioned or frozen in the middle of a fenced transaction leaves it open,
-    /// holding the epoch row that the next term must take: as in production, the server's
-    /// timeout is what ends it.
-    pub fn idle_in_transaction_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.common.idle_in_transaction = timeout;
-        self
-    }
-
-    /// Sets what else each replica's elector is built with (fencing, a drain timeout, ...);
-    /// called with the replica's index and the builder the kit made.
-    pub fn configure(
-        mut self,
-        f: impl Fn(usize, ElectorBuilder) -> ElectorBuilder + Send + Sync + 'static,
-    ) -> Self {
-        self.configure = Some(Arc::new(f));
-        self
-    }
-
-    /// The service each replica runs, as its `main` would: it gets the replica's elector, pool
-    /// and shutdown, and runs the election itself (`elector.run`, or a `Supervisor` with
-    /// `.election`). Without it, each replica only runs `elector.run(shutdown)`.
-    pub fn service<F, Fut>(mut self, f: F) -> Self
-    where
-        F: Fn(Replica) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        self.service = Some(Arc::new(move |replica| Box::pin(f(replica))));
-        self
-    }
-
-    /// Starts a fault proxy, a pool and an elector per replica, then every replica's service,
-    /// and a [`Timeline`](crate::Timeline) over them. Needs a tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`KitError::Io`] when a proxy cannot listen, [`KitError::Elector`] when an elector's
-    /// settings are refused (an interval below the crate's minimum, say).
-    pub async fn start(self) -> Result<Replicas, KitError> {
-        let mut members = Vec::with_capacity(self.count);
-        for index in 0..self.count {
-            members.push(self.member(index).await?);
-        }
-        let interval = self.common.interval;
-        Ok(Group::launch_all(
-            self.db,
-            vec![self.key],
-            1,
-            interval,
-            members,
-            self.service,
-        ))
-    }
-
-    async fn member(&self, index: usize) -> Result<Member<Replica>, KitError> {
-        let (proxy, pool) = self.common.proxy_and_pool(self.db).await?;
-        let mut builder = Elector::builder(pool.clone(), self.key)
-            .check_interval(self.common.interval)
-            .identity(identity(index))
-            .fast_takeover(self.fast);
-        if let Some(configure) = &self.configure {
-            builder = configure(index, builder);
-        }
-        let elector = builder
-            .build()
-            .map_err(|e| KitError::Elector(e.to_string()))?;
-        let replica = Replica {
-            index,
-            elector,
-            pool,
-            shutdown: CancellationToken::new(),
-        };
-        Ok(Member::new(proxy, replica))
     }
 }
 
@@ -200,15 +123,7 @@ impl Group<Replica> {
     /// Replicas electing on `key` in `db`: 3 by default, at
     /// [`TEST_INTERVAL`](crate::TEST_INTERVAL).
     pub fn builder(db: &TestDb, key: LockKey) -> ReplicasBuilder<'_> {
-        ReplicasBuilder {
-            db,
-            key,
-            count: 3,
-            fast: false,
-            common: Common::default(),
-            configure: None,
-            service: None,
-        }
+        GroupBuilder::new(db, ReplicaSpec { key, fast: false })
     }
 
     /// The key they elect on.

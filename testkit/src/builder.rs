@@ -1,0 +1,131 @@
+//! [`GroupBuilder`]: the one builder of a [`Group`], for [`Replicas`](crate::Replicas)
+//! ([`ReplicasBuilder`](crate::ReplicasBuilder)) and [`ShardMembers`](crate::ShardMembers)
+//! ([`ShardMembersBuilder`](crate::ShardMembersBuilder)). What differs between the two (the
+//! key, or the group and its shards; how a member's election is built) is the [`Role`]'s.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::group::{Common, Group, Member, Role, Service};
+use crate::{KitError, TestDb};
+
+type Configure<B> = Arc<dyn Fn(usize, B) -> B + Send + Sync>;
+
+/// Builds a [`Group`]; from [`Replicas::builder`](Group::builder) or
+/// [`ShardMembers::builder`](Group::builder).
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct GroupBuilder<'a, R: Role> {
+    pub(crate) db: &'a TestDb,
+    pub(crate) spec: R::Spec,
+    pub(crate) count: usize,
+    pub(crate) common: Common,
+    configure: Option<Configure<R::Builder>>,
+    service: Option<Service<R>>,
+}
+
+impl<R: Role> std::fmt::Debug for GroupBuilder<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupBuilder")
+            .field("spec", &self.spec)
+            .field("count", &self.count)
+            .field("common", &self.common)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, R: Role> GroupBuilder<'a, R> {
+    /// Three members of `spec` in `db`, at [`TEST_INTERVAL`](crate::TEST_INTERVAL).
+    pub(crate) fn new(db: &'a TestDb, spec: R::Spec) -> Self {
+        Self {
+            db,
+            spec,
+            count: 3,
+            common: Common::default(),
+            configure: None,
+            service: None,
+        }
+    }
+
+    /// Every member's check interval (default [`TEST_INTERVAL`](crate::TEST_INTERVAL)).
+    pub fn check_interval(mut self, every: Duration) -> Self {
+        self.common.interval = every;
+        self
+    }
+
+    /// Connections in each member's pool (default [`TEST_POOL_SIZE`](crate::TEST_POOL_SIZE)).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.common.pool_size = size;
+        self
+    }
+
+    /// The `idle_in_transaction_session_timeout` of every member's pool (default
+    /// [`TEST_IDLE_IN_TRANSACTION`](crate::TEST_IDLE_IN_TRANSACTION); `None`: the server's).
+    /// A leader partitioned or frozen in the middle of a fenced transaction leaves it open,
+    /// holding the epoch row that the next term must take: as in production, the server's
+    /// timeout is what ends it.
+    pub fn idle_in_transaction_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.common.idle_in_transaction = timeout;
+        self
+    }
+
+    /// Sets what else each member's election is built with (fencing, a drain timeout, ...):
+    /// called with the member's index and the builder the kit made (an
+    /// [`ElectorBuilder`](pg_elector::ElectorBuilder) for a replica, a
+    /// [`ShardsBuilder`](pg_elector::shards::ShardsBuilder) for a shard member).
+    pub fn configure(
+        mut self,
+        f: impl Fn(usize, R::Builder) -> R::Builder + Send + Sync + 'static,
+    ) -> Self {
+        self.configure = Some(Arc::new(f));
+        self
+    }
+
+    /// The service each member runs, as its `main` would: it gets what the member's `main`
+    /// would build for itself (its elector or its `Shards`, its pool and its shutdown), and
+    /// runs the election itself (`elector.run`, `shards.run`, or a `Supervisor` with
+    /// `.election`). Without it, each member only runs its election.
+    pub fn service<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(R) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.service = Some(Arc::new(move |role| Box::pin(f(role))));
+        self
+    }
+
+    /// Starts a fault proxy, a pool and an election per member, then every member's service,
+    /// and a [`Timeline`](crate::Timeline) with a lane per key (per shard). Needs a tokio
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`KitError::Io`] when a proxy cannot listen, [`KitError::Elector`] when the settings
+    /// are refused (an interval below the crate's minimum, say), or a group of shards has no
+    /// member.
+    pub async fn start(self) -> Result<Group<R>, KitError> {
+        let mut members = Vec::with_capacity(self.count);
+        for index in 0..self.count {
+            members.push(self.member(index).await?);
+        }
+        let first = members.first().map(|m| &m.role);
+        let (keys, lanes) = R::keys(&self.spec, first)?;
+        Ok(Group::launch_all(
+            self.db,
+            keys,
+            lanes,
+            self.common.interval,
+            members,
+            self.service,
+        ))
+    }
+
+    async fn member(&self, index: usize) -> Result<Member<R>, KitError> {
+        let (proxy, pool) = self.common.proxy_and_pool(self.db).await?;
+        let mut builder = R::builder(&self.spec, pool.clone(), self.common.interval, index);
+        if let Some(configure) = &self.configure {
+            builder = configure(index, builder);
+        }
+        Ok(Member::new(proxy, R::build(builder, index, pool)?))
+    }
+}
