@@ -71,6 +71,29 @@ pub trait Role: sealed::Sealed + Clone + Send + Sync + 'static {
     fn keys(spec: &Self::Spec, first: Option<&Self>) -> Result<(Vec<LockKey>, usize), KitError>;
 }
 
+/// The [`Role`] methods of a member's `index`, `pool` and `shutdown` fields, which both
+/// roles have.
+macro_rules! member_parts {
+    () => {
+        fn index(&self) -> usize {
+            self.index
+        }
+
+        fn pool(&self) -> &Pool {
+            &self.pool
+        }
+
+        fn shutdown(&self) -> &CancellationToken {
+            &self.shutdown
+        }
+
+        fn renew_shutdown(&mut self) {
+            self.shutdown = CancellationToken::new();
+        }
+    };
+}
+pub(crate) use member_parts;
+
 impl sealed::Sealed for crate::Replica {}
 impl sealed::Sealed for crate::ShardMember {}
 

@@ -9,7 +9,7 @@ use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
 
 use crate::builder::GroupBuilder;
-use crate::group::{BoxFuture, Group, Leading, Role, identity};
+use crate::group::{BoxFuture, Group, Leading, Role, identity, member_parts};
 use crate::{KitError, TestDb};
 
 /// A test's replicas of a sharded service: in this process, each a member of one group of
@@ -74,21 +74,7 @@ impl Role for ShardMember {
         Ok((keys, lanes))
     }
 
-    fn index(&self) -> usize {
-        self.index
-    }
-
-    fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    fn shutdown(&self) -> &CancellationToken {
-        &self.shutdown
-    }
-
-    fn renew_shutdown(&mut self) {
-        self.shutdown = CancellationToken::new();
-    }
+    member_parts!();
 
     fn lanes(&self) -> Vec<Elector> {
         let shards = &self.shards;

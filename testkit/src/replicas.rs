@@ -8,7 +8,7 @@ use pg_elector::{Elector, ElectorBuilder, LockKey};
 use tokio_util::sync::CancellationToken;
 
 use crate::builder::GroupBuilder;
-use crate::group::{BoxFuture, Group, Leading, Role, identity};
+use crate::group::{BoxFuture, Group, Leading, Role, identity, member_parts};
 use crate::{KitError, TestDb};
 
 /// A test's replicas of one service: in this process, one elector each on one key, each with a
@@ -69,21 +69,7 @@ impl Role for Replica {
         Ok((vec![spec.key], 1))
     }
 
-    fn index(&self) -> usize {
-        self.index
-    }
-
-    fn pool(&self) -> &Pool {
-        &self.pool
-    }
-
-    fn shutdown(&self) -> &CancellationToken {
-        &self.shutdown
-    }
-
-    fn renew_shutdown(&mut self) {
-        self.shutdown = CancellationToken::new();
-    }
+    member_parts!();
 
     fn lanes(&self) -> Vec<Elector> {
         vec![self.elector.clone()]
