@@ -16,7 +16,7 @@ use common::*;
 use pg_elector::background::{
     Gate, LeaderTicker, Probe, ProbeStatus, Readiness, RestartPolicy, Supervisor, WhileLeader,
 };
-use pg_elector::{Elector, LockKey, TermEnd};
+use pg_elector::{Elector, LockKey, Term, TermEnd};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -59,11 +59,72 @@ where
         })
 }
 
-/// Sleeps `wait` (on paused time, the supervisor's restarts go on meanwhile), then reads
-/// `attempts`.
-async fn attempts_after(wait: Duration, attempts: &AtomicUsize) -> usize {
+/// Runs `supervisor` ([`spawn_run`]) for `wait` of paused time, its restarts going on
+/// meanwhile; returns the run and how many starts `attempts` counted by then.
+async fn run_for(
+    wait: Duration,
+    supervisor: Supervisor,
+    attempts: &AtomicUsize,
+) -> (CancellationToken, tokio::task::JoinHandle<()>, usize) {
+    let (shutdown, task) = spawn_run(supervisor);
     tokio::time::sleep(wait).await;
-    attempts.load(Ordering::SeqCst)
+    (shutdown, task, attempts.load(Ordering::SeqCst))
+}
+
+/// The serial lock, a fresh database, and an elector of `key` on it (a pool of two, checking
+/// every I), not running yet.
+async fn elector_on_a_fresh_db(key: LockKey) -> (pg_elector_testkit::SerialGuard, TestDb, Elector) {
+    let serial = serial();
+    let db = fresh_db().await;
+    let elector = Elector::builder(db.pool(2), key)
+        .check_interval(I)
+        .build()
+        .unwrap();
+    (serial, db, elector)
+}
+
+/// A tick that counts itself in `ticks` and succeeds at once.
+fn counting_tick(
+    ticks: Arc<AtomicUsize>,
+) -> impl Fn(Term) -> std::future::Ready<Result<(), String>> + Send + Sync + 'static {
+    move |_term| {
+        ticks.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(()))
+    }
+}
+
+/// A loop that counts its starts in `loops` and runs until its term ends.
+fn counting_loop(
+    loops: Arc<AtomicUsize>,
+) -> impl Fn(Term) -> common::schedules::BoxedRun + Send + Sync + 'static {
+    move |term| {
+        loops.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            term.cancelled().await;
+            Ok(())
+        })
+    }
+}
+
+/// Runs `supervisor` for 2.5·P of paused time, then shuts it down: by then its ticker (period P,
+/// counted in `ticks`) ticked three times and its loop (counted in `loops`) started once, and
+/// the shutdown ended `term`.
+async fn three_ticks_and_one_loop_then_shutdown(
+    supervisor: Supervisor,
+    ticks: &AtomicUsize,
+    loops: &AtomicUsize,
+    term: &Term,
+) {
+    let (shutdown, task) = spawn_run(supervisor);
+    tokio::time::sleep(P * 5 / 2).await;
+    assert_eq!(ticks.load(Ordering::SeqCst), 3);
+    assert_eq!(loops.load(Ordering::SeqCst), 1);
+    stop_run(shutdown, task).await;
+    assert_eq!(
+        term.end(),
+        Some(TermEnd::Shutdown),
+        "the supervised election shut down"
+    );
 }
 
 /// A supervisor with two workers: `pg-elector` runs the election, `sweep` runs `ticker` and
@@ -84,15 +145,8 @@ fn supervise_election_and_sweep(
         .worker("sweep", {
             let ticks = ticks.clone();
             move |token| {
-                let (ticker, ticks) = (ticker.clone(), ticks.clone());
-                async move {
-                    ticker
-                        .run(token, move |_| {
-                            ticks.fetch_add(1, Ordering::SeqCst);
-                            async { Ok::<_, String>(()) }
-                        })
-                        .await
-                }
+                let (ticker, tick) = (ticker.clone(), counting_tick(ticks.clone()));
+                async move { ticker.run(token, tick).await }
             }
         })
 }
@@ -143,7 +197,6 @@ mod b5 {
     async fn a_worker_past_its_budget_stops_and_the_probe_names_it() {
         let capture = Capture::default();
         let _log = capture.install();
-        let readiness = Readiness::new();
         let attempts = Arc::new(AtomicUsize::new(0));
         let healthy = Arc::new(AtomicBool::new(false));
         let supervisor = counted_worker("doomed", &attempts, |_, _token| async {
@@ -160,13 +213,11 @@ mod b5 {
                 }
             }
         });
+        let readiness = Readiness::new();
         readiness.add(&supervisor.probe());
-        let (shutdown, task) = spawn_run(supervisor);
-        assert_eq!(
-            attempts_after(Duration::from_secs(10), &attempts).await,
-            5,
-            "the first run and 4 restarts"
-        );
+        let (shutdown, task, starts) =
+            run_for(Duration::from_secs(10), supervisor, &attempts).await;
+        assert_eq!(starts, 5, "the first run and 4 restarts");
         let report = readiness.check();
         assert_eq!(report.status_code(), 503);
         assert_eq!(report.failing()[0].name, "workers");
@@ -202,12 +253,8 @@ mod b5 {
             },
         );
         let probe = supervisor.probe();
-        let (shutdown, task) = spawn_run(supervisor);
-        assert_eq!(
-            attempts_after(Duration::from_secs(1), &attempts).await,
-            2,
-            "restarted after the panic"
-        );
+        let (shutdown, task, starts) = run_for(Duration::from_secs(1), supervisor, &attempts).await;
+        assert_eq!(starts, 2, "restarted after the panic");
         assert!(probe.status().is_pass());
         let panicked = capture.events("worker panicked");
         assert_eq!(panicked.len(), 1);
@@ -235,12 +282,9 @@ mod b5 {
                 }
             });
         let probe = supervisor.probe();
-        let (shutdown, task) = spawn_run(supervisor);
-        assert_eq!(
-            attempts_after(Duration::from_secs(10), &attempts).await,
-            5,
-            "the first start and 4 restarts"
-        );
+        let (shutdown, task, starts) =
+            run_for(Duration::from_secs(10), supervisor, &attempts).await;
+        assert_eq!(starts, 5, "the first start and 4 restarts");
         let panicked = capture.events("worker panicked");
         assert_eq!(panicked.len(), 5);
         assert!(
@@ -347,13 +391,8 @@ mod b5 {
     /// The supervisor runs the election and releases the lock at shutdown.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_supervisor_runs_the_election_and_unlocks_at_shutdown() {
-        let _serial = serial();
-        let db = fresh_db().await;
         let key = LockKey::new(0xb5, 1);
-        let elector = Elector::builder(db.pool(2), key)
-            .check_interval(I)
-            .build()
-            .unwrap();
+        let (_serial, db, elector) = elector_on_a_fresh_db(key).await;
         let ticks = Arc::new(AtomicUsize::new(0));
         let ticker = LeaderTicker::new("sweep", &elector, Duration::from_millis(20));
         let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks);
@@ -397,30 +436,11 @@ async fn b6_launchers_and_supervisor_run_on_an_always_leader() {
     let supervisor = supervise_election_and_sweep(&elector, ticker, &ticks).worker("outbox", {
         let loops = loops.clone();
         move |token| {
-            let (launcher, loops) = (launcher.clone(), loops.clone());
-            async move {
-                launcher
-                    .run(token, move |term| {
-                        loops.fetch_add(1, Ordering::SeqCst);
-                        async move {
-                            term.cancelled().await;
-                            Ok::<_, String>(())
-                        }
-                    })
-                    .await
-            }
+            let (launcher, run_loop) = (launcher.clone(), counting_loop(loops.clone()));
+            async move { launcher.run(token, run_loop).await }
         }
     });
-    let (shutdown, task) = spawn_run(supervisor);
-    tokio::time::sleep(P * 5 / 2).await;
-    assert_eq!(ticks.load(Ordering::SeqCst), 3);
-    assert_eq!(loops.load(Ordering::SeqCst), 1);
-    stop_run(shutdown, task).await;
-    assert_eq!(
-        term.end(),
-        Some(TermEnd::Shutdown),
-        "the supervised run shut down"
-    );
+    three_ticks_and_one_loop_then_shutdown(supervisor, &ticks, &loops, &term).await;
 }
 
 /// The short path runs the election, a ticker and a loop as named workers.
@@ -433,13 +453,10 @@ async fn the_short_path_runs_election_ticker_and_loop_as_workers() {
     let loops = Arc::new(AtomicUsize::new(0));
     let supervisor = Supervisor::new()
         .election(&elector)
-        .ticker(LeaderTicker::new("sweep", &elector, P), {
-            let ticks = ticks.clone();
-            move |_term| {
-                ticks.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, String>(()) }
-            }
-        })
+        .ticker(
+            LeaderTicker::new("sweep", &elector, P),
+            counting_tick(ticks.clone()),
+        )
         .while_leader(WhileLeader::new("outbox", &elector), {
             let loops = loops.clone();
             move |term| {
@@ -458,27 +475,13 @@ async fn the_short_path_runs_election_ticker_and_loop_as_workers() {
         "one worker each, named after the election, the ticker and the loop: {supervisor:?}"
     );
     let term = elector.term();
-    let (shutdown, task) = spawn_run(supervisor);
-    tokio::time::sleep(P * 5 / 2).await;
-    assert_eq!(ticks.load(Ordering::SeqCst), 3);
-    assert_eq!(loops.load(Ordering::SeqCst), 1);
-    stop_run(shutdown, task).await;
-    assert_eq!(
-        term.end(),
-        Some(TermEnd::Shutdown),
-        "the election worker shut down"
-    );
+    three_ticks_and_one_loop_then_shutdown(supervisor, &ticks, &loops, &term).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_runs_the_election_until_shutdown() {
-    let _serial = serial();
-    let db = fresh_db().await;
     let key = LockKey::new(0xb5, 2);
-    let elector = Elector::builder(db.pool(2), key)
-        .check_interval(I)
-        .build()
-        .unwrap();
+    let (_serial, db, elector) = elector_on_a_fresh_db(key).await;
     let shutdown = CancellationToken::new();
     let election = elector.spawn(shutdown.clone());
     wait_for(3 * I, || elector.is_leader())
