@@ -28,17 +28,22 @@ fn b_runs(db: &TestDb, key: LockKey) -> Replica {
     Replica::run(fenced_elector(db.pool(2), key, "b", I))
 }
 
-/// Who wrote each of `rows` (of [`writes`]), in which epoch.
-fn who_in_which_epoch(rows: &[(String, i64, SystemTime)]) -> Vec<(&str, i64)> {
-    rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect()
-}
-
 /// Holds the serial lock, then makes a fresh database with the [`writes_table`].
 async fn serial_writes_db() -> (pg_elector_testkit::SerialGuard, TestDb) {
     let serial = serial();
     let db = fresh_db().await;
     writes_table(&db).await;
     (serial, db)
+}
+
+/// The serial lock, a fresh database with the [`writes_table`], and replica `a` on it leading
+/// `key` (see [`a_leads`]).
+async fn a_leads_on_a_writes_db(
+    key: LockKey,
+) -> (pg_elector_testkit::SerialGuard, TestDb, Replica) {
+    let (serial, db) = serial_writes_db().await;
+    let a = a_leads(&db, key).await;
+    (serial, db, a)
 }
 
 /// The table fenced writes go to: who wrote, in which epoch, at which server time.
@@ -82,6 +87,30 @@ async fn leaders_own_write(pool: &deadpool_postgres::Pool, a: &Replica) -> (pg_e
         .await
         .expect("the leader's own write passes");
     (term, epoch)
+}
+
+/// The new leader's fenced write: `b`'s write in `new_term` passes on `pool`, and the writes
+/// are then `a`'s own one, in `old_epoch`, and `b`'s, in the new term's epoch (a refused write
+/// of `a` did not commit).
+async fn the_new_leaders_write_passes(
+    db: &TestDb,
+    pool: &deadpool_postgres::Pool,
+    new_term: &pg_elector::Term,
+    old_epoch: u64,
+) {
+    fenced_write(pool, new_term, "b")
+        .await
+        .expect("the new leader's write passes");
+    let rows = writes(db).await;
+    let who: Vec<(&str, i64)> = rows.iter().map(|(r, e, _)| (r.as_str(), *e)).collect();
+    assert_eq!(
+        who,
+        [
+            ("a", old_epoch as i64),
+            ("b", new_term.epoch().unwrap() as i64)
+        ],
+        "a's refused write did not commit"
+    );
 }
 
 /// The next term after `after` (an epoch), on whichever of `electors` gets it, within 3·I.
@@ -135,11 +164,10 @@ mod f3 {
     /// has not noticed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deposed_leaders_fence_fails_and_the_new_leaders_passes() {
-        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 1);
-        let pool = db.pool(4);
-        let a = a_leads(&db, key).await;
+        let (_serial, db, a) = a_leads_on_a_writes_db(key).await;
         let b = b_runs(&db, key);
+        let pool = db.pool(4);
 
         // a's tick takes its term, then sleeps before writing; meanwhile its lock session is
         // terminated and b takes over.
@@ -153,18 +181,7 @@ mod f3 {
             .expect_err("the deposed leader's write is fenced");
         assert_eq!(refused.ours(), Some(old_epoch));
         eprintln!("deposed leader's write: {refused}");
-        fenced_write(&pool, &new_term, "b")
-            .await
-            .expect("the new leader's write passes");
-        let rows = writes(&db).await;
-        let who = who_in_which_epoch(&rows);
-        assert_eq!(
-            who,
-            [
-                ("a", old_epoch as i64),
-                ("b", new_term.epoch().unwrap() as i64)
-            ]
-        );
+        the_new_leaders_write_passes(&db, &pool, &new_term, old_epoch).await;
         a.stop().await.unwrap();
         b.stop().await.unwrap();
     }
@@ -218,16 +235,7 @@ mod f3 {
             (refused.ours(), refused.current()),
             (Some(old_epoch), Some(new_epoch))
         );
-        fenced_write(&app, &new_term, "b")
-            .await
-            .expect("the new leader's write passes");
-        let rows = writes(&db).await;
-        let who = who_in_which_epoch(&rows);
-        assert_eq!(
-            who,
-            [("a", old_epoch as i64), ("b", new_epoch as i64)],
-            "a's refused write did not commit"
-        );
+        the_new_leaders_write_passes(&db, &app, &new_term, old_epoch).await;
         eprintln!("old leader, still believing it led: {refused}");
 
         // The partition heals: a reads its session's end and steps down.
@@ -243,9 +251,8 @@ mod f3 {
     /// A fence that finds a later epoch in the row fails as superseded.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fence_finding_a_later_epoch_fails_as_superseded() {
-        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 2);
-        let a = a_leads(&db, key).await;
+        let (_serial, db, a) = a_leads_on_a_writes_db(key).await;
         let term = a.elector.term();
         let ours = term.epoch().unwrap();
         // Another term begun behind this replica's back (as the next leader's bump would).
@@ -272,12 +279,11 @@ mod f3 {
     /// An old leader's open fenced transaction holds the next term until it commits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_open_fenced_transaction_holds_the_next_term() {
-        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 3);
-        let pool = db.pool(4);
-        let a = a_leads(&db, key).await;
+        let (_serial, db, a) = a_leads_on_a_writes_db(key).await;
         let b = b_runs(&db, key);
         let old_term = a.elector.term();
+        let pool = db.pool(4);
 
         // a's fenced transaction: fence, first write, then it stays open across the takeover.
         let mut client = pool.get().await.unwrap();
@@ -486,9 +492,8 @@ mod f3 {
     /// PostgreSQL allows only to a role that may update it; nothing more (no `INSERT`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_writer_role_fences_with_select_and_update_on_the_table() {
-        let (_serial, db) = serial_writes_db().await;
         let key = LockKey::new(0xf3, 9);
-        let a = a_leads(&db, key).await;
+        let (_serial, db, a) = a_leads_on_a_writes_db(key).await;
         let term = a.elector.term();
         let admin = db.connect().await.unwrap();
         let role = format!("writer_{}", db.name());
