@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use jiff::Timestamp;
 
 use super::context::{Context, record};
-use super::store::{ClaimStatus, Claimed, Outcome};
+use super::store::{ClaimStatus, Claimed, Outcome, RunRef};
 use super::{JobRun, Registered, RunKind, ScheduleError, borrow_bound};
 use crate::Term;
 use crate::background::panic::catch_panic;
@@ -63,7 +63,13 @@ pub(super) async fn run_due(
             attempt,
         };
         let job = catch_panic((registered.run)(run));
-        let (outcome, error) = match with_heartbeat(ctx, &name, due, attempt, job).await {
+        let run = RunRef {
+            namespace: &ctx.namespace,
+            job: &name,
+            due,
+            attempt,
+        };
+        let (outcome, error) = match with_heartbeat(ctx, run, job).await {
             Ok(Ok(())) => (Outcome::Succeeded, None),
             Ok(Err(e)) => (Outcome::Failed, Some(e)),
             Err(panic) => (
@@ -83,7 +89,7 @@ pub(super) async fn run_due(
             error.as_deref(),
             Some(started.elapsed()),
         );
-        finish(ctx, &name, due, attempt, term_id, outcome, error.as_deref()).await;
+        finish(ctx, run, term_id, outcome, error.as_deref()).await;
         Ok::<_, ScheduleError>(true)
     });
     match work.await {
@@ -158,39 +164,31 @@ async fn claim(
     }
 }
 
-/// Runs `job` to its end, saying every poll that its run (`due`, `attempt`) is alive.
-async fn with_heartbeat<F: Future>(
-    ctx: &Context,
-    name: &str,
-    due: Timestamp,
-    attempt: u32,
-    job: F,
-) -> F::Output {
+/// Runs `job` to its end, saying every poll that its `run` is alive.
+async fn with_heartbeat<F: Future>(ctx: &Context, run: RunRef<'_>, job: F) -> F::Output {
     let job = std::pin::pin!(job);
     tokio::select! {
         outcome = job => outcome,
-        never = heartbeat(ctx, name, due, attempt) => match never {},
+        never = heartbeat(ctx, run) => match never {},
     }
 }
 
 /// A beat every poll, as the claim promised (the run's row holds the period): on a fixed
 /// cadence, each bounded by a poll (at least 1 s), so that a slow or failed beat does not push
 /// the next ones back.
-async fn heartbeat(ctx: &Context, name: &str, due: Timestamp, attempt: u32) -> Infallible {
+async fn heartbeat(ctx: &Context, run: RunRef<'_>) -> Infallible {
     let mut beats = tokio::time::interval_at(tokio::time::Instant::now() + ctx.poll, ctx.poll);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         beats.tick().await;
         let bound = borrow_bound(ctx.poll);
         let beat = tokio::time::timeout(bound, async {
-            ctx.store
-                .heartbeat(&*ctx.client().await?, &ctx.namespace, name, due, attempt)
-                .await
+            ctx.store.heartbeat(&*ctx.client().await?, run).await
         });
         match beat.await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(job = %name, error = %e, "heartbeat failed"),
-            Err(_) => tracing::debug!(job = %name, ?bound, "heartbeat timed out"),
+            Ok(Err(e)) => tracing::debug!(job = %run.job, error = %e, "heartbeat failed"),
+            Err(_) => tracing::debug!(job = %run.job, ?bound, "heartbeat timed out"),
         }
     }
 }
@@ -199,26 +197,16 @@ async fn heartbeat(ctx: &Context, name: &str, due: Timestamp, attempt: u32) -> I
 /// few times.
 async fn finish(
     ctx: &Context,
-    name: &str,
-    due: Timestamp,
-    attempt: u32,
+    run: RunRef<'_>,
     term_id: &str,
     outcome: Outcome,
     error: Option<&str>,
 ) {
+    let (name, due) = (run.job, run.due);
     for retry in 0..3u32 {
         let finished = ctx.bounded(async {
             ctx.store
-                .finish(
-                    &*ctx.client().await?,
-                    &ctx.namespace,
-                    name,
-                    due,
-                    attempt,
-                    term_id,
-                    outcome,
-                    error,
-                )
+                .finish(&*ctx.client().await?, run, term_id, outcome, error)
                 .await
         });
         match finished.await {
@@ -248,17 +236,16 @@ async fn read_back(
     claimed: &Claimed,
     term_id: &str,
 ) -> Option<bool> {
+    let run = RunRef {
+        namespace: &ctx.namespace,
+        job: name,
+        due,
+        attempt: claimed.attempt,
+    };
     loop {
         let status = ctx.bounded(async {
             ctx.store
-                .claim_status(
-                    &*ctx.client().await?,
-                    &ctx.namespace,
-                    name,
-                    due,
-                    claimed,
-                    term_id,
-                )
+                .claim_status(&*ctx.client().await?, run, &claimed.xid, term_id)
                 .await
         });
         match status.await {

@@ -104,6 +104,16 @@ pub(crate) struct Claimed {
     pub(crate) xid: String,
 }
 
+/// One run of a job, as its row is named: the job, the due and the attempt. The first four
+/// parameters of every statement about one run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunRef<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) job: &'a str,
+    pub(crate) due: Timestamp,
+    pub(crate) attempt: u32,
+}
+
 /// What became of a claim whose COMMIT got no answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ClaimStatus {

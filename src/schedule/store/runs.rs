@@ -5,7 +5,9 @@
 use jiff::Timestamp;
 use tokio_postgres::types::Type;
 
-use super::{Abandoned, ClaimStatus, Claimant, Claimed, Outcome, Store};
+use tokio_postgres::types::ToSql;
+
+use super::{Abandoned, ClaimStatus, Claimant, Claimed, Outcome, RunRef, Store};
 use crate::schedule::plan::Skipped;
 use crate::schedule::{RunKind, ScheduleError};
 
@@ -62,21 +64,11 @@ impl Store {
     pub(crate) async fn heartbeat(
         &self,
         client: &tokio_postgres::Client,
-        namespace: &str,
-        job: &str,
-        due: Timestamp,
-        attempt: u32,
+        run: RunRef<'_>,
     ) -> Result<(), ScheduleError> {
+        let attempt = run.attempt as i32;
         client
-            .execute_typed(
-                &self.heartbeat,
-                &[
-                    (&namespace, Type::TEXT),
-                    (&job, Type::TEXT),
-                    (&due, Type::TIMESTAMPTZ),
-                    (&(attempt as i32), Type::INT4),
-                ],
-            )
+            .execute_typed(&self.heartbeat, &run.params(&attempt))
             .await?;
         Ok(())
     }
@@ -84,7 +76,6 @@ impl Store {
     /// Claims one run in `tx` (compare-and-set on the job's row) and returns its attempt
     /// number and the transaction's id; `None` when someone else claimed it first (or it is no
     /// longer due).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
@@ -143,30 +134,22 @@ impl Store {
         }))
     }
 
-    /// Reads back a claim of this term whose COMMIT got no answer.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads back a claim of this term whose COMMIT got no answer; `run.attempt` is the
+    /// claim's.
     pub(crate) async fn claim_status(
         &self,
         client: &tokio_postgres::Client,
-        namespace: &str,
-        job: &str,
-        due: Timestamp,
-        claimed: &Claimed,
+        run: RunRef<'_>,
+        xid: &str,
         term_id: &str,
     ) -> Result<ClaimStatus, ScheduleError> {
-        let row = client
-            .query_typed(
-                &self.claim_status,
-                &[
-                    (&namespace, Type::TEXT),
-                    (&job, Type::TEXT),
-                    (&due, Type::TIMESTAMPTZ),
-                    (&(claimed.attempt as i32), Type::INT4),
-                    (&term_id, Type::TEXT),
-                    (&claimed.xid, Type::TEXT),
-                ],
-            )
-            .await?;
+        let attempt = run.attempt as i32;
+        let params = [
+            run.params(&attempt).as_slice(),
+            &[(&term_id, Type::TEXT), (&xid, Type::TEXT)],
+        ]
+        .concat();
+        let row = client.query_typed(&self.claim_status, &params).await?;
         // One row, always (a SELECT without FROM).
         let Some(row) = row.first() else {
             return Ok(ClaimStatus::Unsettled);
@@ -182,32 +165,26 @@ impl Store {
     }
 
     /// Records how a run ended.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn finish(
         &self,
         client: &tokio_postgres::Client,
-        namespace: &str,
-        job: &str,
-        due: Timestamp,
-        attempt: u32,
+        run: RunRef<'_>,
         term_id: &str,
         outcome: Outcome,
         error: Option<&str>,
     ) -> Result<(), ScheduleError> {
-        client
-            .execute_typed(
-                &self.finish,
-                &[
-                    (&namespace, Type::TEXT),
-                    (&job, Type::TEXT),
-                    (&due, Type::TIMESTAMPTZ),
-                    (&(attempt as i32), Type::INT4),
-                    (&outcome.as_str(), Type::TEXT),
-                    (&error, Type::TEXT),
-                    (&term_id, Type::TEXT),
-                ],
-            )
-            .await?;
+        let attempt = run.attempt as i32;
+        let outcome = outcome.as_str();
+        let params = [
+            run.params(&attempt).as_slice(),
+            &[
+                (&outcome, Type::TEXT),
+                (&error, Type::TEXT),
+                (&term_id, Type::TEXT),
+            ],
+        ]
+        .concat();
+        client.execute_typed(&self.finish, &params).await?;
         Ok(())
     }
 
@@ -295,5 +272,18 @@ impl Store {
                 ],
             )
             .await?)
+    }
+}
+
+impl RunRef<'_> {
+    /// The run's parameters `$1`..`$4` (namespace, job, due, attempt); `attempt` is
+    /// `self.attempt` as the column's type, which the caller keeps alive.
+    fn params<'p>(&'p self, attempt: &'p i32) -> [(&'p (dyn ToSql + Sync), Type); 4] {
+        [
+            (&self.namespace, Type::TEXT),
+            (&self.job, Type::TEXT),
+            (&self.due, Type::TIMESTAMPTZ),
+            (attempt, Type::INT4),
+        ]
     }
 }
