@@ -352,7 +352,7 @@ pub(crate) async fn try_acquire(
     let mark = session_mark();
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
     let sent_at = now_ms();
-    let row = bounded(bound, async {
+    let rows = bounded(bound, async {
         let rows = borrowed
             .client()
             .query_typed(
@@ -371,13 +371,10 @@ pub(crate) async fn try_acquire(
                 ],
             )
             .await?;
-        Ok(rows.into_iter().next())
+        Ok(rows)
     })
     .await?;
-    let Some(row) = row else {
-        return Err(SessionError::Unexpected(None));
-    };
-    let answer: Option<String> = row.try_get(0).map_err(SessionError::Query)?;
+    let (row, answer) = answer_of(rows)?;
     let attempt = match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
             let session = LockSession {
@@ -405,6 +402,18 @@ pub(crate) async fn try_acquire(
     };
     borrowed.give_back();
     Ok(attempt)
+}
+
+/// The one row a lock statement (the try, the wait) answers with, and its answer (the first
+/// column, for [`Answer::parse`]); no row is an answer this elector does not know.
+pub(super) fn answer_of(
+    rows: Vec<tokio_postgres::Row>,
+) -> Result<(tokio_postgres::Row, Option<String>), SessionError> {
+    let Some(row) = rows.into_iter().next() else {
+        return Err(SessionError::Unexpected(None));
+    };
+    let answer = row.try_get(0).map_err(SessionError::Query)?;
+    Ok((row, answer))
 }
 
 /// The connection that holds the lock, out of the pool. Dropping it closes the connection,

@@ -26,7 +26,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::handover;
 use super::session::{
-    Answer, Attempt, Borrowed, LockSession, SessionBounds, SessionError, bounded, session_mark,
+    Answer, Attempt, Borrowed, LockSession, SessionBounds, SessionError, answer_of, bounded,
+    session_mark,
 };
 use crate::LockKey;
 use crate::lease::now_ms;
@@ -278,10 +279,7 @@ async fn wait_on(
         )
         .await
         .map_err(SessionError::Query)?;
-    let Some(row) = rows.into_iter().next() else {
-        return Err(SessionError::Unexpected(None));
-    };
-    let answer: Option<String> = row.try_get(0).map_err(SessionError::Query)?;
+    let (row, answer) = answer_of(rows)?;
     match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
             let session = LockSession::new(client, key, mark);
