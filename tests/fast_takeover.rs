@@ -346,14 +346,9 @@ mod f1 {
         );
         // Nothing the stopped replica's pool hands out holds the lock.
         let client = stopped_pool.get().await.unwrap();
-        let held: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        let held = pg_elector_testkit::own_advisory_locks(&client)
+            .await
+            .unwrap();
         assert_eq!(held, 0);
         third.stop().await.unwrap();
     }

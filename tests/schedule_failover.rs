@@ -128,18 +128,9 @@ impl Node {
 
 /// `(due, outcome, kind, attempt, claimed_by)` of every stored run of `job`, oldest first.
 async fn stored_runs(db: &TestDb, job: &str) -> Vec<(SystemTime, String, String, i32, String)> {
-    db.connect()
-        .await
-        .unwrap()
-        .query(
-            "SELECT due, outcome, kind, attempt, claimed_by FROM pg_elector_job_runs \
-             WHERE job = $1 ORDER BY due, attempt",
-            &[&job],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+    let runs = common::schedules::stored_runs(&db.connect().await.unwrap(), job).await;
+    runs.into_iter()
+        .map(|(due, attempt, kind, outcome, by)| (due, outcome, kind, attempt, by))
         .collect()
 }
 
@@ -277,16 +268,9 @@ mod f5 {
             .job(Job::every("long", Duration::from_millis(200)), body);
         let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
         let due = sched
-            .cut_off_first_run(
-                &starts,
-                &capture,
-                Duration::from_secs(2),
-                "a first run",
-                "the run is aborted after its grace",
-            )
+            .cut_off_first_run_then_promote(&starts, &capture, Duration::from_secs(2))
             .await
             .1;
-        sched.control.promote();
         let abandoned = || async {
             stored_runs(&db, "long")
                 .await

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
 use common::roles::{drop_role, limited_role, pool_as};
-use common::schedules::{Body, BoxedRun, ManualSchedule, first_start};
+use common::schedules::{Body, BoxedRun, ManualSchedule, first_start, stored_runs};
 use common::*;
 use pg_elector::Elector;
 use pg_elector::schedule::{Job, JobRun, RunKind, Schedule, ScheduleError};
@@ -102,24 +102,6 @@ fn leading_schedule(
     );
     sched.control.promote();
     (starts, capture, sched)
-}
-
-/// `(due, attempt, kind, outcome, claimed_by)` of every stored run of `job`, oldest first.
-async fn stored_runs(
-    client: &tokio_postgres::Client,
-    job: &str,
-) -> Vec<(SystemTime, i32, String, String, String)> {
-    client
-        .query(
-            "SELECT due, attempt, kind, outcome, claimed_by FROM pg_elector_job_runs \
-             WHERE job = $1 ORDER BY due, attempt",
-            &[&job],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
-        .collect()
 }
 
 /// A job body that counts its runs.
@@ -964,16 +946,9 @@ mod h10 {
             });
         let sched = ManualSchedule::spawn_captured(control, schedule, &capture);
         let due = sched
-            .cut_off_first_run(
-                &starts,
-                &capture,
-                Duration::from_secs(3),
-                "a first run",
-                "the run is cut off after its grace",
-            )
+            .cut_off_first_run_then_promote(&starts, &capture, Duration::from_secs(3))
             .await
             .1;
-        sched.control.promote();
         let admin = db.connect().await.unwrap();
         wait_for_async(Duration::from_secs(3), || async {
             stored_runs(&admin, "cut")

@@ -385,14 +385,9 @@ mod tests {
             .unwrap();
         let answer: Option<String> = row[0].get(0);
         assert_eq!(Answer::parse(answer.as_deref()), Some(Answer::Moved));
-        let held: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
-                &[],
-            )
+        let held = pg_elector_testkit::own_advisory_locks(&client)
             .await
-            .unwrap()
-            .get(0);
+            .unwrap();
         assert_eq!(held, 0, "no lock taken");
     }
 

@@ -35,7 +35,9 @@ pub use fenced::{FencedWrites, Interleaving, RecordError, Write};
 pub use group::{
     Group, Leading, Role, TEST_IDLE_IN_TRANSACTION, TEST_INTERVAL, TEST_POOL_SIZE, identity,
 };
-pub use locks::{LockSession, advisory_holders, holders, lock_sessions, terminate};
+pub use locks::{
+    LockSession, advisory_holders, holders, lock_sessions, own_advisory_locks, terminate,
+};
 pub use members::{ShardMember, ShardMembers, ShardMembersBuilder};
 pub use pgbouncer::{Pgbouncer, PoolMode};
 pub use proxy::FaultProxy;

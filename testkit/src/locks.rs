@@ -75,6 +75,21 @@ pub async fn holders(
         .collect())
 }
 
+/// How many advisory locks the client's own session holds: 0 on a connection a pool hands out,
+/// whatever an elector did with it before.
+pub async fn own_advisory_locks(
+    client: &tokio_postgres::Client,
+) -> Result<i64, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_locks \
+             WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
 /// Ends backend `pid` (`pg_terminate_backend`) and waits up to 5 s until it is gone from
 /// `pg_stat_activity`; whether it went.
 pub async fn terminate(

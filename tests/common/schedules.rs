@@ -1,11 +1,11 @@
 //! Helpers of the schedule tests (`schedule`, `schedule_failover`, `schedule_hardening`): the
-//! type of a boxed job body, a schedule on a manual elector as its own task, and a first run
-//! cut off at the end of its term.
+//! type of a boxed job body, a schedule on a manual elector as its own task, a first run cut
+//! off at the end of its term, and the stored runs of a job.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use pg_elector::schedule::{JobRun, Schedule, ScheduleError};
 use pg_elector::{Elector, ManualControl};
@@ -93,6 +93,27 @@ impl ManualSchedule {
             .expect(cut_off);
         started
     }
+
+    /// [`ManualSchedule::cut_off_first_run`] (its first run waited for up to `within`), then the
+    /// next term: promotes the elector again. Returns the cut-off run's entry in `starts`.
+    pub async fn cut_off_first_run_then_promote<T: Clone>(
+        &self,
+        starts: &Mutex<Vec<T>>,
+        capture: &Capture,
+        within: Duration,
+    ) -> T {
+        let first = self
+            .cut_off_first_run(
+                starts,
+                capture,
+                within,
+                "a first run",
+                "the run is cut off after its grace",
+            )
+            .await;
+        self.control.promote();
+        first
+    }
 }
 
 /// Waits up to `within` for a job body to push its first start to `starts`, or panics saying
@@ -102,4 +123,22 @@ pub async fn first_start<T: Clone>(starts: &Mutex<Vec<T>>, within: Duration, exp
         .await
         .expect(expect);
     starts.lock().unwrap()[0].clone()
+}
+
+/// `(due, attempt, kind, outcome, claimed_by)` of every stored run of `job`, oldest first.
+pub async fn stored_runs(
+    client: &tokio_postgres::Client,
+    job: &str,
+) -> Vec<(SystemTime, i32, String, String, String)> {
+    client
+        .query(
+            "SELECT due, attempt, kind, outcome, claimed_by FROM pg_elector_job_runs \
+             WHERE job = $1 ORDER BY due, attempt",
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
 }
