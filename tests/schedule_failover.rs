@@ -86,6 +86,20 @@ fn node(
         Capture::dispatch,
     );
     let elector = fenced_elector(db.pool(2), key, name, I);
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .poll_interval(I)
+        .job(job, move |run| body(run));
+    spawn_node(name, elector, schedule, dispatch)
+}
+
+/// Replica `name`: `elector`'s election and `schedule` (made on `elector`), each its own task,
+/// logging into `dispatch`.
+fn spawn_node(
+    name: &'static str,
+    elector: Elector,
+    schedule: Schedule,
+    dispatch: tracing::Dispatch,
+) -> Node {
     let shutdown = CancellationToken::new();
     let election = tokio::spawn(
         {
@@ -94,13 +108,7 @@ fn node(
         }
         .with_subscriber(dispatch.clone()),
     );
-    let schedule = tokio::spawn(
-        Schedule::new(&elector, db.pool(2))
-            .poll_interval(I)
-            .job(job, move |run| body(run))
-            .run(shutdown.clone())
-            .with_subscriber(dispatch),
-    );
+    let schedule = tokio::spawn(schedule.run(shutdown.clone()).with_subscriber(dispatch));
     Node {
         name,
         elector,
@@ -323,26 +331,14 @@ mod f5 {
         let (capture_a, capture_b) = (Capture::default(), Capture::default());
         let replica = |name: &'static str, pool, interval, capture: &Capture| {
             let elector = fenced_elector(pool, key, name, interval);
-            let shutdown = CancellationToken::new();
-            let election = elector.spawn(shutdown.clone());
             let body = slow(db.pool(2), name, Duration::from_millis(5), starts.clone());
-            let schedule = tokio::spawn(
-                Schedule::new(&elector, db.pool(2))
-                    .poll_interval(Duration::from_millis(50))
-                    .job(
-                        Job::every("fenced", period).catch_up(CatchUp::All),
-                        move |run| body(run),
-                    )
-                    .run(shutdown.clone())
-                    .with_subscriber(capture.dispatch()),
-            );
-            Node {
-                name,
-                elector,
-                shutdown,
-                election,
-                schedule,
-            }
+            let schedule = Schedule::new(&elector, db.pool(2))
+                .poll_interval(Duration::from_millis(50))
+                .job(
+                    Job::every("fenced", period).catch_up(CatchUp::All),
+                    move |run| body(run),
+                );
+            spawn_node(name, elector, schedule, capture.dispatch())
         };
         let a = replica("a", db.pool_via(proxy.addr(), 2), 20 * I, &capture_a);
         wait_for(3 * I, || a.elector.is_leader())
