@@ -49,8 +49,9 @@ pub(crate) fn analyse_shards(input: &Input<'_>, runs: &[Vec<Run>]) -> Analysis {
 fn as_seen_by(f: &Fault, events: &[Event]) -> Fault {
     let mut f = f.clone();
     if f.kind.server_wide() {
-        f.replica = owner_at(events, f.inject).map(|(p, _)| p);
-        f.epoch = owner_at(events, f.inject).and_then(|(_, e)| e);
+        let owner = owner_at(events, f.inject);
+        f.replica = owner.map(|(p, _)| p);
+        f.epoch = owner.and_then(|(_, e)| e);
         return f;
     }
     let owned = f
