@@ -215,6 +215,64 @@ mod f6 {
         a.stop().await.unwrap();
     }
 
+    /// A graceful leave whose drain outlasts the server's bound on a silent session (4·I)
+    /// keeps the session checked while it drains: the leaver's shards move only after its work
+    /// on them returned. (Before, nothing checked the session during the leave's drain, the
+    /// server ended it at 4·I, and b owned shard 0 about 820 ms after a's shutdown while a's
+    /// work on it still ran.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_drain_at_leave_keeps_the_shards_until_the_work_ends() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let group = |pool| {
+            Shards::builder(pool, "long-drain", 2)
+                .check_interval(I)
+                .drain_timeout(20 * I)
+        };
+        let a = Member::build(group(db.pool(2)));
+        wait_for(10 * I, || a.shards.owned().len() == 2)
+            .await
+            .expect("a owns both");
+        let shard = a.shards.shard(0).unwrap();
+        // When the work returned (its outcome is dropped: its term ended under it).
+        let ended: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let work = tokio::spawn({
+            let (shards, ended) = (a.shards.clone(), ended.clone());
+            async move {
+                shards
+                    .do_work(shard, |_term| async move {
+                        tokio::time::sleep(8 * I).await;
+                        *ended.lock().unwrap() = Some(Instant::now());
+                        Ok::<_, ()>(())
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(I / 4).await;
+        let left = Instant::now();
+        a.shutdown.cancel();
+        let b = Member::build(group(db.pool(2)));
+        wait_for(30 * I, || b.shards.is_owner(shard))
+            .await
+            .expect("b owns shard 0 once a has drained and left");
+        let gained_at = Instant::now();
+        work.await.unwrap().unwrap();
+        let work_end = ended.lock().unwrap().expect("the work ran to its end");
+        assert!(
+            work_end <= gained_at,
+            "b owned shard 0 {:?} after a's shutdown, while a's work on it ran until {:?}",
+            gained_at - left,
+            work_end - left
+        );
+        assert!(
+            gained_at - work_end <= 2 * I,
+            "b owns it within 2·I of the drain's end: {:?}",
+            gained_at - work_end
+        );
+        a.task.await.unwrap().unwrap();
+        b.stop().await.unwrap();
+    }
+
     /// A member whose lock session is terminated ends every shard's term at once, and the
     /// others own them within 1·I, with no instant of two owners.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

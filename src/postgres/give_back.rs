@@ -1,12 +1,15 @@
 //! Giving the lock back: the graceful handover at a term's end (drain, then unlock), and the
 //! bounded unlock itself.
 
+use std::future::Future;
+
 use tokio::time::{Instant, timeout};
 
 use super::handover;
 use super::loss::Loss;
 use super::session::{Check, LockSession};
 use super::settings::{PgSettings, RELEASE_BOUND};
+use crate::in_flight::InFlight;
 use crate::lease::instant_after;
 use crate::metrics::Change;
 use crate::state::Shared;
@@ -31,38 +34,59 @@ pub(super) async fn hand_over(
 /// Waits for the work still running on this replica, at most the drain timeout; `false` when
 /// the lock was lost meanwhile (there is nothing left to unlock).
 async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool {
+    drain_checked(pg, &[shared.in_flight()], || async {
+        match session.check(pg.interval).await {
+            Ok(Check::Holds) => Ok(()),
+            other => Err(Loss::from_check(other)),
+        }
+    })
+    .await
+}
+
+/// Waits for `work` (what still runs of the terms that ended), at most the drain timeout,
+/// while `check` proves the lock session every interval, so that the server's bound on a
+/// silent session never ends it under running work, and a lost lock is seen; `false` when the
+/// lock was lost meanwhile (there is nothing left to unlock). A single elector's drain and a
+/// shard member's at its leave.
+pub(super) async fn drain_checked<F, Fut>(pg: &PgSettings, work: &[&InFlight], mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), Loss>>,
+{
     // A drain timeout too long for the clock waits for the work, however long.
     let deadline = instant_after(Instant::now(), pg.drain_timeout);
+    let running = || -> Vec<String> { work.iter().flat_map(|w| w.names()).collect() };
     loop {
-        let names = shared.in_flight().names();
+        let names = running();
         if names.is_empty() {
             return true;
         }
         tracing::debug!(key = %pg.key, running = ?names, "draining before the lock is given up");
         tokio::select! {
             biased;
-            () = shared.in_flight().drained() => return true,
+            () = all_drained(work) => return true,
             () = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(
                     key = %pg.key,
-                    running = ?shared.in_flight().names(),
+                    running = ?running(),
                     drain_timeout = ?pg.drain_timeout,
                     "work still running at the drain timeout; the lock is given up anyway"
                 );
                 return true;
             }
-            // The session stays checked while the work drains, so that the server's bound on
-            // a silent session never ends it, and a lost lock is seen.
             () = tokio::time::sleep(pg.interval) => {
-                match session.check(pg.interval).await {
-                    Ok(Check::Holds) => {}
-                    other => {
-                        tracing::warn!(key = %pg.key, cause = %Loss::from_check(other), "the lock was lost while draining");
-                        return false;
-                    }
+                if let Err(loss) = check().await {
+                    tracing::warn!(key = %pg.key, cause = %loss, "the lock was lost while draining");
+                    return false;
                 }
             }
         }
+    }
+}
+
+async fn all_drained(work: &[&InFlight]) {
+    for w in work {
+        w.drained().await;
     }
 }
 

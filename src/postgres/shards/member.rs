@@ -18,8 +18,10 @@ use tokio::time::{Interval, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::sql::{self, TryError, View};
+use crate::in_flight::InFlight;
 use crate::lease::{deadline_after, now_ms};
 use crate::metrics::Change;
+use crate::postgres::give_back::drain_checked;
 use crate::postgres::lead::watch;
 use crate::postgres::lease_length;
 use crate::postgres::loss::{Loss, POOLER};
@@ -429,19 +431,28 @@ impl<'a> Member<'a> {
             .filter(|&i| self.owned[i] || self.draining[i])
             .collect();
         let released = self.end_all(TermEnd::Shutdown, Change::Released);
-        let drain = self.pg.drain_timeout;
-        let drained = timeout(drain, async {
-            for &i in &had {
-                self.inner.shards[i].shared.in_flight().drained().await;
+        let work: Vec<&InFlight> = had
+            .iter()
+            .map(|&i| self.inner.shards[i].shared.in_flight())
+            .collect();
+        let held = match self.session.as_deref() {
+            Some(session) => {
+                let (inner, pg) = (self.inner, self.pg);
+                drain_checked(pg, &work, || async {
+                    let view = sql::check(session, inner.class, MEMBER_OBJECT, pg.interval).await;
+                    match view {
+                        Ok(view) if view.ours && view.members.contains(&view.pid) => Ok(()),
+                        Ok(_) => Err(Loss::of(LossCause::LockGone)),
+                        Err(e) => Err(Loss::from_check(Err(e))),
+                    }
+                })
+                .await
             }
-        })
-        .await;
-        if drained.is_err() {
-            let still: Vec<String> = had
-                .iter()
-                .flat_map(|&i| self.inner.shards[i].shared.in_flight().names())
-                .collect();
-            tracing::warn!(key = %self.pg.key, still_running = ?still, drain_timeout = ?drain, "work on the shards did not finish within the drain timeout; unlocking anyway");
+            None => false,
+        };
+        if !held {
+            // The session is gone and the server freed every lock with it: nothing to unlock.
+            self.session = None;
         }
         if let Some(session) = self.session.take() {
             match timeout(RELEASE_BOUND, sql::unlock_all(&session, RELEASE_BOUND)).await {
