@@ -163,6 +163,81 @@ mod e14 {
         a.stop().await.unwrap();
         b.stop().await.unwrap();
     }
+
+    /// A partition that begins while the member runs a statement other than its check (the
+    /// unlock of a moved shard whose work just drained) still ends the terms it keeps within
+    /// 2·I, before the other member owns them. (Before, the unlock waited its own 2 s bound
+    /// with nothing watching: the kept term's token was cancelled only after about 2 s, and b
+    /// owned the shard at about 820 ms.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partition_during_an_unlock_ends_the_kept_terms_in_2i() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        if !has_idle_session_timeout(&db).await {
+            return;
+        }
+        let proxy = shared_server_proxy().await;
+        let group = |pool| {
+            Shards::builder(pool, "cut-unlock", 2)
+                .check_interval(I)
+                .drain_timeout(20 * I)
+        };
+        let a = Member::build(group(db.pool_via(proxy.addr(), 2)));
+        wait_for(10 * I, || a.shards.owned().len() == 2)
+            .await
+            .expect("a owns both");
+        // Work on both shards until `until`: the shard that moves drains until then.
+        let until = tokio::time::Instant::now() + 6 * I;
+        let works: Vec<_> = a
+            .shards
+            .all()
+            .map(|s| {
+                let shards = a.shards.clone();
+                tokio::spawn(async move {
+                    shards
+                        .do_work(s, |_term| async move {
+                            tokio::time::sleep_until(until).await;
+                            Ok::<_, ()>(())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let b = Member::build(group(db.pool(2)));
+        wait_for(5 * I, || a.shards.owned().len() == 1)
+            .await
+            .expect("one shard drains, to move to b");
+        let kept = a.shards.owned()[0];
+        let term = a.shards.term(kept);
+        // The cut just before the drain ends: the moved shard's unlock meets it.
+        tokio::time::sleep_until(until - Duration::from_millis(3)).await;
+        proxy.blackhole();
+        let cut = Instant::now();
+        let ended = wait_for(10 * I, || term.token().is_cancelled())
+            .await
+            .expect("the kept term ends");
+        let b_owns = wait_for(10 * I, || b.shards.owned().len() == 2)
+            .await
+            .map(|_| cut.elapsed());
+        for w in works {
+            let _ = w.await;
+        }
+        proxy.pass();
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+        eprintln!(
+            "partition during an unlock: kept term ended {ended:?} after the cut, b owned both {b_owns:?} after it"
+        );
+        assert!(
+            ended <= 2 * I + I / 2,
+            "the kept term ends within 2·I (+ slack) of the cut: {ended:?}"
+        );
+        let b_owns = b_owns.expect("b owns both once the server frees a's locks");
+        assert!(
+            b_owns > ended,
+            "b owns the kept shard only after a's term ended"
+        );
+    }
 }
 
 mod e16 {
@@ -323,6 +398,109 @@ mod f3 {
         kept.1.fence(&tx).await.expect("the shard a kept passes");
         tx.commit().await.unwrap();
         b.stop().await.unwrap();
+        a.stop().await.unwrap();
+    }
+
+    /// Epoch rows held by an older term's open fenced transactions hold back the terms of
+    /// their own shards only: the member stays a member, owns every other shard at once, and
+    /// owns the held ones once the transaction ends. (Before, each busy bump waited 1·I in
+    /// turn inside the round, the membership's lease ran out, and the member lost every shard
+    /// round after round.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn busy_epoch_rows_hold_back_only_their_own_shards() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let fenced = |pool| {
+            Shards::builder(pool, "busy-rows", 8)
+                .check_interval(I)
+                .fencing(true)
+        };
+        let a = Member::build(fenced(db.pool(2)));
+        wait_for(10 * I, || a.shards.owned().len() == 8)
+            .await
+            .expect("a owns all eight");
+        a.stop().await.unwrap();
+        // A transaction of a's terms, fenced on shards 0..4, left open.
+        let mut admin = db.pool(1).get().await.unwrap();
+        let tx = admin.transaction().await.unwrap();
+        let held = tx
+            .query(
+                "SELECT epoch FROM pg_elector_epochs WHERE object BETWEEN 0 AND 3 FOR SHARE",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 4);
+        let b = Member::build(fenced(db.pool(2)));
+        let free: Vec<_> = (4..8).map(|i| b.shards.shard(i).unwrap()).collect();
+        let busy: Vec<_> = (0..4).map(|i| b.shards.shard(i).unwrap()).collect();
+        let owned_free = wait_for(10 * I, || free.iter().all(|&s| b.shards.is_owner(s)))
+            .await
+            .expect("b owns the shards whose rows are free");
+        let mut membership = b.shards.subscribe();
+        let watched = Instant::now();
+        let mut lost = 0;
+        while watched.elapsed() < 8 * I {
+            if !b.shards.is_member() || !free.iter().all(|&s| b.shards.is_owner(s)) {
+                lost += 1;
+            }
+            assert!(
+                busy.iter().all(|&s| !b.shards.is_owner(s)),
+                "no term of a shard whose epoch row an open fenced transaction holds"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            lost, 0,
+            "b kept its membership and the free shards while the busy rows stayed held"
+        );
+        assert!(
+            !membership.has_changed().unwrap(),
+            "the owned set did not change while the rows stayed held: {:?}",
+            *membership.borrow_and_update()
+        );
+        drop(tx);
+        let ended = Instant::now();
+        wait_for(5 * I, || b.shards.owned().len() == 8)
+            .await
+            .expect("b owns the held shards once the transaction ended");
+        assert!(
+            ended.elapsed() <= I + I / 2,
+            "within 1·I (+ slack) of the transaction's end: {:?}",
+            ended.elapsed()
+        );
+        eprintln!("busy rows: free shards owned after {owned_free:?}");
+        b.stop().await.unwrap();
+    }
+
+    /// Many shards gained at once get their epochs in one statement: a fenced member alone in
+    /// a group of 2 048 owns all of them within 2·I of its join, and stays a member. (Before,
+    /// each bump was a round trip and a commit in turn, inside one round.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_fenced_shards_are_owned_at_once() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let count = 2_048;
+        let a = Member::build(
+            Shards::builder(db.pool(2), "many-fenced", count)
+                .check_interval(I)
+                .fencing(true),
+        );
+        wait_for(10 * I, || a.shards.is_member())
+            .await
+            .expect("a joins");
+        let all = wait_for(10 * I, || a.shards.owned().len() == count as usize)
+            .await
+            .unwrap_or_else(|| panic!("a owns all: {} of {count}", a.shards.owned().len()));
+        let mut lost = false;
+        let watched = Instant::now();
+        while watched.elapsed() < 4 * I {
+            lost |= a.shards.owned().len() != count as usize;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        eprintln!("{count} fenced shards owned {all:?} after the join");
+        assert!(all <= 2 * I, "all owned within 2·I of the join: {all:?}");
+        assert!(!lost, "none lost afterwards");
         a.stop().await.unwrap();
     }
 }

@@ -6,6 +6,7 @@
 //! fenced transaction that starts after the bump sees the new epoch. Fenced writes of two terms
 //! therefore never interleave.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ pub(crate) struct FenceTable {
     /// `"schema"."table"` or `"table"`, quoted.
     quoted: String,
     bump: String,
+    bump_free: String,
     check: String,
     read: String,
     ddl: String,
@@ -69,6 +71,27 @@ impl FenceTable {
                  holder = EXCLUDED.holder, since = pg_catalog.clock_timestamp() \
              RETURNING epoch"
         );
+        // Many keys of one class at once (a shard member's gained shards): one round trip and
+        // one commit, whatever their number. A row that a fenced transaction holds is skipped,
+        // not waited for: its key's term waits for a later bump. New rows are inserted; the
+        // rows that exist are locked (those free of fenced transactions) and bumped, as above.
+        let bump_free = format!(
+            "WITH bound AS MATERIALIZED (\
+               SELECT pg_catalog.set_config('synchronous_commit', 'on', true)), \
+             want AS (SELECT o FROM pg_catalog.unnest($2::int4[]) AS o), \
+             fresh AS (INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
+               SELECT $1::int4, w.o, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
+               FROM want w, bound ON CONFLICT (class, object) DO NOTHING \
+               RETURNING e.object, e.epoch), \
+             free AS (SELECT e.object FROM {quoted} e JOIN want w ON e.object = w.o \
+               WHERE e.class = $1::int4 FOR UPDATE OF e SKIP LOCKED), \
+             bumped AS (UPDATE {quoted} AS e \
+               SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), holder = $3::text, \
+                   since = pg_catalog.clock_timestamp() \
+               FROM free f, bound WHERE e.class = $1::int4 AND e.object = f.object \
+               RETURNING e.object, e.epoch) \
+             SELECT object, epoch FROM fresh UNION ALL SELECT object, epoch FROM bumped"
+        );
         let check = format!(
             "SELECT epoch FROM {quoted} WHERE class = $1::int4 AND object = $2::int4 FOR SHARE"
         );
@@ -83,6 +106,7 @@ impl FenceTable {
         Ok(Arc::new(Self {
             quoted,
             bump,
+            bump_free,
             check,
             read,
             ddl,
@@ -108,10 +132,55 @@ impl FenceTable {
         holder: &str,
         wait: Duration,
     ) -> Result<u64, BumpError> {
-        match self.bump_once(client, key, holder, wait).await {
+        self.creating(client, || self.bump_once(client, key, holder, wait))
+            .await
+    }
+
+    /// Bumps the epochs of the keys (`class`, each of `objects`) in one statement on `client`
+    /// (the lock session), skipping each key whose row a fenced transaction holds; returns
+    /// the bumped ones (object, new epoch). Creates the table first when it is missing.
+    pub(crate) async fn bump_free(
+        &self,
+        client: &tokio_postgres::Client,
+        class: i32,
+        objects: &[i32],
+        holder: &str,
+    ) -> Result<Vec<(i32, u64)>, BumpError> {
+        self.creating(client, || async {
+            let rows = client
+                .query_typed(
+                    &self.bump_free,
+                    &[
+                        (&class, Type::INT4),
+                        (&objects, Type::INT4_ARRAY),
+                        (&holder, Type::TEXT),
+                    ],
+                )
+                .await
+                .map_err(BumpError::Query)?;
+            rows.iter()
+                .map(|row| {
+                    let epoch: i64 = row.try_get(1).map_err(BumpError::Query)?;
+                    Ok((row.try_get(0).map_err(BumpError::Query)?, epoch as u64))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Runs `once`, and again after creating the table when it was missing.
+    async fn creating<T, Fut>(
+        &self,
+        client: &tokio_postgres::Client,
+        once: impl Fn() -> Fut,
+    ) -> Result<T, BumpError>
+    where
+        Fut: Future<Output = Result<T, BumpError>>,
+    {
+        match once().await {
             Err(BumpError::Query(e)) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
                 self.create(client).await?;
-                self.bump_once(client, key, holder, wait).await
+                once().await
             }
             other => other,
         }

@@ -69,7 +69,10 @@ impl ShardsBuilder {
     /// Fencing epochs per shard (default off), as [`ElectorBuilder::fencing`]: one epoch row
     /// per shard key, bumped when a member gains the shard, so that
     /// [`Term::fence`](crate::Term::fence) refuses the writes of a shard's old owner once its
-    /// new owner's term began.
+    /// new owner's term began. The shards a member gains are bumped in one statement; a
+    /// shard whose row an open fenced transaction of its old owner holds is skipped (not
+    /// waited for, unlike a single elector's bump) and its term starts at the first check
+    /// after that transaction ends.
     pub fn fencing(mut self, on: bool) -> Self {
         self.member = self.member.fencing(on);
         self

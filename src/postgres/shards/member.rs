@@ -10,8 +10,15 @@
 //! - No try asks for a shard this session holds: every try follows, in the same round and with
 //!   nothing in between, a check that listed what the session holds.
 //! - Only this loop promotes and demotes the shards' states, so `owned` is what they say.
+//! - Every statement on the session ends by 2·I after the last check that proved it, and runs
+//!   beside a watch of the connection and the lease: a partition or a closed connection ends
+//!   every term within the single elector's bounds, whatever statement it meets.
+//! - A gained shard whose epoch bump did not happen stays locked without a term; the next
+//!   round adopts it (as any lock held without a term) and bumps it again.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::{Interval, timeout};
@@ -57,9 +64,12 @@ enum Event {
 pub(super) struct Member<'a> {
     inner: &'a Inner,
     pg: &'a PgSettings,
-    session: Option<Box<LockSession>>,
-    /// When the granting try was sent: the membership's first lease counts from it.
-    joined_at: u64,
+    /// Shared with the statements of a round, which run beside a watch of it.
+    session: Option<Arc<LockSession>>,
+    /// When the last check that proved the session was sent (at first, the granting try):
+    /// every statement ends by 2·I after it, so that a partition ends the terms within 2·I
+    /// whatever statement it hits.
+    proved_at: u64,
     /// The shards whose terms are live.
     owned: Vec<bool>,
     /// The shards whose terms ended because they moved, draining before their unlock.
@@ -84,8 +94,8 @@ impl<'a> Member<'a> {
         Self {
             inner,
             pg,
-            session: Some(session),
-            joined_at,
+            session: Some(Arc::from(session)),
+            proved_at: joined_at,
             owned: vec![false; count],
             draining: vec![false; count],
             drains: JoinSet::new(),
@@ -109,7 +119,7 @@ impl<'a> Member<'a> {
         shutdown: &CancellationToken,
         ticks: &mut Interval,
     ) -> Served {
-        let deadline = deadline_after(self.joined_at, lease_length(self.pg.interval));
+        let deadline = deadline_after(self.proved_at, lease_length(self.pg.interval));
         self.member()
             .promote(|lease| lease.hold_until(deadline), None, None);
         tracing::info!(key = %self.pg.key, "joined the group");
@@ -133,7 +143,8 @@ impl<'a> Member<'a> {
                         return Served::Lost;
                     }
                     Event::Drained(shard) => {
-                        if let Err(loss) = self.unlock_moved(shard).await {
+                        let unlocked = self.watched(|m| Box::pin(m.unlock_moved(shard))).await;
+                        if let Err(loss) = unlocked {
                             self.lose_all(&loss);
                             return Served::Lost;
                         }
@@ -161,15 +172,16 @@ impl<'a> Member<'a> {
     /// One check, and what it calls for.
     async fn round(&mut self) -> Result<(), Loss> {
         let interval = self.pg.interval;
-        let Some(session) = self.session.as_deref() else {
+        let Some(session) = self.session.clone() else {
             return Err(Loss::of(LossCause::Abandoned));
         };
         let lease = self.inner.member.shared.lease();
         let sent_at = now_ms();
+        let bound = self.bound(interval);
         let view = tokio::select! {
             biased;
-            cause = watch(lease, session) => return Err(Loss::of(cause)),
-            view = sql::check(session, self.inner.class, MEMBER_OBJECT, interval) => view,
+            cause = watch(lease, &session) => return Err(Loss::of(cause)),
+            view = sql::check(&session, self.inner.class, MEMBER_OBJECT, bound) => view,
         }
         .map_err(|e| Loss::from_check(Err(e)))?;
         if !view.ours {
@@ -183,17 +195,52 @@ impl<'a> Member<'a> {
         if !lease.is_live() {
             return Err(Loss::of(LossCause::LeaseExpired));
         }
+        self.proved_at = sent_at;
         let deadline = deadline_after(sent_at, lease_length(interval));
         lease.hold_until(deadline);
         self.follow(&view);
         let held = self.renew_or_lose(&view, deadline);
         self.release_moved();
+        self.watched(|m| Box::pin(m.act(held, sent_at))).await
+    }
+
+    /// What a check calls for: the strays settled, the targets tried, the gained shards'
+    /// terms started.
+    async fn act(&mut self, held: Vec<bool>, sent_at: u64) -> Result<(), Loss> {
         let mut gained = self.settle_strays(&held).await?;
         gained.extend(self.try_targets(&held).await?);
         if !gained.is_empty() {
             self.start(gained, sent_at).await;
         }
         Ok(())
+    }
+
+    /// Runs `step` (statements on the session) beside a watch of the session: a connection
+    /// that closes or a lease that runs out ends it at once, as between rounds.
+    async fn watched<F>(&mut self, step: F) -> Result<(), Loss>
+    where
+        F: for<'m> FnOnce(
+            &'m mut Self,
+        )
+            -> std::pin::Pin<Box<dyn Future<Output = Result<(), Loss>> + Send + 'm>>,
+    {
+        let Some(session) = self.session.clone() else {
+            return Err(Loss::of(LossCause::Abandoned));
+        };
+        let lease = self.inner.member.shared.lease();
+        tokio::select! {
+            biased;
+            cause = watch(lease, &session) => Err(Loss::of(cause)),
+            done = step(self) => done,
+        }
+    }
+
+    /// `at_most`, cut to what is left until 2·I after the last proof of the session.
+    fn bound(&self, at_most: Duration) -> Duration {
+        let cutoff = self
+            .proved_at
+            .saturating_add(2 * self.pg.interval.as_millis() as u64);
+        at_most.min(Duration::from_millis(cutoff.saturating_sub(now_ms())))
     }
 
     /// The member list of `view`, and the shards it makes this member's.
@@ -306,7 +353,8 @@ impl<'a> Member<'a> {
         if want.is_empty() {
             return Ok(Vec::new());
         }
-        match sql::try_lock(session, self.inner.class, &want, self.pg.interval).await {
+        let bound = self.bound(self.pg.interval);
+        match sql::try_lock(session, self.inner.class, &want, bound).await {
             Ok(granted) => Ok(granted),
             Err(TryError::LockTableFull(e)) => {
                 let loud = self.repeats.loud("lock table");
@@ -318,22 +366,22 @@ impl<'a> Member<'a> {
     }
 
     /// Starts the terms of `gained` (granted by a statement sent at `sent_at`), after the
-    /// settle wait and, with fencing, each shard's epoch bump.
+    /// settle wait and, with fencing, the epoch bump of each. A shard whose bump did not
+    /// happen (its row held by an old term's fenced transaction, the statement failed, the
+    /// lease too short by then) stays locked without a term: the next round adopts it and
+    /// bumps it again.
     async fn start(&mut self, gained: Vec<u32>, sent_at: u64) {
         // A lock freed by a session that ended under its owner: that owner steps down within
         // the watch's poll; this gives it the single elector's settle to do so.
         tokio::time::sleep(SETTLE).await;
         let deadline = deadline_after(sent_at, lease_length(self.pg.interval));
+        let epochs = self.bump(&gained).await;
+        if now_ms() >= deadline {
+            return;
+        }
         let mut started = 0;
-        for shard in gained {
-            let Some(epoch) = self.bump(shard).await else {
-                let _ = self.unlock(shard).await;
-                continue;
-            };
-            if now_ms() >= deadline {
-                let _ = self.unlock(shard).await;
-                continue;
-            }
+        for (shard, epoch) in gained.into_iter().zip(epochs) {
+            let Some(epoch) = epoch else { continue };
             let elector = &self.inner.shards[shard as usize];
             let fence = elector.pg().and_then(PgSettings::fence_target);
             elector
@@ -348,31 +396,47 @@ impl<'a> Member<'a> {
         }
     }
 
-    /// The shard's new epoch with fencing (`Some(None)` without); `None` when the bump failed.
-    async fn bump(&mut self, shard: u32) -> Option<Option<u64>> {
+    /// Each shard's new epoch with fencing, in one statement (`Some(None)` each without
+    /// fencing); `None` for a shard whose bump did not happen.
+    async fn bump(&mut self, gained: &[u32]) -> Vec<Option<Option<u64>>> {
         let Some(table) = &self.pg.fencing else {
-            return Some(None);
+            return vec![Some(None); gained.len()];
         };
-        let session = self.session.as_deref()?;
-        let key = crate::LockKey::new(self.inner.class, shard as i32);
-        let interval = self.pg.interval;
+        let Some(session) = self.session.clone() else {
+            return vec![None; gained.len()];
+        };
+        let objects: Vec<i32> = gained.iter().map(|&s| s as i32).collect();
+        let bound = self.bound(self.pg.interval);
         let bumped = timeout(
-            2 * interval,
-            table.bump(session.client(), key, &self.pg.identity, interval),
+            bound,
+            table.bump_free(
+                session.client(),
+                self.inner.class,
+                &objects,
+                &self.pg.identity,
+            ),
         )
         .await;
-        match bumped {
-            Ok(Ok(epoch)) => Some(Some(epoch)),
+        let bumped = match bumped {
+            Ok(Ok(bumped)) => bumped,
             Ok(Err(e)) => {
                 let loud = self.repeats.loud("bump");
-                loud_or_debug!(loud, warn, key = %key, table = table.name(), error = %e, "cannot bump the shard's fencing epoch; the shard is given back");
-                None
+                loud_or_debug!(loud, warn, key = %self.pg.key, table = table.name(), error = %e, "cannot bump the gained shards' fencing epochs; they are tried again at the next check");
+                Vec::new()
             }
             Err(_) => {
-                tracing::warn!(key = %key, table = table.name(), "the shard's fencing epoch bump got no answer in time; the shard is given back");
-                None
+                tracing::warn!(key = %self.pg.key, table = table.name(), ?bound, "the gained shards' fencing epoch bump got no answer in time; they are tried again at the next check");
+                Vec::new()
             }
+        };
+        if bumped.len() < gained.len() {
+            tracing::debug!(key = %self.pg.key, busy = gained.len() - bumped.len(), "some gained shards' epoch rows are held by an older term's fenced transactions; their terms wait for the next check");
         }
+        let bumped: std::collections::HashMap<i32, u64> = bumped.into_iter().collect();
+        gained
+            .iter()
+            .map(|&s| bumped.get(&(s as i32)).map(|&epoch| Some(epoch)))
+            .collect()
     }
 
     /// Unlocks one shard this member holds without a term.
@@ -380,7 +444,8 @@ impl<'a> Member<'a> {
         let Some(session) = self.session.as_deref() else {
             return Err(Loss::of(LossCause::Abandoned));
         };
-        match sql::unlock(session, self.inner.class, shard, RELEASE_BOUND).await {
+        let bound = self.bound(RELEASE_BOUND);
+        match sql::unlock(session, self.inner.class, shard, bound).await {
             Ok(true) => Ok(()),
             Ok(false) => {
                 tracing::warn!(key = %self.pg.key, shard, "the unlock found the shard not held");
