@@ -134,6 +134,21 @@ async fn abandoned(config: &tokio_postgres::Config) -> Vec<SystemTime> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f7_3_with_a_synchronous_standby_no_due_runs_twice_and_none_is_lost() {
+    no_due_runs_twice_with_a_synchronous_standby("off").await;
+}
+
+/// The same with `local`, a default often set per role: it commits without waiting for the
+/// standby either. (Before, claims were made durable only under `off`: with `local` a job
+/// started on a claim the standby did not have.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f7_3_a_local_synchronous_commit_default_still_waits_for_the_standby() {
+    no_due_runs_twice_with_a_synchronous_standby("local").await;
+}
+
+/// Two replicas over a primary with a synchronous standby, the database's sessions committing
+/// with `synchronous_commit = <default>`: the standby stops confirming (no job starts), then
+/// the primary crashes and the standby is promoted.
+async fn no_due_runs_twice_with_a_synchronous_standby(default: &str) {
     let _serial = serial();
     let cluster = cluster(Follow::MultiHost, true).await;
     let key = LockKey::new(0x4637, 3);
@@ -141,7 +156,7 @@ async fn f7_3_with_a_synchronous_standby_no_due_runs_twice_and_none_is_lost() {
     let admin = cluster.db.connect().await.unwrap();
     admin
         .batch_execute(&format!(
-            "ALTER DATABASE {} SET synchronous_commit = off",
+            "ALTER DATABASE {} SET synchronous_commit = {default}",
             cluster.db.name()
         ))
         .await

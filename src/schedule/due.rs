@@ -17,10 +17,11 @@ use crate::background::panic::catch_panic;
 
 /// A claim's commit is durable whatever the session's `synchronous_commit` says: with `off`,
 /// a server crash right after the commit returned can lose the claim (and with it, the next
-/// term runs the due again), and a synchronous standby is not waited for. Stricter settings
-/// (`remote_write`, `remote_apply`, or `local` chosen on purpose) are left as they are.
+/// term runs the due again), and with `off` or `local` a synchronous standby is not waited
+/// for, so a failover to it can run the due again. Stricter settings (`remote_write`,
+/// `remote_apply`) are left as they are.
 const DURABLE_COMMIT: &str = "SELECT pg_catalog.set_config('synchronous_commit', 'on', true) \
-     WHERE pg_catalog.current_setting('synchronous_commit') = 'off'";
+     WHERE pg_catalog.current_setting('synchronous_commit') IN ('off', 'local')";
 
 /// What became of one due that [`run_due`] was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
