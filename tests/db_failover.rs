@@ -243,3 +243,33 @@ async fn f7_1_switchover_moving_address_fast_takeover() {
     let _serial = serial();
     failover(Follow::MovingAddress, true, ShutdownMode::Fast, true).await;
 }
+
+/// With fencing and a synchronous standby that stops confirming, a new term still begins: the
+/// epoch bump commits without waiting for the standby (a bump that a failover loses is covered
+/// by the server's clock in the epoch). (Before, the bump waited for the standby with the lock
+/// held; at its bound the elector closed the session, but the backend, still waiting for the
+/// standby, kept the lock, and nobody led.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f7_2_a_standby_that_stops_confirming_holds_no_term_back() {
+    let _serial = serial();
+    let cluster = cluster(Follow::MultiHost, true).await;
+    let key = LockKey::new(0x4637, 9);
+    let a = Replica::run(fenced_elector(cluster.pool(2), key, "a", I));
+    wait_a_leads(&a).await;
+    let old = a.elector.term().epoch().expect("a fenced term");
+    cluster.wal.blackhole();
+    let b = Replica::run(fenced_elector(cluster.pool(2), key, "b", I));
+    a.stop().await.unwrap();
+    let released = Instant::now();
+    let led = wait_for(10 * I, || b.elector.is_leader()).await;
+    let epoch = b.elector.term().epoch();
+    cluster.wal.pass();
+    b.stop().await.unwrap();
+    let led = led.expect("b leads although the standby confirms nothing");
+    eprintln!("standby silent: b led {led:?} after a's release");
+    assert!(
+        released.elapsed() >= led && led <= I + I / 2,
+        "b leads within 1·I (+ slack) of a's release: {led:?}"
+    );
+    assert!(epoch > Some(old), "{epoch:?} > {old}");
+}

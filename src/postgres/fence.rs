@@ -53,9 +53,13 @@ impl FenceTable {
         // The row lock waits at most $4 (lock_timeout, local to this statement's transaction),
         // so that a fenced transaction left open by the old term cannot hold the bump forever.
         // An existing row's `since` is read after that wait: when the term really begins.
-        // The commit is synchronous whatever the server's default: with
+        // The commit is flushed locally whatever the server's default (`local`): with
         // `synchronous_commit = off`, a crash right after a bump can lose it, and the next
-        // term would get the same epoch again (seen in the restart test).
+        // term would get the same epoch again (seen in the restart test). It does not wait
+        // for a synchronous standby: one that stops confirming would hold the bump, and with
+        // it the lock (a backend waiting for its standby keeps its locks even when its client
+        // is gone), so that nobody could lead; a bump a failover loses is covered by the clock
+        // (below).
         //
         // The new epoch is the larger of the row's + 1 and the server's clock in milliseconds
         // since 1970, so that epochs never repeat across a failover to a standby that had not
@@ -65,7 +69,7 @@ impl FenceTable {
             "INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
              SELECT $1::int4, $2::int4, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
              FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true), \
-                          pg_catalog.set_config('synchronous_commit', 'on', true)) AS bound \
+                          pg_catalog.set_config('synchronous_commit', 'local', true)) AS bound \
              ON CONFLICT (class, object) DO UPDATE \
              SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), \
                  holder = EXCLUDED.holder, since = pg_catalog.clock_timestamp() \
@@ -77,7 +81,7 @@ impl FenceTable {
         // rows that exist are locked (those free of fenced transactions) and bumped, as above.
         let bump_free = format!(
             "WITH bound AS MATERIALIZED (\
-               SELECT pg_catalog.set_config('synchronous_commit', 'on', true)), \
+               SELECT pg_catalog.set_config('synchronous_commit', 'local', true)), \
              want AS (SELECT o FROM pg_catalog.unnest($2::int4[]) AS o), \
              fresh AS (INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
                SELECT $1::int4, w.o, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
