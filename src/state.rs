@@ -27,7 +27,7 @@ use crate::lease::Lease;
 use crate::metrics::{Change, Metrics};
 use crate::postgres::fence::FenceTarget;
 use crate::sync::lock;
-use crate::term::{Born, Leadership, Term, TermEnd};
+use crate::term::{Born, DrainGrace, Leadership, Term, TermEnd};
 
 /// The state every clone of an elector shares.
 pub(crate) struct Shared {
@@ -235,6 +235,19 @@ impl Shared {
     /// Ends the current term, if one is live, with `end`. The lease goes first, so that
     /// whoever is woken by the term's token already reads `is_leader() == false`.
     pub(crate) fn demote(&self, end: TermEnd, change: Change) {
+        self.demote_with(end, change, |_| ());
+    }
+
+    /// Ends the term gracefully before its work drains (its lock still held): the term's
+    /// fence passes until the returned grace is dropped, before the unlock.
+    pub(crate) fn demote_to_drain(&self, end: TermEnd, change: Change) -> DrainGrace {
+        let mut grace = None;
+        self.demote_with(end, change, |term| grace = Some(DrainGrace::of(term)));
+        grace.unwrap_or_else(DrainGrace::none)
+    }
+
+    /// Ends the current term, with `before_end` called on it just before it ends.
+    fn demote_with(&self, end: TermEnd, change: Change, before_end: impl FnOnce(&Term)) {
         let (term, changes) = {
             let mut current = lock(&self.term);
             if current.end().is_some() {
@@ -248,6 +261,7 @@ impl Shared {
         let loss_cause = (end == TermEnd::LeadershipLost)
             .then(|| change.loss_cause())
             .flatten();
+        before_end(&term);
         match end {
             TermEnd::LeadershipLost => term.finish_lost(loss_cause),
             _ => term.finish(end),

@@ -182,6 +182,42 @@ pub(crate) struct Born {
     pub(crate) epoch: Option<u64>,
     /// Where fenced writes check the epoch; `None` in the local modes and without fencing.
     pub(crate) fence: Option<FenceTarget>,
+    /// The term ended gracefully and its lock is still held while its work drains: its
+    /// fenced writes still pass (the epoch row is what fences them). See [`DrainGrace`].
+    pub(crate) draining: std::sync::atomic::AtomicBool,
+}
+
+/// Held while a gracefully ended term's work drains, before its lock is given up: the
+/// term's [`fence`](Term::fence) still passes meanwhile. Dropped (the drain over, the lock
+/// lost, or the drain itself dropped), the fence fails again.
+#[derive(Debug)]
+pub(crate) struct DrainGrace(Option<Arc<Born>>);
+
+impl DrainGrace {
+    /// No grace (no term was ending).
+    pub(crate) fn none() -> Self {
+        Self(None)
+    }
+
+    /// The grace of `term`'s drain, when it led.
+    pub(crate) fn of(term: &Term) -> Self {
+        let born = &term.inner.born;
+        if !born.leader {
+            return Self(None);
+        }
+        born.draining
+            .store(true, std::sync::atomic::Ordering::Release);
+        Self(Some(born.clone()))
+    }
+}
+
+impl Drop for DrainGrace {
+    fn drop(&mut self) {
+        if let Some(born) = &self.0 {
+            born.draining
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
 }
 
 impl Term {
@@ -293,6 +329,12 @@ impl Term {
     /// holds the next term back (its bump waits at most one check interval, then the lock is
     /// given back and tried again).
     ///
+    /// A graceful handover (shutdown, [`resign`](crate::Elector::resign), a shard moving)
+    /// ends the term first and then waits for its work; while that work drains, the lock is
+    /// still held and no later term can have begun, so `fence` still passes for it and a
+    /// fenced job cut by a deploy can finish its writes. Once the lock is given up (or lost,
+    /// or the drain timeout reached) it fails.
+    ///
     /// In the local electors it only checks that the term is live (there is no epoch row).
     ///
     /// ```no_run
@@ -312,7 +354,8 @@ impl Term {
     ///
     /// # Errors
     ///
-    /// [`Fenced`] when the term has ended, a later term's epoch is in the row, the elector has
+    /// [`Fenced`] when the term has ended (and is not draining gracefully), a later term's
+    /// epoch is in the row, the elector has
     /// no fencing, or the check query failed. Roll the transaction back (dropping it does).
     ///
     /// # Cancel safety
@@ -321,7 +364,7 @@ impl Term {
     pub async fn fence(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(), Fenced> {
         let born = &*self.inner.born;
         let ours = born.epoch;
-        if !self.is_leader() {
+        if !self.may_write() {
             return Err(Fenced::term_ended(ours));
         }
         let Some(ours) = ours else {
@@ -330,12 +373,23 @@ impl Term {
         if let Some(target) = &born.fence {
             target.check(tx, ours).await?;
         }
-        // The row was current; the term must still be live too (the lock may have gone while
-        // the check ran, before any new term could bump the row).
-        if !self.is_leader() {
+        // The row was current; the term must still be live (or draining) too: the lock may
+        // have gone while the check ran, before any new term could bump the row.
+        if !self.may_write() {
             return Err(Fenced::term_ended(Some(ours)));
         }
         Ok(())
+    }
+
+    /// Whether the term's fenced writes may go on: it leads, or it ended gracefully and its
+    /// lock is still held while its work drains.
+    fn may_write(&self) -> bool {
+        self.is_leader()
+            || self
+                .inner
+                .born
+                .draining
+                .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The term's cancellation token: cancelled when the term ends. Hand it (or a child of

@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::capture::Capture;
@@ -158,6 +159,67 @@ async fn writes(db: &TestDb) -> Vec<(String, i64, SystemTime)> {
 
 mod f3 {
     use super::*;
+
+    /// A graceful handover ends the term, then drains its work with the lock still held: a
+    /// fenced job cut by the shutdown finishes its fenced writes, and only after the unlock
+    /// does its fence fail and the next leader's term begin. (Before, the fence refused as
+    /// soon as the term ended: a fenced job failed at its first write after a deploy began.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_draining_terms_fenced_writes_pass_until_the_unlock() {
+        let key = LockKey::new(0xf3, 7);
+        let (_serial, db) = serial_writes_db().await;
+        let a = Replica::run(
+            Elector::builder(db.pool(2), key)
+                .check_interval(I)
+                .identity("a")
+                .fencing(true)
+                .drain_timeout(10 * I)
+                .build()
+                .unwrap(),
+        );
+        wait_a_leads(&a).await;
+        let pool = db.pool(4);
+        let term = a.elector.term();
+        let verdicts: Arc<Mutex<Vec<Result<(), String>>>> = Arc::default();
+        let work = tokio::spawn({
+            let (elector, pool, verdicts) = (a.elector.clone(), pool.clone(), verdicts.clone());
+            async move {
+                elector
+                    .do_work(|term| async move {
+                        for _ in 0..2 {
+                            let verdict = fenced_write(&pool, &term, "a").await;
+                            verdicts
+                                .lock()
+                                .unwrap()
+                                .push(verdict.map_err(|e| e.to_string()));
+                            tokio::time::sleep(2 * I).await;
+                        }
+                        Ok::<_, ()>(())
+                    })
+                    .await
+            }
+        });
+        // The first write is done; the second comes after the shutdown began.
+        tokio::time::sleep(I).await;
+        let b = b_runs(&db, key);
+        a.shutdown.cancel();
+        let _ = work.await;
+        let verdicts = verdicts.lock().unwrap().clone();
+        assert_eq!(
+            verdicts,
+            [Ok(()), Ok(())],
+            "both fenced writes of the draining term pass"
+        );
+        a.task.await.unwrap().unwrap();
+        wait_for(3 * I, || b.elector.is_leader())
+            .await
+            .expect("b leads after a's unlock");
+        assert!(
+            fenced_write(&pool, &term, "a").await.is_err(),
+            "after the unlock, the old term's fence fails"
+        );
+        b.stop().await.unwrap();
+    }
 
     /// The deposed leader here notices its lost session within milliseconds, so its fence may
     /// refuse on the term's end alone; the next test shows the epoch row refusing a leader that

@@ -401,6 +401,75 @@ mod f3 {
         a.stop().await.unwrap();
     }
 
+    /// A shard that moves drains its work with its lock still held: that work's fences still
+    /// pass until the unlock, and fail after it. (Before, the fence refused as soon as the
+    /// shard's term ended, so work cut by a move could not finish its fenced writes.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_moving_shards_drained_work_passes_its_fence_until_the_unlock() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let fenced = |pool| {
+            Shards::builder(pool, "fenced-drain", 2)
+                .check_interval(I)
+                .fencing(true)
+                .drain_timeout(10 * I)
+        };
+        let a = Member::build(fenced(db.pool(2)));
+        wait_for(10 * I, || a.shards.owned().len() == 2)
+            .await
+            .expect("a owns both");
+        let pool = db.pool(4);
+        let verdicts: std::sync::Arc<std::sync::Mutex<Vec<(u32, bool)>>> = Default::default();
+        let works: Vec<_> = a
+            .shards
+            .all()
+            .map(|shard| {
+                let (shards, pool, verdicts) = (a.shards.clone(), pool.clone(), verdicts.clone());
+                tokio::spawn(async move {
+                    shards
+                        .do_work(shard, |term| async move {
+                            // One fence now, one after b joined and the shard moved off.
+                            for _ in 0..2 {
+                                let mut client = pool.get().await.unwrap();
+                                let tx = client.transaction().await.unwrap();
+                                let passed = term.fence(&tx).await.is_ok();
+                                verdicts.lock().unwrap().push((shard.index(), passed));
+                                drop(tx);
+                                tokio::time::sleep(3 * I).await;
+                            }
+                            Ok::<_, ()>(())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let old_terms: Vec<_> = a.shards.all().map(|s| (s, a.shards.term(s))).collect();
+        tokio::time::sleep(I).await;
+        let b = Member::build(fenced(db.pool(2)));
+        for w in works {
+            let _ = w.await;
+        }
+        let moved = wait_for(5 * I, || b.shards.owned().len() == 1)
+            .await
+            .map(|_| b.shards.owned()[0])
+            .expect("one shard moved to b");
+        let verdicts = verdicts.lock().unwrap().clone();
+        assert!(
+            verdicts.iter().all(|&(_, passed)| passed) && verdicts.len() == 4,
+            "every fence of a's work passed, the moved shard's while it drained: {verdicts:?}"
+        );
+        let (_, old) = old_terms.iter().find(|(s, _)| *s == moved).unwrap();
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        assert!(
+            old.fence(&tx).await.is_err(),
+            "after the unlock, the moved shard's old term is fenced off"
+        );
+        drop(tx);
+        b.stop().await.unwrap();
+        a.stop().await.unwrap();
+    }
+
     /// Epoch rows held by an older term's open fenced transactions hold back the terms of
     /// their own shards only: the member stays a member, owns every other shard at once, and
     /// owns the held ones once the transaction ends. (Before, each busy bump waited 1·I in

@@ -25,8 +25,11 @@ pub(super) async fn hand_over(
     end: TermEnd,
     change: Change,
 ) {
-    shared.demote(end, change);
-    if drain(shared, pg, &session).await {
+    let grace = shared.demote_to_drain(end, change);
+    let held = drain(shared, pg, &session).await;
+    // The term's fenced writes end here, before the unlock lets another term begin.
+    drop(grace);
+    if held {
         unlock(pg, session, true).await;
     }
 }

@@ -305,7 +305,9 @@ impl<'a> Member<'a> {
             if !self.owned[i] || self.mine[i] {
                 continue;
             }
-            self.shard(i).demote(TermEnd::Resigned, Change::Resigned);
+            let grace = self
+                .shard(i)
+                .demote_to_drain(TermEnd::Resigned, Change::Resigned);
             self.owned[i] = false;
             self.draining[i] = true;
             moved += 1;
@@ -316,6 +318,8 @@ impl<'a> Member<'a> {
                 if timeout(drain, shared.in_flight().drained()).await.is_err() {
                     tracing::warn!(key = %key, shard = index, still_running = ?shared.in_flight().names(), drain_timeout = ?drain, "a moved shard's work did not finish within the drain timeout; unlocking it anyway");
                 }
+                // Its fenced writes end here, before the unlock.
+                drop(grace);
                 index
             });
         }
@@ -495,7 +499,15 @@ impl<'a> Member<'a> {
         let had: Vec<usize> = (0..self.owned.len())
             .filter(|&i| self.owned[i] || self.draining[i])
             .collect();
-        let released = self.end_all(TermEnd::Shutdown, Change::Released);
+        let graces: Vec<_> = (0..self.owned.len())
+            .filter(|&i| std::mem::take(&mut self.owned[i]))
+            .map(|i| {
+                self.inner.shards[i]
+                    .shared
+                    .demote_to_drain(TermEnd::Shutdown, Change::Released)
+            })
+            .collect();
+        let released = graces.len();
         let work: Vec<&InFlight> = had
             .iter()
             .map(|&i| self.inner.shards[i].shared.in_flight())
@@ -515,6 +527,10 @@ impl<'a> Member<'a> {
             }
             None => false,
         };
+        // The moved shards still draining, and their tasks, end with the others.
+        self.end_all(TermEnd::Shutdown, Change::Released);
+        // The terms' fenced writes end here, before the unlock.
+        drop(graces);
         if !held {
             // The session is gone and the server freed every lock with it: nothing to unlock.
             self.session = None;
