@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Object, Timeouts};
 
 use crate::database::connect_config;
-use crate::group::{Group, Role, identity};
+use crate::group::{Group, Role, server_name};
 use crate::locks::{lock_sessions, terminate};
 use crate::{KitError, PgServer, ShutdownMode};
 
@@ -104,7 +104,7 @@ impl<C: Role> Group<C> {
         let index = self.resolve(who)?;
         self.fault_begins();
         let admin = connect_config(&self.admin, "connecting to kill a lock session").await?;
-        let name = identity(index);
+        let name = server_name(&self.members[index].role);
         let mut sessions = Vec::new();
         for key in &self.keys {
             let on_key = lock_sessions(&admin, *key)

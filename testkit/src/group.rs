@@ -133,9 +133,28 @@ impl Common {
     }
 }
 
-/// A member's identity (`application_name` of its lock session): `replica-<index>`.
+/// A member's identity (`application_name` of its lock session) unless the test's
+/// `configure` sets another: `replica-<index>`.
 pub fn identity(index: usize) -> String {
     format!("replica-{index}")
+}
+
+/// The `application_name` the server shows for `role`'s lock session: its election's identity
+/// (the kit's [`identity`], or the one `configure` set), cut as PostgreSQL cuts it, to 63
+/// bytes. (An identity with characters outside printable ASCII, which the server rewrites,
+/// is not matched.)
+pub(crate) fn server_name<C: Role>(role: &C) -> String {
+    let named = role
+        .lanes()
+        .first()
+        .and_then(|e| e.identity().map(str::to_owned));
+    let mut name = named.unwrap_or_else(|| identity(role.index()));
+    let mut cut = name.len().min(63);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    name.truncate(cut);
+    name
 }
 
 #[derive(Debug)]
@@ -214,7 +233,7 @@ impl<C: Role> Group<C> {
         let view = ServerView {
             config: db.config(),
             keys: keys[..lanes].to_vec(),
-            identities: (0..members.len()).map(identity).collect(),
+            identities: members.iter().map(|m| server_name(&m.role)).collect(),
         };
         let timeline = Timeline::start_lanes(&electors, Some(view), crate::timeline::SAMPLE_EVERY);
         let mut group = Self {

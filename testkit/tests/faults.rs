@@ -374,3 +374,34 @@ async fn a_leader_cut_off_mid_transaction_holds_the_next_term_back_without_the_t
         no_overlap(replicas).await;
     }
 }
+
+/// A test that gives its replicas identities of its own (through `configure`) still finds
+/// their lock sessions: the kit looks for each replica's own identity on the server. (Before,
+/// it looked for `replica-<index>` only, and `kill_session` failed with "no lock session".)
+#[tokio::test]
+async fn kill_session_finds_a_replica_by_the_identity_it_was_given() {
+    let _serial = serial();
+    let db = db().await;
+    let replicas = Replicas::builder(&db, LockKey::new(21, 9))
+        .count(2)
+        .check_interval(I)
+        .configure(|index, builder| builder.identity(format!("billing-worker-{index}")))
+        .start()
+        .await
+        .expect("replicas start");
+    let old = replicas
+        .wait_for_leader(STARTUP)
+        .await
+        .expect("a first leader")
+        .replica;
+    let killed = replicas
+        .kill_session(Who::Leader)
+        .await
+        .expect("the leader's lock session is found by its own identity");
+    assert_eq!(killed, old);
+    replicas
+        .wait_for_next_leader(3 * I)
+        .await
+        .expect("a term ≤ 3·I");
+    no_overlap(replicas).await;
+}
