@@ -3,15 +3,13 @@
 //! replicas may ever have led at once, and no deposed leader's send may come after a later
 //! leader's.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{INVOICES, add_invoices, sends_not_interleaved, sent_twice, unsent_after_polling};
-use expire_invoices::serve;
+use expire_invoices::{SCHEMA, serve};
 use pg_elector::LockKey;
-use pg_elector_testkit::{PgServer, Replicas, TestDb, Who, serial};
+use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, serial};
 
+const INVOICES: i64 = 150;
 /// The sweep's period: 150 invoices, 10 a tick, take about 15 ticks.
 const TICK: Duration = Duration::from_millis(50);
 const KEY: LockKey = LockKey::new(7, 1);
@@ -20,7 +18,16 @@ const KEY: LockKey = LockKey::new(7, 1);
 /// next second.
 async fn invoices_db(server: &PgServer) -> TestDb {
     let db = server.create_database().await.expect("a test database");
-    add_invoices(&db.connect().await.unwrap(), Duration::from_millis(7)).await;
+    let client = db.connect().await.unwrap();
+    client.batch_execute(SCHEMA).await.unwrap();
+    client
+        .execute(
+            "INSERT INTO invoices (id, due_at) \
+             SELECT n, now() + n * interval '7 ms' FROM generate_series(1, $1::bigint) n",
+            &[&INVOICES],
+        )
+        .await
+        .unwrap();
     db
 }
 
@@ -43,7 +50,18 @@ async fn service(db: &TestDb) -> Replicas {
 /// Waits until every invoice is sent, then stops the replicas and checks what happened.
 async fn every_invoice_sent_once(db: &TestDb, replicas: Replicas) {
     let client = db.connect().await.unwrap();
-    let left = unsent_after_polling(&client, 300).await;
+    let mut left = i64::MAX;
+    for _ in 0..300 {
+        left = client
+            .query_one("SELECT count(*) FROM invoices WHERE NOT sent", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let seen = replicas.finish().await;
     assert_eq!(left, 0, "invoices never sent; leaders: {:?}", seen.leaders);
     assert!(
@@ -52,10 +70,29 @@ async fn every_invoice_sent_once(db: &TestDb, replicas: Replicas) {
         seen.overlaps()
     );
 
-    let twice = sent_twice(&client).await;
+    let twice: Vec<i64> = client
+        .query(
+            "SELECT invoice_id FROM outbox GROUP BY 1 HAVING count(*) > 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
     assert!(twice.is_empty(), "invoices sent twice: {twice:?}");
-    let sends = sends_not_interleaved(&client).await;
+    let sends = FencedWrites::query(
+        &client,
+        "SELECT epoch, invoice_id::text, queued_at FROM outbox ORDER BY queued_at",
+    )
+    .await
+    .unwrap();
     assert_eq!(sends.writes.len() as i64, INVOICES);
+    assert!(
+        sends.interleavings().is_empty(),
+        "{:?}",
+        sends.interleavings()
+    );
 }
 
 #[tokio::test]
