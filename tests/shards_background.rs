@@ -225,6 +225,66 @@ mod f6_6 {
         }
     }
 
+    /// The moves counter adds up: a member that leaves while a moved shard still drains
+    /// counts that shard as released, so gained = moved + released once it is gone. (Before,
+    /// a shard draining at the leave, or at a lost session, was counted nowhere.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shard_draining_at_the_leave_is_counted_released() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let registry = prometheus::Registry::new();
+        let a = Member::build(
+            Shards::builder(db.pool(2), "counted", 2)
+                .check_interval(I)
+                .drain_timeout(10 * I)
+                .registry(&registry),
+        );
+        wait_for(10 * I, || a.shards.owned().len() == 2)
+            .await
+            .expect("a owns both");
+        let works: Vec<_> = a
+            .shards
+            .all()
+            .map(|shard| {
+                let shards = a.shards.clone();
+                tokio::spawn(async move {
+                    shards
+                        .do_work(shard, |_term| async move {
+                            tokio::time::sleep(4 * I).await;
+                            Ok::<_, ()>(())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let b = Member::start(db.pool(2), "counted", 2, I);
+        wait_for(5 * I, || a.shards.owned().len() == 1)
+            .await
+            .expect("one shard drains, to move to b");
+        a.stop().await.unwrap();
+        for w in works {
+            let _ = w.await;
+        }
+        let count = |cause: &str| -> f64 {
+            registry
+                .gather()
+                .iter()
+                .filter(|f| f.name() == "pg_elector_shard_moves_total")
+                .flat_map(|f| f.get_metric().to_vec())
+                .filter(|m| m.get_label().iter().any(|p| p.value() == cause))
+                .map(|m| m.get_counter().value())
+                .sum()
+        };
+        let (gained, moved, released) = (count("gained"), count("moved"), count("released"));
+        assert_eq!(
+            gained,
+            moved + released,
+            "gained {gained} = moved {moved} + released {released}"
+        );
+        assert_eq!(gained, 2.0);
+        b.stop().await.unwrap();
+    }
+
     /// The owned set, on every change, with the member count.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn subscribers_see_the_owned_set_change() {

@@ -479,7 +479,9 @@ impl<'a> Member<'a> {
         tracing::warn!(key = %self.pg.key, cause = %loss, shards = lost, "membership lost; every shard's term ended");
     }
 
-    /// Ends every live term with `end`; returns how many there were.
+    /// Ends every live term with `end`, and gives up the drains of moved shards; returns how
+    /// many shards this member thus gave up (the moved ones still draining included, so that
+    /// the moves counter adds up to the owned gauge).
     fn end_all(&mut self, end: TermEnd, change: Change) -> usize {
         let mut ended = 0;
         for i in 0..self.owned.len() {
@@ -487,9 +489,11 @@ impl<'a> Member<'a> {
                 self.inner.shards[i].shared.demote(end, change);
                 ended += 1;
             }
+            if std::mem::take(&mut self.draining[i]) {
+                ended += 1;
+            }
         }
         self.drains.abort_all();
-        self.draining.fill(false);
         ended
     }
 
@@ -507,7 +511,7 @@ impl<'a> Member<'a> {
                     .demote_to_drain(TermEnd::Shutdown, Change::Released)
             })
             .collect();
-        let released = graces.len();
+        let mut released = graces.len();
         let work: Vec<&InFlight> = had
             .iter()
             .map(|&i| self.inner.shards[i].shared.in_flight())
@@ -528,7 +532,7 @@ impl<'a> Member<'a> {
             None => false,
         };
         // The moved shards still draining, and their tasks, end with the others.
-        self.end_all(TermEnd::Shutdown, Change::Released);
+        released += self.end_all(TermEnd::Shutdown, Change::Released);
         // The terms' fenced writes end here, before the unlock.
         drop(graces);
         if !held {
