@@ -184,13 +184,7 @@ impl<'a> Member<'a> {
             view = sql::check(&session, self.inner.class, MEMBER_OBJECT, bound) => view,
         }
         .map_err(|e| Loss::from_check(Err(e)))?;
-        if !view.ours {
-            tracing::error!(key = %self.pg.key, "{POOLER}: the member's check ran on a server session that is not its lock session, or that another elector's try reached");
-            return Err(Loss::of(LossCause::Pooler));
-        }
-        if !view.members.contains(&view.pid) {
-            return Err(Loss::of(LossCause::LockGone));
-        }
+        proves_membership(&view, self.pg)?;
         // A late answer does not revive a lease that ran out.
         if !lease.is_live() {
             return Err(Loss::of(LossCause::LeaseExpired));
@@ -521,11 +515,7 @@ impl<'a> Member<'a> {
                 let (inner, pg) = (self.inner, self.pg);
                 drain_checked(pg, &work, || async {
                     let view = sql::check(session, inner.class, MEMBER_OBJECT, pg.interval).await;
-                    match view {
-                        Ok(view) if view.ours && view.members.contains(&view.pid) => Ok(()),
-                        Ok(_) => Err(Loss::of(LossCause::LockGone)),
-                        Err(e) => Err(Loss::from_check(Err(e))),
-                    }
+                    proves_membership(&view.map_err(|e| Loss::from_check(Err(e)))?, pg)
                 })
                 .await
             }
@@ -559,6 +549,20 @@ impl<'a> Member<'a> {
             metrics.count_move(cause, shards);
         }
     }
+}
+
+/// Whether a check's `view` proves the session still the member's: its own session (not one
+/// a transaction pooler handed out), still holding the membership lock. The rule of a round's
+/// check and of the leave's drain alike.
+fn proves_membership(view: &View, pg: &PgSettings) -> Result<(), Loss> {
+    if !view.ours {
+        tracing::error!(key = %pg.key, "{POOLER}: the member's check ran on a server session that is not its lock session, or that another elector's try reached");
+        return Err(Loss::of(LossCause::Pooler));
+    }
+    if !view.members.contains(&view.pid) {
+        return Err(Loss::of(LossCause::LockGone));
+    }
+    Ok(())
 }
 
 impl Drop for Member<'_> {
