@@ -162,6 +162,15 @@ impl Elector {
             .map_or(crate::DEFAULT_CHECK_INTERVAL, |pg| pg.drain_timeout)
     }
 
+    /// The longest a graceful stop of this elector takes once its shutdown is cancelled: the
+    /// drain, one check while draining and the unlock on PostgreSQL; the drain timeout of a
+    /// local elector. A [`Supervisor`](crate::background::Supervisor) waits at least this long
+    /// for its workers.
+    pub(crate) fn graceful_stop_bound(&self) -> Duration {
+        self.pg()
+            .map_or_else(|| self.drain_timeout(), PgSettings::handover_bound)
+    }
+
     /// Whether this replica leads now: one atomic load, plus a clock read on the leader for
     /// its local lease. Callable from any thread, inside or outside a runtime.
     ///

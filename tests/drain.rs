@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
 use common::handover::{a_leads_b_stands_by, write, writes, writes_table};
@@ -249,13 +249,14 @@ fn fast_pair_elector(db: &TestDb, key: LockKey, name: &str) -> Elector {
 const SLOW_WRITE: &str =
     "INSERT INTO writes (replica, at) SELECT 'a', clock_timestamp() FROM pg_sleep(0.3)";
 
-/// One step of the old leader's work, on `client`: says it has started (to `started`), then runs
-/// the [`SLOW_WRITE`].
-async fn slow_write(
-    client: &tokio_postgres::Client,
-    started: &tokio::sync::Notify,
-) -> Result<(), String> {
-    started.notify_one();
+/// How many slow writes the old leader's work has started: the test cancels 50 ms after a start
+/// it saw happen, never on a start counted before it looked.
+type Starts = Arc<tokio::sync::watch::Sender<u32>>;
+
+/// One step of the old leader's work, on `client`: counts a start (in `started`), then runs the
+/// [`SLOW_WRITE`].
+async fn slow_write(client: &tokio_postgres::Client, started: &Starts) -> Result<(), String> {
+    started.send_modify(|n| *n += 1);
     client
         .execute(SLOW_WRITE, &[])
         .await
@@ -264,19 +265,16 @@ async fn slow_write(
 }
 
 /// The quick start's wiring with fast takeover: the election and the leader's work as workers
-/// of one supervisor, whose shutdown cancels both at once. Starts `a`'s supervisor (built by
-/// `with_work` on top of its election), waits until `a`
-/// leads and `b` (fast takeover, under a supervisor of its own) waits for the lock, then until
-/// `a`'s work has started its slow write, cancels `a`'s supervisor 50 ms into it, and lets `b`
-/// write as soon as it leads. Asserts that `a`'s row precedes `b`'s by the server's clock.
+/// of one supervisor (`base`), whose shutdown cancels both at once. Starts `a`'s supervisor
+/// (built by `with_work` on top of its election), waits until `a` leads and `b` (fast takeover,
+/// under a supervisor of its own) waits for the lock, then for the next start of `a`'s slow
+/// write, cancels `a`'s supervisor 50 ms into it, and lets `b` write as soon as it leads.
+/// Asserts that `a`'s write in flight at the cancel committed, and before `b`'s first write by
+/// the server's clock.
 async fn supervised_handover(
     key: LockKey,
-    with_work: impl FnOnce(
-        Supervisor,
-        &Elector,
-        deadpool_postgres::Pool,
-        Arc<tokio::sync::Notify>,
-    ) -> Supervisor,
+    base: Supervisor,
+    with_work: impl FnOnce(Supervisor, &Elector, deadpool_postgres::Pool, Starts) -> Supervisor,
 ) {
     let _serial = serial();
     let db = fresh_db().await;
@@ -285,9 +283,9 @@ async fn supervised_handover(
     // Each replica writes through a pool of its own, as two processes would.
     let (a_pool, b_pool) = (db.pool(4), db.pool(2));
     let a = fast_pair_elector(&db, key, "a");
-    let started = Arc::new(tokio::sync::Notify::new());
+    let started: Starts = Arc::new(tokio::sync::watch::Sender::new(0));
     let a_shutdown = CancellationToken::new();
-    let a_supervisor = with_work(Supervisor::new().election(&a), &a, a_pool, started.clone());
+    let a_supervisor = with_work(base.election(&a), &a, a_pool, started.clone());
     let a_run = tokio::spawn(a_supervisor.run(a_shutdown.clone()));
     wait_for(10 * I, || a.is_leader()).await.expect("a leads");
     let b = fast_pair_elector(&db, key, "b");
@@ -295,9 +293,15 @@ async fn supervised_handover(
     let b_run = tokio::spawn(Supervisor::new().election(&b).run(b_shutdown.clone()));
     session_waiting(&admin, key, "b", 10 * I).await;
 
-    started.notified().await;
+    let mut starts = started.subscribe();
+    starts.borrow_and_update();
+    tokio::time::timeout(10 * I, starts.changed())
+        .await
+        .expect("a's work starts a slow write within 10·I")
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let began = Instant::now();
+    let cancelled_at = SystemTime::now();
     a_shutdown.cancel();
     let term = b.wait_for_leadership().await;
     assert!(term.is_leader());
@@ -311,7 +315,12 @@ async fn supervised_handover(
         Some(&"b"),
         "every write of a's term, then b's first: {rows:?}"
     );
-    assert!(order.len() >= 2, "a's write in flight landed: {rows:?}");
+    let a_last = rows.iter().rev().find(|(r, _)| r == "a").map(|(_, at)| *at);
+    assert!(
+        a_last.is_some_and(|at| at > cancelled_at),
+        "a's write in flight at the cancel (started 50 ms before it) committed after it: \
+         {rows:?}, cancelled at {cancelled_at:?}"
+    );
     eprintln!(
         "b led {b_led:?} after a's supervisor was cancelled, {:?} after a's last write",
         rows[rows.len() - 1]
@@ -326,25 +335,41 @@ async fn supervised_handover(
 /// A supervised tick in flight at shutdown lands before the next leader's first write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_supervised_tick_in_flight_at_shutdown_lands_first() {
-    supervised_handover(LockKey::new(0xd7, 10), |supervisor, a, pool, started| {
-        let sweep = LeaderTicker::new("sweep", a, I);
-        supervisor.ticker(sweep, move |_term| {
-            let (pool, started) = (pool.clone(), started.clone());
-            async move {
-                let client = pool.get().await.map_err(|e| e.to_string())?;
-                slow_write(&client, &started).await?;
-                Ok::<_, String>(())
-            }
-        })
+    supervised_handover(LockKey::new(0xd7, 10), Supervisor::new(), ticking_writer).await;
+}
+
+/// A supervisor's shutdown timeout shorter than the elector's drain does not cut the drain: the
+/// tick in flight still lands before the next leader's first write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_shutdown_timeout_still_drains_the_tick() {
+    let hasty = Supervisor::new().shutdown_timeout(Duration::from_millis(10));
+    supervised_handover(LockKey::new(0xd7, 12), hasty, ticking_writer).await;
+}
+
+/// A ticker on `a` whose every tick is one slow write.
+fn ticking_writer(
+    supervisor: Supervisor,
+    a: &Elector,
+    pool: deadpool_postgres::Pool,
+    started: Starts,
+) -> Supervisor {
+    let sweep = LeaderTicker::new("sweep", a, I);
+    supervisor.ticker(sweep, move |_term| {
+        let (pool, started) = (pool.clone(), started.clone());
+        async move {
+            let client = pool.get().await.map_err(|e| e.to_string())?;
+            slow_write(&client, &started).await?;
+            Ok::<_, String>(())
+        }
     })
-    .await;
 }
 
 /// A supervised while-leader loop mid-statement at shutdown lands before the next leader's first
 /// write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_supervised_loop_mid_statement_at_shutdown_lands_first() {
-    supervised_handover(LockKey::new(0xd7, 11), |supervisor, a, pool, started| {
+    let key = LockKey::new(0xd7, 11);
+    supervised_handover(key, Supervisor::new(), |supervisor, a, pool, started| {
         let writer = WhileLeader::new("writer", a);
         supervisor.while_leader(writer, move |term| {
             let (pool, started) = (pool.clone(), started.clone());

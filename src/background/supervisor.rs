@@ -187,6 +187,9 @@ pub struct Supervisor {
     workers: Vec<(Arc<str>, Factory)>,
     policy: RestartPolicy,
     shutdown_timeout: Duration,
+    /// The longest its electors and launchers may take to stop gracefully: the shutdown waits
+    /// at least this long, whatever its timeout.
+    stop_bound: Duration,
     probe: Probe,
 }
 
@@ -204,6 +207,7 @@ impl Supervisor {
             workers: Vec::new(),
             policy: RestartPolicy::default(),
             shutdown_timeout: Duration::from_secs(30),
+            stop_bound: Duration::ZERO,
             probe: Probe::new(DEFAULT_SUPERVISOR_PROBE),
         }
     }
@@ -216,6 +220,13 @@ impl Supervisor {
 
     /// How long [`run`](Self::run) waits for the workers after shutdown before it aborts the
     /// ones still running (each is named in a WARN line). Default 30 s.
+    ///
+    /// Never shorter than a graceful stop of the electors and launchers added with
+    /// [`election`](Self::election), [`ticker`](Self::ticker) and
+    /// [`while_leader`](Self::while_leader) may take (the elector's drain timeout, one check
+    /// interval while draining and the unlock's 2 s; a launcher's stop grace if longer): an
+    /// abort inside that time would drop the work the drain waits for, and the lock with the
+    /// session, so the next leader could start while that work's statements still run.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
@@ -249,7 +260,8 @@ impl Supervisor {
 
     /// Runs `elector`'s election as the worker `pg-elector`: the short form of
     /// `.worker("pg-elector", move |token| { let e = elector.clone(); async move { e.run(token).await } })`.
-    pub fn election(self, elector: &Elector) -> Self {
+    pub fn election(mut self, elector: &Elector) -> Self {
+        self.stop_bound = self.stop_bound.max(elector.graceful_stop_bound());
         let elector = elector.clone();
         self.worker("pg-elector", move |token| {
             let elector = elector.clone();
@@ -259,12 +271,13 @@ impl Supervisor {
 
     /// Runs `ticker` as a worker named after it, calling `tick` for every tick on the leader
     /// (see [`LeaderTicker::run`]).
-    pub fn ticker<F, Fut, E>(self, ticker: LeaderTicker, tick: F) -> Self
+    pub fn ticker<F, Fut, E>(mut self, ticker: LeaderTicker, tick: F) -> Self
     where
         F: Fn(Term) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
+        self.stop_bound = self.stop_bound.max(ticker.stop_bound());
         let tick = Arc::new(tick);
         let name = ticker.name().to_owned();
         self.worker(name, move |token| {
@@ -275,12 +288,13 @@ impl Supervisor {
 
     /// Runs `launcher` as a worker named after it, calling `run_loop` in every term this
     /// replica leads (see [`WhileLeader::run`]).
-    pub fn while_leader<F, Fut, E>(self, launcher: WhileLeader, run_loop: F) -> Self
+    pub fn while_leader<F, Fut, E>(mut self, launcher: WhileLeader, run_loop: F) -> Self
     where
         F: Fn(Term) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: fmt::Display + Send + 'static,
     {
+        self.stop_bound = self.stop_bound.max(launcher.stop_bound());
         let run_loop = Arc::new(run_loop);
         let name = launcher.name().to_owned();
         self.worker(name, move |token| {
@@ -334,7 +348,8 @@ impl Supervisor {
                 },
             }
         }
-        let waited = tokio::time::timeout(self.shutdown_timeout, async {
+        let limit = self.shutdown_timeout.max(self.stop_bound);
+        let waited = tokio::time::timeout(limit, async {
             while let Some(joined) = tasks.join_next_with_id().await {
                 joined_one(&mut running, joined);
             }
@@ -344,7 +359,7 @@ impl Supervisor {
             let names: Vec<&str> = running.iter().map(|(_, name)| &**name).collect();
             tracing::warn!(
                 workers = ?names,
-                timeout = ?self.shutdown_timeout,
+                timeout = ?limit,
                 "workers did not stop within the shutdown timeout; aborting them"
             );
             tasks.shutdown().await;
@@ -380,6 +395,7 @@ impl fmt::Debug for Supervisor {
             )
             .field("policy", &self.policy)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("stop_bound", &self.stop_bound)
             .field("probe", &self.probe)
             .finish()
     }

@@ -126,6 +126,12 @@ impl LeaderTicker {
         self.period
     }
 
+    /// How long this ticker may take to stop once its shutdown is cancelled: a tick in flight
+    /// runs on for the elector's drain timeout, which the elector's own graceful stop covers.
+    pub(super) fn stop_bound(&self) -> Duration {
+        self.gate.elector().graceful_stop_bound()
+    }
+
     /// Ticks until `shutdown` is cancelled.
     ///
     /// `tick` is called once per tick, on the leader only, with the term; its future need

@@ -229,6 +229,13 @@ impl WhileLeader {
         }
     }
 
+    /// How long this launcher may take to stop once its shutdown is cancelled: its loop runs
+    /// on for the drain timeout or its grace, which the elector's graceful stop covers unless
+    /// the grace is longer.
+    pub(super) fn stop_bound(&self) -> Duration {
+        self.grace.max(self.gate.elector().graceful_stop_bound())
+    }
+
     fn record(&self, outcome: TickOutcome) {
         if let Some(probe) = &self.probe {
             probe.record(outcome);
