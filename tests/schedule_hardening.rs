@@ -152,14 +152,12 @@ async fn times_out_after_the_wait(
     wait: Duration,
     call: impl Future<Output = Result<(), ScheduleError>>,
     hangs: &str,
+    says: fn(&ScheduleError) -> bool,
 ) {
     let started = std::time::Instant::now();
     let outcome = tokio::time::timeout(10 * wait, call).await.expect(hangs);
     let took = started.elapsed();
-    assert!(
-        matches!(outcome, Err(pg_elector::schedule::ScheduleError::Timeout(w)) if w == wait),
-        "{outcome:?}"
-    );
+    assert!(outcome.as_ref().is_err_and(says), "{outcome:?}");
     assert!(
         took >= wait && took < wait + Duration::from_millis(1500),
         "bounded by the handle's wait of 1 s: {took:?}"
@@ -168,8 +166,10 @@ async fn times_out_after_the_wait(
 
 /// Item 7: `ScheduleHandle::trigger` and `reschedule` bounded only the pool borrow, not the
 /// query: behind a partition (a connection the pool already holds, then a blackhole) they hung.
-/// Each call is now bounded as a whole by the handle's wait (the poll interval, at least 1 s)
-/// and says `Timeout`.
+/// Each call is now bounded as a whole by the handle's wait (the poll interval, at least 1 s):
+/// the first says `Timeout` and closes the connection whose answer never came (given back, it
+/// would have made every later call wait on it in vain); the next, finding no connection it can
+/// open through the partition, says `PoolTimeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h7_handle_calls_in_a_partition_time_out_within_its_wait() {
     let _serial = serial();
@@ -191,7 +191,8 @@ async fn h7_handle_calls_in_a_partition_time_out_within_its_wait() {
 
     // Another replica's handle, through a proxy, on a pool of one that holds its connection.
     let proxy = shared_server_proxy().await;
-    let handle = Schedule::new(&Elector::manual().0, db.pool_via(proxy.addr(), 1))
+    let pool = db.pool_via(proxy.addr(), 1);
+    let handle = Schedule::new(&Elector::manual().0, pool.clone())
         .poll_interval(Duration::from_millis(50))
         .handle();
     handle
@@ -208,12 +209,19 @@ async fn h7_handle_calls_in_a_partition_time_out_within_its_wait() {
         wait,
         handle.trigger("report"),
         "trigger returns through a partition, rather than hanging",
+        |e| matches!(e, ScheduleError::Timeout(w) if *w == Duration::from_secs(1)),
     )
     .await;
+    assert_eq!(
+        pool.status().size,
+        0,
+        "the connection whose answer never came is closed, not given back"
+    );
     times_out_after_the_wait(
         wait,
         handle.reschedule("report", &Job::every("report", Duration::from_secs(60))),
         "reschedule returns through a partition, rather than hanging",
+        |e| matches!(e, ScheduleError::PoolTimeout(w) if *w == Duration::from_secs(1)),
     )
     .await;
 
@@ -733,12 +741,25 @@ async fn sleep_until(at: SystemTime) {
 /// missed while nobody led: both run once the lock goes, and the one after on time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h4_with_skip_a_claim_that_waited_on_a_row_lock_still_runs() {
+    claim_waits_on_a_row_lock(pg_elector::schedule::CatchUp::Skip).await;
+}
+
+/// The same with `CatchUp::Latest`, which read the two dues the same way (as missed, and ran
+/// only the later one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h4_with_latest_a_claim_that_waited_on_a_row_lock_runs() {
+    claim_waits_on_a_row_lock(pg_elector::schedule::CatchUp::Latest).await;
+}
+
+/// A row lock held around a due for 3 s, with the job's `catch_up`: the due, the one that passed
+/// during the wait and the one after each run once.
+async fn claim_waits_on_a_row_lock(catch_up: pg_elector::schedule::CatchUp) {
     let _serial = serial();
     let db = fresh_db().await;
     let period = Duration::from_secs(2);
     let (starts, capture, sched) = leading_schedule(
         db.pool(2),
-        Job::every("locked", period).catch_up(pg_elector::schedule::CatchUp::Skip),
+        Job::every("locked", period).catch_up(catch_up),
         Duration::from_millis(10),
     );
     first_start(&starts, Duration::from_secs(4), "the job runs").await;

@@ -30,6 +30,17 @@ async fn commits(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
+/// Whether the application gets both connections of its two-connection pool within I.
+async fn both_connections(pool: &deadpool_postgres::Pool) -> bool {
+    tokio::time::timeout(I, async {
+        let first = pool.get().await.unwrap();
+        let second = pool.get().await.unwrap();
+        (first, second)
+    })
+    .await
+    .is_ok()
+}
+
 mod e3 {
     use super::*;
 
@@ -351,20 +362,49 @@ mod e3 {
             .expect("the waiting session takes over");
         drop(held);
         tokio::time::sleep(2 * I).await;
-        let both = tokio::time::timeout(I, async {
-            let first = pool.get().await.unwrap();
-            let second = pool.get().await.unwrap();
-            (first, second)
-        })
-        .await;
         assert!(
-            both.is_ok(),
+            both_connections(&pool).await,
             "the application cannot have both connections of its pool while the standby leads: {:?}",
             pool.status()
         );
         assert!(standby.elector.is_leader());
-        drop(both);
         standby.stop().await.unwrap();
+    }
+
+    /// A borrow left under way gives its connection back when the standby resigns: no try
+    /// comes during its cooldown to take the connection the borrow got.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_borrow_left_under_way_ends_at_a_resign() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 0x6);
+        let poll = |pool| {
+            Elector::builder(pool, key)
+                .check_interval(I)
+                .build()
+                .unwrap()
+        };
+        let leader = Replica::run(poll(db.pool(2)));
+        wait_for(3 * I, || leader.elector.is_leader())
+            .await
+            .expect("the first replica leads");
+        let pool = db.pool(2);
+        let standby = Replica::run(poll(pool.clone()));
+        let held = (pool.get().await.unwrap(), pool.get().await.unwrap());
+        // A try or two find no connection within I; the last borrow stays under way.
+        tokio::time::sleep(3 * I).await;
+        assert!(!standby.elector.resign(Duration::from_secs(60)).await);
+        tokio::time::sleep(2 * I).await;
+        drop(held);
+        tokio::time::sleep(2 * I).await;
+        assert!(
+            both_connections(&pool).await,
+            "the application cannot have both connections of its pool while the standby cools \
+             down: {:?}",
+            pool.status()
+        );
+        standby.stop().await.unwrap();
+        leader.stop().await.unwrap();
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use tokio_postgres::types::Type;
 
 use super::fence::{DEFAULT_TABLE, FenceTable};
-use super::session::Borrowed;
+use crate::pooled::Borrowed;
 use crate::{Error, LockKey};
 
 /// Who leads a key, as the server sees it; from [`current_leader`] or
@@ -81,7 +81,7 @@ pub(crate) async fn leader_via(
         .await
         .map_err(|_| Error::PoolTimeout(bound))?
         .map_err(|e| Error::Pool(Box::new(e)))?;
-    let borrowed = Borrowed(Some(object));
+    let borrowed = Borrowed::new(object);
     let found = tokio::time::timeout(bound, leader_of(borrowed.client(), key, table))
         .await
         .map_err(|_| Error::Timeout(bound))?;

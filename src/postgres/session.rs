@@ -12,6 +12,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::handover::{self, Unlocked};
 use crate::LockKey;
 use crate::lease::now_ms;
+use crate::pooled::Borrowed;
 
 /// The try, in one statement so that even a transaction pooler runs it on one
 /// server session, and so that a granted lock never exists on a session without its bounds.
@@ -62,17 +63,34 @@ const TRY_LOCK: &str = "SELECT answer, \
                  THEN 'granted' END END \
      ELSE 'refused' END AS answer OFFSET 0) AS try";
 
+/// The SQL test that the server session is this grant's alone: it carries the grant's mark
+/// (the text parameter `$mark`, such as `"$3"`) and no other elector's visit (which a try that
+/// found the mark left, see [`TRY_LOCK`]). Every statement after a grant that must see a server
+/// session shared by a transaction-mode pooler tests it: the leader's check, a shard member's
+/// check and its tries.
+macro_rules! ours_alone {
+    ($mark:literal) => {
+        concat!(
+            "(coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = ",
+            $mark,
+            "::text AND coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = '')"
+        )
+    };
+}
+pub(crate) use ours_alone;
+
 /// The leader check: the session answers, still holds the lock, and is still ours alone
-///: it carries our mark and no other elector's visit.
+/// ([`ours_alone`]).
 ///
 /// It reads `pg_locks` alone and takes no lock of the server's shared lock table (a shared
 /// catalog such as `pg_database` would take one), so a leader keeps passing its check when
 /// that table is full. The session's own advisory locks are all in its own database.
-const CHECK: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+const CHECK: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
-     AND granted AND pid = pg_catalog.pg_backend_pid()), \
-     coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
-     coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = ''";
+     AND granted AND pid = pg_catalog.pg_backend_pid()), ",
+    ours_alone!("$3")
+);
 
 /// How often the leader looks at its connection and its lease between checks, in both modes: a
 /// closed socket, or a lease that expired while the process was frozen, is noticed within this
@@ -268,7 +286,7 @@ impl Answer {
     }
 }
 
-/// What a leader check found.
+/// What a check found: a leader's of its lock, or a shard member's of its membership lock.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Check {
     /// The session holds the lock and is ours alone.
@@ -278,6 +296,21 @@ pub(crate) enum Check {
     /// The check ran on a server session without our mark, or one another elector's try has
     /// visited: the connection goes through a transaction-mode pooler.
     SharedSession,
+}
+
+impl Check {
+    /// What a check's two findings mean: whether the server session is ours alone
+    /// ([`ours_alone`]), and whether it holds the lock. A session that is not ours alone proves
+    /// nothing about the lock, whatever the lock's finding says.
+    pub(crate) fn of(ours_alone: bool, holds: bool) -> Self {
+        if !ours_alone {
+            Self::SharedSession
+        } else if holds {
+            Self::Holds
+        } else {
+            Self::Lost
+        }
+    }
 }
 
 /// A standby's way to the pool. A borrow that is still under way when the standby stops
@@ -335,9 +368,11 @@ impl Borrower {
 /// through any pooler and leaves no prepared statement behind on the server session.
 ///
 /// A refused try gives the connection back to the pool unchanged. A granted one takes it out
-/// of the pool for good. Any other outcome (an error, a timeout, an answer this elector does
-/// not know, or this future being dropped mid-way) closes the connection instead of returning
-/// it, because the lock may have been granted on it without our hearing of it.
+/// of the pool for good. A server in recovery gets its connection closed, so that the next try
+/// opens a new one. Any other outcome (an error, a timeout,
+/// an answer this elector does not know, or this future being dropped mid-way) closes the
+/// connection instead of returning it, because the lock may have been granted on it without
+/// our hearing of it.
 pub(crate) async fn try_acquire(
     borrower: &mut Borrower,
     key: LockKey,
@@ -348,7 +383,7 @@ pub(crate) async fn try_acquire(
     bound: Duration,
 ) -> Result<Attempt, SessionError> {
     let object = borrower.get(wait).await?;
-    let borrowed = Borrowed(Some(object));
+    let borrowed = Borrowed::new(object);
     let mark = session_mark();
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
     let sent_at = now_ms();
@@ -393,7 +428,12 @@ pub(crate) async fn try_acquire(
             ));
         }
         Some(Answer::Refused) => Attempt::Refused,
-        Some(Answer::Recovery) => Attempt::InRecovery,
+        // A server in recovery never yields the lock, however often it is asked: closing the
+        // connection (dropping `borrowed`) makes the next try open a new one, which follows an
+        // address that has moved on (a virtual IP or DNS name re-pointed at the primary after
+        // a failover) instead of asking the same standby again for as long as the pool keeps
+        // it.
+        Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
         Some(Answer::Marked) => Attempt::SharedSession,
         // Dropping `borrowed` closes the connection.
         Some(Answer::Moved | Answer::Armed(_) | Answer::Full) | None => {
@@ -434,7 +474,7 @@ impl LockSession {
 
     /// The leader check, as one unnamed statement.
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
-        let (holds, ours, unvisited): (bool, bool, bool) = bounded(bound, async {
+        let (holds, ours_alone): (bool, bool) = bounded(bound, async {
             let rows = self
                 .client
                 .query_typed(
@@ -447,19 +487,13 @@ impl LockSession {
                 )
                 .await?;
             match rows.first() {
-                Some(row) => Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)),
+                Some(row) => Ok((row.try_get(0)?, row.try_get(1)?)),
                 // A SELECT without FROM always returns one row.
-                None => Ok((false, false, false)),
+                None => Ok((false, false)),
             }
         })
         .await?;
-        Ok(if !(ours && unvisited) {
-            Check::SharedSession
-        } else if holds {
-            Check::Holds
-        } else {
-            Check::Lost
-        })
+        Ok(Check::of(ours_alone, holds))
     }
 
     /// Gives the lock up gracefully, marking the session it hands the lock to (see
@@ -505,38 +539,6 @@ pub(super) async fn bounded<T>(
         .await
         .map_err(|_| SessionError::Timeout(bound))?
         .map_err(SessionError::Query)
-}
-
-/// A pooled connection on which a try is in flight. Unless it is given back or kept, dropping
-/// it closes the connection: its lock state is unknown.
-pub(super) struct Borrowed(pub(super) Option<Object>);
-
-impl Borrowed {
-    pub(super) fn client(&self) -> &Object {
-        self.0
-            .as_ref()
-            .expect("a borrowed connection is present until it is let go")
-    }
-
-    /// Back to the pool, unchanged.
-    pub(super) fn give_back(mut self) {
-        drop(self.0.take());
-    }
-
-    /// Out of the guard, to be taken from the pool.
-    pub(super) fn keep(mut self) -> Object {
-        self.0
-            .take()
-            .expect("a borrowed connection is present until it is let go")
-    }
-}
-
-impl Drop for Borrowed {
-    fn drop(&mut self) {
-        if let Some(object) = self.0.take() {
-            drop(Object::take(object));
-        }
-    }
 }
 
 #[cfg(test)]

@@ -26,11 +26,11 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::handover;
 use super::session::{
-    Answer, Attempt, Borrowed, LockSession, SessionBounds, SessionError, answer_of, bounded,
-    session_mark,
+    Answer, Attempt, LockSession, SessionBounds, SessionError, answer_of, bounded, session_mark,
 };
 use crate::LockKey;
 use crate::lease::now_ms;
+use crate::pooled::Borrowed;
 
 /// How many standbys may wait for a key at once. The server's queue for the key then stays
 /// this short whatever the size of the fleet: every session that waits on a lock runs
@@ -175,8 +175,9 @@ pub(super) async fn wait(
         .map_err(|_| SessionError::PoolTimeout(interval))?
         .map_err(SessionError::Pool)?;
     // Until it is armed, the connection goes back to the pool unchanged (every slot taken, a
-    // read replica, a shared session), or is closed on any other outcome: it may hold a slot.
-    let borrowed = Borrowed(Some(object));
+    // shared session), or is closed on any other outcome: it may hold a slot, or it reached a
+    // server in recovery, which the next try must not ask again (see `try_acquire`).
+    let borrowed = Borrowed::new(object);
     let mark = session_mark();
     let slot = match arm(
         &borrowed,
@@ -190,6 +191,7 @@ pub(super) async fn wait(
     .await?
     {
         Armed::Slot(slot) => slot,
+        Armed::Refused(attempt @ Attempt::InRecovery) => return Ok(attempt),
         Armed::Refused(attempt) => {
             borrowed.give_back();
             return Ok(attempt);
@@ -201,7 +203,7 @@ pub(super) async fn wait(
 }
 
 /// What arming a session came to: the waiting slot it took, or a refusal (the connection then
-/// goes back to the pool unchanged).
+/// goes back to the pool unchanged, but from a server in recovery).
 enum Armed {
     Slot(i64),
     Refused(Attempt),

@@ -2,13 +2,14 @@
 //! the job tables.
 
 use std::fmt;
-use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use tokio::time::Instant;
 
 use super::store::Store;
 use super::{Job, ScheduleError};
+use crate::pooled::Borrowed;
 
 /// Triggers or reschedules a schedule's jobs, from any replica (a standby's request reaches
 /// the leader at its next poll of the job's row); made by [`Schedule::handle`](super::Schedule::handle).
@@ -22,10 +23,13 @@ pub struct ScheduleHandle {
 }
 
 impl ScheduleHandle {
-    async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
-        tokio::time::timeout(self.wait, self.pool.get())
+    /// A pool connection by `deadline`, closed rather than given back unless
+    /// [`give_back`](Borrowed::give_back) is called once its statement answered.
+    async fn borrow(&self, deadline: Instant) -> Result<Borrowed, ScheduleError> {
+        tokio::time::timeout_at(deadline, self.pool.get())
             .await
             .map_err(|_| ScheduleError::PoolTimeout(self.wait))?
+            .map(Borrowed::new)
             .map_err(|e| ScheduleError::Pool(Box::new(e)))
     }
 
@@ -33,14 +37,21 @@ impl ScheduleHandle {
         Store::new(self.schema.as_deref(), &self.prefix)
     }
 
-    /// One call of the handle, borrow and statement together, bounded by the handle's wait.
-    async fn bounded<T>(
+    /// One call of the handle, borrow and statement together, bounded by the handle's wait: a
+    /// connection whose answer did not come in time is closed (behind a partition the next
+    /// call would wait on it in vain).
+    async fn call(
         &self,
-        call: impl Future<Output = Result<T, ScheduleError>>,
-    ) -> Result<T, ScheduleError> {
-        tokio::time::timeout(self.wait, call)
+        statement: impl AsyncFnOnce(&Store, &tokio_postgres::Client) -> Result<bool, ScheduleError>,
+    ) -> Result<bool, ScheduleError> {
+        let deadline = Instant::now() + self.wait;
+        let store = self.store()?;
+        let client = self.borrow(deadline).await?;
+        let answer = tokio::time::timeout_at(deadline, statement(&store, client.client()))
             .await
-            .map_err(|_| ScheduleError::Timeout(self.wait))?
+            .map_err(|_| ScheduleError::Timeout(self.wait))?;
+        client.give_back();
+        answer
     }
 
     /// Asks the leader to run `job` now, once, besides its schedule (recorded as a
@@ -52,28 +63,20 @@ impl ScheduleHandle {
     /// # Errors
     ///
     /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
-    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// [`ScheduleError::Timeout`] when the answer did not come within the handle's wait (a
     /// partition, a server that does not answer: the request may still have reached the
-    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
-    /// database error.
+    /// server; the connection is closed, not given back to the pool);
+    /// [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a database
+    /// error.
     ///
     /// # Cancel safety
     ///
     /// One statement: dropped before it was sent, nothing happens; after, the request stands.
     pub async fn trigger(&self, job: &str) -> Result<(), ScheduleError> {
-        let store = self.store()?;
         let known = self
-            .bounded(async {
-                let client = self.client().await?;
-                store.trigger(&client, &self.namespace, job).await
-            })
+            .call(async |store, client| store.trigger(client, &self.namespace, job).await)
             .await?;
-        match known {
-            true => Ok(()),
-            false => Err(ScheduleError::UnknownJob {
-                job: job.to_owned(),
-            }),
-        }
+        known_job(known, job)
     }
 
     /// Changes `job`'s schedule to `schedule`'s (the name is the job's), from its next due
@@ -86,30 +89,31 @@ impl ScheduleHandle {
     /// # Errors
     ///
     /// [`ScheduleError::UnknownJob`] when no leader registered the job yet;
-    /// [`ScheduleError::Timeout`] when the call took longer than the handle's wait (a
+    /// [`ScheduleError::Timeout`] when the answer did not come within the handle's wait (a
     /// partition, a server that does not answer: the change may still have reached the
-    /// server); [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a
-    /// database error.
+    /// server; the connection is closed, not given back to the pool);
+    /// [`ScheduleError::PoolTimeout`] when the pool had no connection within it; a database
+    /// error.
     ///
     /// # Cancel safety
     ///
     /// One statement: dropped before it was sent, nothing changes; after, the change stands.
     pub async fn reschedule(&self, job: &str, schedule: &Job) -> Result<(), ScheduleError> {
-        let store = self.store()?;
+        let spec = schedule.schedule();
         let known = self
-            .bounded(async {
-                let client = self.client().await?;
-                store
-                    .reschedule(&client, &self.namespace, job, &schedule.schedule())
-                    .await
-            })
+            .call(async |store, client| store.reschedule(client, &self.namespace, job, &spec).await)
             .await?;
-        match known {
-            true => Ok(()),
-            false => Err(ScheduleError::UnknownJob {
-                job: job.to_owned(),
-            }),
-        }
+        known_job(known, job)
+    }
+}
+
+/// `UnknownJob` when the statement found no row for `job`.
+fn known_job(known: bool, job: &str) -> Result<(), ScheduleError> {
+    match known {
+        true => Ok(()),
+        false => Err(ScheduleError::UnknownJob {
+            job: job.to_owned(),
+        }),
     }
 }
 

@@ -546,8 +546,9 @@ mod tests {
         assert_eq!(schedule.handle().wait, MAX_POLL_INTERVAL);
     }
 
+    /// Every bound derived from a user's duration saturates instead of overflowing.
     #[test]
-    fn every_bound_derived_from_a_user_duration_saturates_instead_of_overflowing() {
+    fn bounds_from_user_durations_saturate() {
         for poll in [
             Duration::ZERO,
             Duration::from_millis(10),

@@ -216,8 +216,10 @@ mod tests {
         assert_eq!(plan.skipped, []);
     }
 
+    /// Dues missed before the leader watched follow the catch-up policy, and the dropped ones
+    /// are counted.
     #[test]
-    fn dues_missed_before_the_leader_watched_follow_the_policy_and_are_counted() {
+    fn dues_missed_before_watching_follow_the_policy() {
         // Nobody led from 10:00 to 10:04:30; this leader watches from 10:04:30.
         let skip = plan_of("10:00:00", "10:04:30", "10:04:30", CatchUp::Skip);
         assert_eq!(skip.run, []);

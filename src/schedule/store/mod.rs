@@ -75,7 +75,6 @@ impl Outcome {
 pub(crate) struct JobRow {
     pub(crate) schedule: String,
     pub(crate) last_due: Option<Timestamp>,
-    pub(crate) outcome: Option<String>,
     pub(crate) claimed_term: Option<String>,
     pub(crate) trigger_requested: Option<Timestamp>,
     /// Dues whose abandoned run is still to be rerun, oldest first.
@@ -262,10 +261,9 @@ impl Store {
         Ok(Some(JobRow {
             schedule: row.try_get(0)?,
             last_due: row.try_get(1)?,
-            outcome: row.try_get(2)?,
-            claimed_term: row.try_get(3)?,
-            trigger_requested: row.try_get(4)?,
-            rerun_dues: row.try_get(5)?,
+            claimed_term: row.try_get(2)?,
+            trigger_requested: row.try_get(3)?,
+            rerun_dues: row.try_get(4)?,
         }))
     }
 
@@ -392,8 +390,9 @@ mod tests {
         assert!(store.insert_run.contains("make_interval(secs => $8)"));
     }
 
+    /// The DDL makes every column, and adds the later ones to older tables.
     #[test]
-    fn the_ddl_makes_every_column_and_adds_the_later_ones_to_older_tables() {
+    fn the_ddl_makes_and_upgrades_every_column() {
         let store = Store::new(None, "pg_elector_").unwrap();
         let ddl = store.ddl();
         for (table, column, kind) in ADDED_COLUMNS {

@@ -198,7 +198,7 @@ impl Tables {
     pub(super) fn load(&self) -> String {
         let jobs = &self.jobs;
         format!(
-            "SELECT schedule, last_due, outcome, claimed_term, trigger_requested, \
+            "SELECT schedule, last_due, claimed_term, trigger_requested, \
              ARRAY(SELECT d FROM unnest(rerun_dues) AS d ORDER BY d) \
              FROM {jobs} WHERE {KEY}"
         )
