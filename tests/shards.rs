@@ -273,8 +273,12 @@ mod f6 {
         b.stop().await.unwrap();
     }
 
-    /// A member whose lock session is terminated ends every shard's term at once, and the
-    /// others own them within 1·I, with no instant of two owners.
+    /// A member whose lock session is terminated ends every shard's term at once, and its
+    /// shards are owned again within 1·I (F6.5): by the other member at its next check, or by
+    /// the terminated one, which joins again at its next interval and takes its share at once.
+    /// Every shard of the group is owned within 2·I: a member that joins again before the
+    /// other's check is a new member (a new session, another pid, so another assignment), and
+    /// the shards the other hands it then wait for its next check. Never two owners.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_terminated_session_ends_every_term_of_its_member() {
         let _serial = serial();
@@ -292,12 +296,8 @@ mod f6 {
         // The member that owns shard 0, and its lock session's backend.
         let shard0 = a.shards.shard(0).unwrap();
         let victim = if a.shards.is_owner(shard0) { &a } else { &b };
-        let victim_terms: Vec<_> = victim
-            .shards
-            .owned()
-            .into_iter()
-            .map(|s| victim.shards.term(s))
-            .collect();
+        let theirs = victim.shards.owned();
+        let victim_terms: Vec<_> = theirs.iter().map(|&s| victim.shards.term(s)).collect();
         let admin = db.connect().await.unwrap();
         let pid = common::holders(&admin, shard0.key()).await[0];
         admin
@@ -312,18 +312,32 @@ mod f6 {
             assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
         }
         let ended = start.elapsed();
-        let took = wait_for(3 * I, || {
+        wait_for(3 * I, || {
+            theirs
+                .iter()
+                .all(|&s| a.shards.is_owner(s) || b.shards.is_owner(s))
+        })
+        .await
+        .expect("its shards owned again");
+        let theirs_again = start.elapsed();
+        wait_for(3 * I, || {
             a.shards.owned().len() + b.shards.owned().len() == count as usize
         })
         .await
         .expect("every shard owned again");
-        eprintln!("terms ended after {ended:?}; all owned again {took:?} later");
-        // Within 1·I when the survivor sees the member gone; the terminated member rejoins at
-        // its next interval, and a survivor whose check already lists it again leaves those
-        // shards to it: then 2·I.
+        let all_again = start.elapsed();
+        eprintln!(
+            "terms ended after {ended:?}; its shards owned again after {theirs_again:?}, all after {all_again:?}"
+        );
+        // The slack, I/2: a check's and a try's statements, a new connection for the rejoin,
+        // the 5 ms before a gained shard's term starts, on a loaded machine.
         assert!(
-            took <= 2 * I + I / 2,
-            "owned again within 2·I (+ slack): {took:?}"
+            theirs_again <= I + I / 2,
+            "its shards owned again within 1·I (+ I/2): {theirs_again:?}"
+        );
+        assert!(
+            all_again <= 2 * I + I / 2,
+            "every shard owned within 2·I (+ I/2): {all_again:?}"
         );
         let seen = monitor.finish().await;
         assert!(

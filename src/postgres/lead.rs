@@ -6,8 +6,8 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::give_back::hand_over;
-use super::loss::{Loss, POOLER};
-use super::session::{Check, LockSession, WATCH_POLL};
+use super::loss::{Loss, proven};
+use super::session::{LockSession, WATCH_POLL};
 use super::settings::PgSettings;
 use super::{Held, lease_length};
 use crate::lease::{Lease, deadline_after, now_ms};
@@ -89,20 +89,23 @@ async fn lead(
         if let Some(metrics) = shared.metrics() {
             metrics.observe_check(started.elapsed());
         }
-        match check {
-            // A late answer does not revive a lease that has run out: the term has ended for
-            // everyone who read `is_leader` meanwhile.
-            Ok(Check::Holds) if !shared.lease().is_live() => return lease_expired(),
-            Ok(Check::Holds) => shared
-                .lease()
-                .hold_until(deadline_after(sent_at, lease_length(pg.interval))),
-            Ok(Check::SharedSession) => {
-                tracing::error!(key = %pg.key, "{POOLER}: the leader check ran on a server session that is not the lock session, or that another elector's try reached");
-                return Led::Lost(Loss::of(LossCause::Pooler));
-            }
-            other => return Led::Lost(Loss::from_check(other)),
+        if let Err(loss) = proven(check, pg.key).and_then(|()| renew(shared.lease(), sent_at, pg)) {
+            return Led::Lost(loss);
         }
     }
+}
+
+/// Renews `lease` after a check sent at `sent_at` proved the session: it then runs until the
+/// lease length after `sent_at`, which it returns. A late answer does not revive a lease that
+/// ran out while the check was under way: the term has ended for everyone who read it
+/// meanwhile. The one rule of a leader's checks and a shard member's.
+pub(super) fn renew(lease: &Lease, sent_at: u64, pg: &PgSettings) -> Result<u64, Loss> {
+    if !lease.is_live() {
+        return Err(Loss::of(LossCause::LeaseExpired));
+    }
+    let deadline = deadline_after(sent_at, lease_length(pg.interval));
+    lease.hold_until(deadline);
+    Ok(deadline)
 }
 
 /// Completes, with the cause, when the lock connection closes or the local lease expires,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::session::{Check, SessionError};
+use crate::key::LockKey;
 use crate::term::LossCause;
 
 /// What the logs say when a transaction-mode pooler is detected.
@@ -46,6 +47,21 @@ impl Loss {
                 ..Self::of(LossCause::CheckFailed)
             },
         }
+    }
+}
+
+/// What a check's answer proves of a live term's session: `Ok` when the session is ours alone
+/// and holds the lock; otherwise the loss, with an ERROR naming the pooler when the check ran
+/// on a server session a transaction-mode pooler shares. The one reading of a leader's checks
+/// and a shard member's.
+pub(super) fn proven(check: Result<Check, SessionError>, key: LockKey) -> Result<(), Loss> {
+    match check {
+        Ok(Check::Holds) => Ok(()),
+        Ok(Check::SharedSession) => {
+            tracing::error!(key = %key, "{POOLER}: a check ran on a server session that is not its lock session, or that another elector's try reached");
+            Err(Loss::of(LossCause::Pooler))
+        }
+        other => Err(Loss::from_check(other)),
     }
 }
 

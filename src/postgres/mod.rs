@@ -27,6 +27,7 @@ mod handover;
 pub(crate) mod ident;
 mod lead;
 mod leader;
+mod lock_table;
 mod loss;
 mod repeats;
 mod session;
@@ -148,7 +149,7 @@ mod tests {
     /// run out while a check hangs in a partition, and wants the term over within the watch's
     /// poll, not at the check's timeout.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_term_ends_when_the_lease_runs_out_during_a_check_not_when_the_check_times_out() {
+    async fn a_lease_running_out_mid_check_ends_the_term_at_once() {
         let _serial = serial();
         let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
         let db = server.create_database().await.unwrap();

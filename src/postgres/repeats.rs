@@ -1,36 +1,41 @@
-//! Keeps a standby that fails the same way every I from flooding the log.
+//! Keeps a standby or a shard member that fails the same way every I from flooding the log.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How often a standby repeats the same complaint at its full level; in between, at DEBUG.
+/// How often a standby or a shard member repeats the same complaint at its full level; in between, at DEBUG.
 pub(super) const REPEAT_EVERY: Duration = Duration::from_secs(60);
 
-/// A failure is logged at its level when it is new (or differs from the last one) and once a
-/// minute while it lasts; in between at DEBUG (see [`loud_or_debug`]).
+/// A failure is logged at its level the first time and then once a minute while it lasts, in
+/// between at DEBUG (see [`loud_or_debug`]); each kind on its own clock, so that two failures
+/// that come in turn are not both loud every time.
 #[derive(Debug, Default)]
 pub(super) struct Repeats {
-    last: Option<(&'static str, Instant)>,
+    /// When each kind was last logged at its level (a handful of kinds at most).
+    loud_at: Vec<(&'static str, Instant)>,
 }
 
 impl Repeats {
     /// Whether a failure of `kind` now is logged at its own level.
     pub(super) fn loud(&mut self, kind: &'static str) -> bool {
         let now = Instant::now();
-        let loud = match self.last {
-            Some((last, at)) => last != kind || now.duration_since(at) >= REPEAT_EVERY,
-            None => true,
-        };
-        if loud {
-            self.last = Some((kind, now));
+        match self.loud_at.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, at)) if now.duration_since(*at) < REPEAT_EVERY => false,
+            Some((_, at)) => {
+                *at = now;
+                true
+            }
+            None => {
+                self.loud_at.push((kind, now));
+                true
+            }
         }
-        loud
     }
 
-    /// Forgets the last failure: the next one is new.
+    /// Forgets every failure: the next one is new.
     pub(super) fn clear(&mut self) {
-        self.last = None;
+        self.loud_at.clear();
     }
 }
 
@@ -65,5 +70,22 @@ mod tests {
             repeats.loud("acquire"),
             "after a refused try, the same failure is new"
         );
+    }
+
+    /// F6.7: a full lock table and a failed bump in turn are each loud once a minute, not
+    /// every round because the other came in between.
+    #[tokio::test(start_paused = true)]
+    async fn alternating_failures_are_each_loud_once_a_minute() {
+        let mut repeats = Repeats::default();
+        assert!(repeats.loud("lock table"));
+        assert!(repeats.loud("bump"));
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            assert!(!repeats.loud("lock table"));
+            assert!(!repeats.loud("bump"));
+        }
+        tokio::time::advance(REPEAT_EVERY).await;
+        assert!(repeats.loud("lock table"), "a minute later");
+        assert!(repeats.loud("bump"), "a minute later");
     }
 }

@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
+use super::lock_table;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{
@@ -256,8 +257,13 @@ pub(super) fn report_try(
         Ok(Attempt::SharedSession) => {
             loud_or_debug!(repeats.loud("pooler"), error, key = %key, "{POOLER}: {SHARED_TRY}")
         }
-        Err(e) => {
-            loud_or_debug!(repeats.loud("acquire"), warn, key = %key, error = %e, "acquire lock connection")
-        }
+        Err(e) => match lock_table::full(&e) {
+            Some(raise) => {
+                loud_or_debug!(repeats.loud("lock table"), error, key = %key, error = %e, "the server's shared lock table is full, so this replica cannot take the lock; {raise}")
+            }
+            None => {
+                loud_or_debug!(repeats.loud("acquire"), warn, key = %key, error = %e, "acquire lock connection")
+            }
+        },
     }
 }

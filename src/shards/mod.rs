@@ -58,6 +58,32 @@
 //! (6 400 with the defaults), shared with every other lock of the server. When the table is
 //! full, the shards that do not fit stay unowned, an ERROR line names the setting to raise
 //! (once a minute), and the shards already held stay held.
+//!
+//! **A group of one shard is not an [`Elector`].** Underneath they share the try, the lock
+//! session and its bounds, the check, the local lease, the drain and fencing. But a member's
+//! one session holds the locks of many shards, and that changes four things:
+//!
+//! - *No fast takeover.* A standby elector can keep a second session waiting on the server for
+//!   its one key. A member would need one waiting session per shard: the backends a group
+//!   exists to save. So a shard whose owner is gone is taken at another member's next check,
+//!   within 1·I, not within milliseconds.
+//! - *No handover marker.* A leader that gives its lock up gracefully marks the waiting
+//!   session it hands the lock to, so that the next term starts at once. A member that unlocks
+//!   a shard has no one to mark: no session waits for that shard, and the next owner's try
+//!   comes at its own next check. So every shard's term starts 5 ms after its lock is granted,
+//!   the pause that lets an owner whose session was ended under it step down first.
+//! - *No resign.* Which member owns a shard is computed from the member list, the same way on
+//!   every member, so a member that gave a shard up would find it its own again at its next
+//!   check. The `resign` of [`elector(shard)`](Shards::elector) does nothing and returns
+//!   `false`. To move work off a replica, stop it: its shards drain and move to the others.
+//! - *Behind a transaction pooler, a member is found out within two checks, not one.* Such a
+//!   pooler gives each statement whichever server session is free, so a session lock means
+//!   nothing there. A replica finds this out when its check lands on a server session that is
+//!   not its own, or on its own after another replica's try passed through it. Standby electors
+//!   try every interval, so a leader meets such a try before its next check. A member that has
+//!   joined tries no more through the pool, so the try that gives it away comes only from a
+//!   replica still joining, which may be one interval later. Either way, no shard ever has two
+//!   owners.
 
 use std::future::Future;
 use std::sync::Arc;

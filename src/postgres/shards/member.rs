@@ -20,28 +20,27 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinSet;
 use tokio::time::{Interval, timeout};
 use tokio_util::sync::CancellationToken;
 
-use super::sql::{self, TryError, View};
+use super::drains::{Drained, Drains};
+use super::sql::{self, View};
 use crate::in_flight::InFlight;
 use crate::lease::{deadline_after, now_ms};
 use crate::metrics::Change;
 use crate::postgres::give_back::drain_checked;
-use crate::postgres::lead::watch;
+use crate::postgres::lead::{renew, watch};
 use crate::postgres::lease_length;
-use crate::postgres::loss::{Loss, POOLER};
+use crate::postgres::lock_table;
+use crate::postgres::loss::{Loss, proven};
 use crate::postgres::repeats::{Repeats, loud_or_debug};
-use crate::postgres::session::LockSession;
+use crate::postgres::session::{LockSession, SessionError};
 use crate::postgres::settings::{PgSettings, RELEASE_BOUND};
 use crate::postgres::standby::SETTLE;
 use crate::shards::assign::assign;
 use crate::shards::group::{Inner, MEMBER_OBJECT};
 use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
-
-const LOCK_TABLE_FULL: &str = "the server's shared lock table is full, so shards this member should own stay unowned; raise max_locks_per_transaction (the table holds max_locks_per_transaction × (max_connections + max_prepared_transactions) locks, shared by the whole server)";
 
 /// How serving as a member ended.
 pub(super) enum Served {
@@ -55,7 +54,7 @@ pub(super) enum Served {
 enum Event {
     Shutdown,
     Lost(LossCause),
-    Drained(u32),
+    Drained(Drained),
     Tick,
 }
 
@@ -74,7 +73,7 @@ pub(super) struct Member<'a> {
     owned: Vec<bool>,
     /// The shards whose terms ended because they moved, draining before their unlock.
     draining: Vec<bool>,
-    drains: JoinSet<u32>,
+    drains: Drains,
     /// The members of the last check, sorted, and the shards they make this member's.
     members: Vec<i32>,
     mine: Vec<bool>,
@@ -98,7 +97,7 @@ impl<'a> Member<'a> {
             proved_at: joined_at,
             owned: vec![false; count],
             draining: vec![false; count],
-            drains: JoinSet::new(),
+            drains: Drains::default(),
             members: Vec::new(),
             mine: vec![false; count],
             repeats,
@@ -142,8 +141,21 @@ impl<'a> Member<'a> {
                         self.lose_all(&Loss::of(cause));
                         return Served::Lost;
                     }
-                    Event::Drained(shard) => {
-                        let unlocked = self.watched(|m| Box::pin(m.unlock_moved(shard))).await;
+                    Event::Drained(first) => {
+                        // With it, every other drain that has ended by now: one unlock for all
+                        // (a join moves a fair share of the shards at once).
+                        let mut shards = Vec::new();
+                        for Drained { shard, failure } in
+                            std::iter::once(first).chain(self.drains.ended())
+                        {
+                            if let Some(e) = failure {
+                                // Its grace ended with the task: the shard is unlocked all the
+                                // same, rather than kept without a term until the session ends.
+                                tracing::error!(key = %self.pg.key, shard, error = %e, "a moved shard's drain failed; unlocking it anyway");
+                            }
+                            shards.push(shard);
+                        }
+                        let unlocked = self.watched(|m| Box::pin(m.unlock_moved(shards))).await;
                         if let Err(loss) = unlocked {
                             self.lose_all(&loss);
                             return Served::Lost;
@@ -164,7 +176,7 @@ impl<'a> Member<'a> {
             biased;
             () = shutdown.cancelled() => Event::Shutdown,
             cause = watch(lease, session) => Event::Lost(cause),
-            Some(Ok(shard)) = self.drains.join_next() => Event::Drained(shard),
+            Some(drained) = self.drains.next() => Event::Drained(drained),
             _ = ticks.tick() => Event::Tick,
         }
     }
@@ -182,16 +194,10 @@ impl<'a> Member<'a> {
             biased;
             cause = watch(lease, &session) => return Err(Loss::of(cause)),
             view = sql::check(&session, self.inner.class, MEMBER_OBJECT, bound) => view,
-        }
-        .map_err(|e| Loss::from_check(Err(e)))?;
-        proves_membership(&view, self.pg)?;
-        // A late answer does not revive a lease that ran out.
-        if !lease.is_live() {
-            return Err(Loss::of(LossCause::LeaseExpired));
-        }
+        };
+        let view = proves_membership(view, self.pg)?;
+        let deadline = renew(lease, sent_at, self.pg)?;
         self.proved_at = sent_at;
-        let deadline = deadline_after(sent_at, lease_length(interval));
-        lease.hold_until(deadline);
         self.follow(&view);
         let held = self.renew_or_lose(&view, deadline);
         self.release_moved();
@@ -308,13 +314,12 @@ impl<'a> Member<'a> {
             let shared: Arc<Shared> = self.inner.shards[i].shared.clone();
             let (drain, key) = (self.pg.drain_timeout, self.pg.key);
             let index = i as u32;
-            self.drains.spawn(async move {
+            self.drains.spawn(index, async move {
                 if timeout(drain, shared.in_flight().drained()).await.is_err() {
                     tracing::warn!(key = %key, shard = index, still_running = ?shared.in_flight().names(), drain_timeout = ?drain, "a moved shard's work did not finish within the drain timeout; unlocking it anyway");
                 }
                 // Its fenced writes end here, before the unlock.
                 drop(grace);
-                index
             });
         }
         if moved > 0 {
@@ -325,7 +330,7 @@ impl<'a> Member<'a> {
     /// Locks the session holds without a term (a try whose statement failed part way):
     /// this member's become terms, the others are unlocked.
     async fn settle_strays(&mut self, held: &[bool]) -> Result<Vec<u32>, Loss> {
-        let mut adopted = Vec::new();
+        let (mut adopted, mut strays) = (Vec::new(), Vec::new());
         for (i, &holds) in held.iter().enumerate() {
             if !holds || self.owned[i] || self.draining[i] {
                 continue;
@@ -333,9 +338,10 @@ impl<'a> Member<'a> {
             if self.mine[i] {
                 adopted.push(i as u32);
             } else {
-                self.unlock(i as u32).await?;
+                strays.push(i as u32);
             }
         }
+        self.unlock(&strays).await?;
         Ok(adopted)
     }
 
@@ -352,15 +358,17 @@ impl<'a> Member<'a> {
             return Ok(Vec::new());
         }
         let bound = self.bound(self.pg.interval);
-        match sql::try_lock(session, self.inner.class, &want, bound).await {
-            Ok(granted) => Ok(granted),
-            Err(TryError::LockTableFull(e)) => {
-                let loud = self.repeats.loud("lock table");
-                loud_or_debug!(loud, error, key = %self.pg.key, error = %crate::error::chain(&e), "{LOCK_TABLE_FULL}");
-                Ok(Vec::new())
-            }
-            Err(TryError::Session(e)) => Err(Loss::from_check(Err(e))),
-        }
+        let e = match sql::try_lock(session, self.inner.class, &want, bound).await {
+            Ok(granted) => return Ok(granted),
+            Err(e) => e,
+        };
+        // The session goes on with what it holds: the shards that do not fit stay unowned.
+        let Some(raise) = lock_table::full(&e) else {
+            return Err(Loss::from_check(Err(e)));
+        };
+        let loud = self.repeats.loud("lock table");
+        loud_or_debug!(loud, error, key = %self.pg.key, error = %e, "the server's shared lock table is full, so shards this member should own stay unowned; {raise}");
+        Ok(Vec::new())
     }
 
     /// Starts the terms of `gained` (granted by a statement sent at `sent_at`), after the
@@ -437,27 +445,32 @@ impl<'a> Member<'a> {
             .collect()
     }
 
-    /// Unlocks one shard this member holds without a term.
-    async fn unlock(&mut self, shard: u32) -> Result<(), Loss> {
+    /// Unlocks shards this member holds without a term, in one statement.
+    async fn unlock(&mut self, shards: &[u32]) -> Result<(), Loss> {
+        if shards.is_empty() {
+            return Ok(());
+        }
         let Some(session) = self.session.as_deref() else {
             return Err(Loss::of(LossCause::Abandoned));
         };
         let bound = self.bound(RELEASE_BOUND);
-        match sql::unlock(session, self.inner.class, shard, bound).await {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                tracing::warn!(key = %self.pg.key, shard, "the unlock found the shard not held");
+        match sql::unlock(session, self.inner.class, shards, bound).await {
+            Ok(not_held) if not_held.is_empty() => Ok(()),
+            Ok(not_held) => {
+                tracing::warn!(key = %self.pg.key, shards = ?not_held, "the unlock found shards not held");
                 Ok(())
             }
             Err(e) => Err(Loss::from_check(Err(e))),
         }
     }
 
-    /// The unlock of a moved shard whose work has drained.
-    async fn unlock_moved(&mut self, shard: u32) -> Result<(), Loss> {
-        self.draining[shard as usize] = false;
-        self.unlock(shard).await?;
-        self.count_moves("moved", 1);
+    /// The unlock of moved shards whose work has drained.
+    async fn unlock_moved(&mut self, shards: Vec<u32>) -> Result<(), Loss> {
+        for &shard in &shards {
+            self.draining[shard as usize] = false;
+        }
+        self.unlock(&shards).await?;
+        self.count_moves("moved", shards.len());
         Ok(())
     }
 
@@ -515,7 +528,7 @@ impl<'a> Member<'a> {
                 let (inner, pg) = (self.inner, self.pg);
                 drain_checked(pg, &work, || async {
                     let view = sql::check(session, inner.class, MEMBER_OBJECT, pg.interval).await;
-                    proves_membership(&view.map_err(|e| Loss::from_check(Err(e)))?, pg)
+                    proves_membership(view, pg).map(drop)
                 })
                 .await
             }
@@ -551,18 +564,13 @@ impl<'a> Member<'a> {
     }
 }
 
-/// Whether a check's `view` proves the session still the member's: its own session (not one
-/// a transaction pooler handed out), still holding the membership lock. The rule of a round's
-/// check and of the leave's drain alike.
-fn proves_membership(view: &View, pg: &PgSettings) -> Result<(), Loss> {
-    if !view.ours {
-        tracing::error!(key = %pg.key, "{POOLER}: the member's check ran on a server session that is not its lock session, or that another elector's try reached");
-        return Err(Loss::of(LossCause::Pooler));
-    }
-    if !view.members.contains(&view.pid) {
-        return Err(Loss::of(LossCause::LockGone));
-    }
-    Ok(())
+/// The check's `view`, when it proves the session still the member's: its own session (not
+/// one a transaction pooler handed out), still holding the membership lock, read as a leader's
+/// check is. The rule of a round's check and of the leave's drain alike.
+fn proves_membership(view: Result<View, SessionError>, pg: &PgSettings) -> Result<View, Loss> {
+    let view = view.map_err(|e| Loss::from_check(Err(e)))?;
+    proven(Ok(view.check()), pg.key)?;
+    Ok(view)
 }
 
 impl Drop for Member<'_> {

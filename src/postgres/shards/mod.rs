@@ -12,6 +12,7 @@ use super::standby::{MIN_TRY_BOUND, report_try};
 use crate::error::Error;
 use crate::shards::group::Inner;
 
+mod drains;
 mod member;
 mod sql;
 

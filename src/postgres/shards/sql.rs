@@ -3,41 +3,46 @@
 
 use std::time::Duration;
 
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use crate::postgres::session::{LockSession, SessionError, bounded};
+use crate::postgres::session::{Check, LockSession, SessionError, bounded, ours_alone};
 
-/// The member's check, once per interval: the session answers, still carries this grant's
-/// mark and no other elector's visit (a transaction pooler), and lists the group's locks:
-/// the shards this session holds, and the members (every session holding the group's shared
-/// lock, by pid). `$1` is the group's class, `$2` the member key's object, `$3` the mark.
+/// The member's check, once per interval: the session answers, is still ours alone (this
+/// grant's mark and no other elector's visit: see [`ours_alone`], as the leader's check), and
+/// lists the group's locks: the shards this session holds, and the members (every session
+/// holding the group's shared lock, by pid). `$1` is the group's class, `$2` the member key's
+/// object, `$3` the mark.
 ///
 /// It takes no lock of the server's shared lock table, so that it still runs when that table
 /// is full: the group's locks are read from `pg_locks` alone (no shared catalog such as
 /// `pg_database`), and the database is the one of this session's own membership lock.
-const CHECK: &str = "WITH held AS MATERIALIZED ( \
+const CHECK: &str = concat!(
+    "WITH held AS MATERIALIZED ( \
        SELECT pid, objid, mode, database FROM pg_catalog.pg_locks \
        WHERE locktype = 'advisory' AND classid = $1 AND objsubid = 2 AND granted), \
      db AS (SELECT database FROM held WHERE pid = pg_catalog.pg_backend_pid() AND objid = $2 \
             LIMIT 1) \
-     SELECT pg_catalog.pg_backend_pid(), \
-       coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text, \
-       coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = '', \
-       ARRAY(SELECT objid::int8 FROM held WHERE pid = pg_catalog.pg_backend_pid() \
+     SELECT pg_catalog.pg_backend_pid(), ",
+    ours_alone!("$3"),
+    ", ARRAY(SELECT objid::int8 FROM held WHERE pid = pg_catalog.pg_backend_pid() \
              AND mode = 'ExclusiveLock' AND objid <> $2), \
        ARRAY(SELECT pid FROM held WHERE objid = $2 AND mode = 'ShareLock' \
-             AND database = (SELECT database FROM db))";
+             AND database = (SELECT database FROM db))"
+);
 
 /// The tries of the shards this member should own and does not hold (never one it holds: the
-/// lock would stack). Only on a session that still carries this grant's mark and no visit, so
-/// that behind a transaction pooler no lock is ever taken on someone else's server session.
-const TRY: &str = "SELECT s FROM pg_catalog.unnest($2::int4[]) AS s \
-     WHERE CASE WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') = $3::text \
-                 AND coalesce(pg_catalog.current_setting('pg_elector.visited', true), '') = '' \
-           THEN pg_catalog.pg_try_advisory_lock($1::int4, s) ELSE false END";
+/// lock would stack). Only on a session that is still ours alone ([`ours_alone`], `$3` the
+/// mark), so that behind a transaction pooler no lock is ever taken on someone else's server
+/// session.
+const TRY: &str = concat!(
+    "SELECT s FROM pg_catalog.unnest($2::int4[]) AS s WHERE CASE WHEN ",
+    ours_alone!("$3"),
+    " THEN pg_catalog.pg_try_advisory_lock($1::int4, s) ELSE false END"
+);
 
-const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)";
+/// Unlocks the given shards in one statement; the shards it found not held.
+const UNLOCK: &str = "SELECT s FROM pg_catalog.unnest($2::int4[]) AS s \
+     WHERE NOT pg_catalog.pg_advisory_unlock($1::int4, s)";
 
 const UNLOCK_ALL: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
 
@@ -46,12 +51,20 @@ const UNLOCK_ALL: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
 pub(super) struct View {
     /// The lock session's backend.
     pub(super) pid: i32,
-    /// The session carries this grant's mark and no other elector's visit.
-    pub(super) ours: bool,
+    /// The session is ours alone: this grant's mark and no other elector's visit.
+    pub(super) ours_alone: bool,
     /// The shards (indices) this session holds.
     pub(super) held: Vec<u32>,
     /// The members' pids, this one's included while it holds the shared lock.
     pub(super) members: Vec<i32>,
+}
+
+impl View {
+    /// What the check proves of the member's session, read as a leader's check is read: the
+    /// membership lock is the lock it holds.
+    pub(super) fn check(&self) -> Check {
+        Check::of(self.ours_alone, self.members.contains(&self.pid))
+    }
 }
 
 pub(super) async fn check(
@@ -78,21 +91,21 @@ pub(super) async fn check(
             .map(|row| {
                 Ok::<_, tokio_postgres::Error>((
                     row.try_get::<_, i32>(0)?,
-                    row.try_get::<_, bool>(1)? && row.try_get::<_, bool>(2)?,
-                    row.try_get::<_, Vec<i64>>(3)?,
-                    row.try_get::<_, Vec<i32>>(4)?,
+                    row.try_get::<_, bool>(1)?,
+                    row.try_get::<_, Vec<i64>>(2)?,
+                    row.try_get::<_, Vec<i32>>(3)?,
                 ))
             })
             .transpose()
     })
     .await?;
     // A SELECT without FROM always returns one row.
-    let Some((pid, ours, held, members)) = row else {
+    let Some((pid, ours_alone, held, members)) = row else {
         return Err(SessionError::Unexpected(None));
     };
     Ok(View {
         pid,
-        ours,
+        ours_alone,
         held: held
             .into_iter()
             .filter_map(|s| u32::try_from(s).ok())
@@ -101,22 +114,14 @@ pub(super) async fn check(
     })
 }
 
-/// Why the tries failed.
-#[derive(Debug)]
-pub(super) enum TryError {
-    /// The server's shared lock table is full: the session goes on, with what it holds.
-    LockTableFull(tokio_postgres::Error),
-    /// Anything else: the session's state is unknown.
-    Session(SessionError),
-}
-
-/// Tries `shards`; returns those granted.
+/// Tries `shards`; returns those granted. A full lock table fails the statement: see
+/// [`lock_table::full`](crate::postgres::lock_table::full).
 pub(super) async fn try_lock(
     session: &LockSession,
     class: i32,
     shards: &[i32],
     bound: Duration,
-) -> Result<Vec<u32>, TryError> {
+) -> Result<Vec<u32>, SessionError> {
     let rows = bounded(
         bound,
         session.client().query_typed(
@@ -128,38 +133,34 @@ pub(super) async fn try_lock(
             ],
         ),
     )
-    .await
-    .map_err(|e| match e {
-        SessionError::Query(e) if e.code() == Some(&SqlState::OUT_OF_MEMORY) => {
-            TryError::LockTableFull(e)
-        }
-        e => TryError::Session(e),
-    })?;
+    .await?;
     rows.iter()
         .map(|row| row.try_get::<_, i32>(0).map(|s| s as u32))
         .collect::<Result<_, _>>()
-        .map_err(|e| TryError::Session(SessionError::Query(e)))
+        .map_err(SessionError::Query)
 }
 
-/// Unlocks one shard; says whether the session held it.
+/// Unlocks `shards` (held by this session without a term) in one statement; returns those the
+/// server found not held.
 pub(super) async fn unlock(
     session: &LockSession,
     class: i32,
-    shard: u32,
+    shards: &[u32],
     bound: Duration,
-) -> Result<bool, SessionError> {
-    let row = bounded(
+) -> Result<Vec<u32>, SessionError> {
+    let shards: Vec<i32> = shards.iter().map(|&s| s as i32).collect();
+    let rows = bounded(
         bound,
-        session.client().query_typed(
-            UNLOCK,
-            &[(&class, Type::INT4), (&(shard as i32), Type::INT4)],
-        ),
+        session
+            .client()
+            .query_typed(UNLOCK, &[(&class, Type::INT4), (&shards, Type::INT4_ARRAY)]),
     )
     .await?;
-    Ok(row
-        .first()
-        .and_then(|r| r.try_get::<_, bool>(0).ok())
-        .unwrap_or(false))
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.try_get::<_, i32>(0).ok())
+        .map(|s| s as u32)
+        .collect())
 }
 
 /// Unlocks every advisory lock of the session, the membership's and every shard's.
