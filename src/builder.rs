@@ -82,6 +82,12 @@ impl ElectorBuilder {
     /// epoch and [`Term::fence`](crate::Term::fence) checks it inside the caller's transaction,
     /// so that a deposed leader's writes fail instead of landing after the next leader's.
     ///
+    /// An epoch is at least the server's clock in milliseconds (since 1970) when its term
+    /// began: large numbers that always increase, with gaps, not 1, 2, 3. Through the clock,
+    /// a term on a promoted standby that never received the old primary's latest epochs still
+    /// gets a larger one, as long as the two servers' clocks agree to within the failover's
+    /// duration (see [`Term::epoch`](crate::Term::epoch)).
+    ///
     /// The table (default `pg_elector_epochs`, see [`fencing_table`](Self::fencing_table)) is
     /// created on the first grant when it is missing; a role that may not create it gets an
     /// error in the log naming the statement to run once as a role that may. The role needs

@@ -310,10 +310,22 @@ impl Term {
     }
 
     /// This term's fencing epoch: a number that grows with every new term of this key, across
-    /// replicas and server restarts. `Some` on the leader of an elector built with
-    /// [`fencing(true)`](crate::ElectorBuilder::fencing), and in the local electors (which
-    /// count their own terms, so fenced code can be unit-tested without a database); `None`
-    /// otherwise and on a standby.
+    /// replicas, server restarts and database failovers. `Some` on the leader of an elector
+    /// built with [`fencing(true)`](crate::ElectorBuilder::fencing), and in the local electors
+    /// (which count their own terms, 1, 2, 3…, so fenced code can be unit-tested without a
+    /// database); `None` otherwise and on a standby.
+    ///
+    /// From the database, an epoch is at least the server's clock when the term began, in
+    /// milliseconds since 1970: the larger of that and the previous epoch + 1. So epochs are
+    /// large numbers (13 digits, such as `1796305008180`), always increasing but with gaps,
+    /// never 1, 2, 3: compare them, do not count them.
+    ///
+    /// The clock is what keeps them increasing across a failover to a standby that had not
+    /// received the latest epochs (asynchronous replication): the promoted server's first term
+    /// reads its own clock, later than the old primary's clock at the last term it began, as
+    /// long as the promoted server's clock is behind the old primary's by less than the time
+    /// between those two terms (at least the failover's duration, typically seconds). Keep
+    /// the servers' clocks synchronized (NTP).
     pub fn epoch(&self) -> Option<u64> {
         self.inner.born.epoch
     }
@@ -516,8 +528,9 @@ mod tests {
         );
     }
 
+    /// A handle ends with its term, but cancelling it ends only the handle.
     #[test]
-    fn a_handle_ends_with_its_term_but_cancelling_it_ends_only_the_handle() {
+    fn cancelling_a_handle_ends_only_the_handle() {
         let term = Term::leading(Born::default());
         let (a, b) = (term.handle(), term.handle());
         a.token().cancel();

@@ -28,90 +28,97 @@ async fn epoch_on(config: &tokio_postgres::Config, key: LockKey) -> Option<i64> 
         .map(|row| row.get(0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f7_2_an_epoch_the_promoted_standby_never_saw_is_never_handed_out_again() {
-    let _serial = serial();
-    let cluster = cluster(Follow::MultiHost, false).await;
-    let key = LockKey::new(0x4637, 2);
-    let admin = cluster.db.connect().await.unwrap();
-    admin
-        .batch_execute("CREATE TABLE writes (replica text, epoch bigint)")
-        .await
-        .unwrap();
+mod f7_2 {
+    use super::*;
 
-    // a's term: its epoch reaches the standby.
-    let a = Replica::run(fenced_elector(cluster.pool(2), key, "a", I));
-    wait_for(10 * I, || a.elector.is_leader())
-        .await
-        .expect("a leads");
-    let first = a.elector.term().epoch().unwrap();
-    let standby = cluster.on_standby();
-    wait_for_async(Duration::from_secs(10), || async {
-        epoch_on(&standby, key).await == Some(first as i64)
-    })
-    .await
-    .expect("the standby replays a's epoch");
+    /// An epoch that the promoted standby never saw (bumped on the primary while the standby was
+    /// cut off) is never handed out again, and the old term's fenced write is refused there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unseen_epoch_is_never_handed_out_again() {
+        let _serial = serial();
+        let cluster = cluster(Follow::MultiHost, false).await;
+        let key = LockKey::new(0x4637, 2);
+        let admin = cluster.db.connect().await.unwrap();
+        admin
+            .batch_execute("CREATE TABLE writes (replica text, epoch bigint)")
+            .await
+            .unwrap();
 
-    // The standby is cut off; b's term begins on the primary alone. b checks rarely (25·I) and
-    // reaches the primary through a proxy that then goes silent: when the primary crashes, b
-    // has not noticed, and still believes it leads.
-    cluster.wal.blackhole();
-    a.stop().await.unwrap();
-    let path = FaultProxy::start(cluster.primary.addr()).await.unwrap();
-    let b = Replica::run(fenced_elector(
-        cluster.db.pool_via(path.addr(), 2),
-        key,
-        "b",
-        25 * I,
-    ));
-    wait_for(10 * I, || b.elector.is_leader())
+        // a's term: its epoch reaches the standby.
+        let a = Replica::run(fenced_elector(cluster.pool(2), key, "a", I));
+        wait_for(10 * I, || a.elector.is_leader())
+            .await
+            .expect("a leads");
+        let first = a.elector.term().epoch().unwrap();
+        let standby = cluster.on_standby();
+        wait_for_async(Duration::from_secs(10), || async {
+            epoch_on(&standby, key).await == Some(first as i64)
+        })
         .await
-        .expect("b leads at its first try");
-    let b_term = b.elector.term();
-    let second = b_term.epoch().unwrap();
-    assert!(second > first, "epoch {second} after {first}");
-    assert_eq!(epoch_on(&standby, key).await, Some(first as i64), "cut off");
+        .expect("the standby replays a's epoch");
 
-    path.blackhole();
-    cluster.stop_primary(ShutdownMode::Immediate).await.unwrap();
-    cluster.promote().await.unwrap();
-    let c = Replica::run(fenced_elector(cluster.pool(2), key, "c", I));
-    wait_for(10 * I, || c.elector.is_leader())
-        .await
-        .expect("c leads on the promoted standby");
-    let third = c.elector.term().epoch().unwrap();
-    eprintln!("epochs: a {first}, b {second} (never replicated), c {third}");
-    assert!(
-        third > second,
-        "the new term's epoch {third} repeats or precedes one handed out before ({second})"
-    );
+        // The standby is cut off; b's term begins on the primary alone. b checks rarely (25·I) and
+        // reaches the primary through a proxy that then goes silent: when the primary crashes, b
+        // has not noticed, and still believes it leads.
+        cluster.wal.blackhole();
+        a.stop().await.unwrap();
+        let path = FaultProxy::start(cluster.primary.addr()).await.unwrap();
+        let b = Replica::run(fenced_elector(
+            cluster.db.pool_via(path.addr(), 2),
+            key,
+            "b",
+            25 * I,
+        ));
+        wait_for(10 * I, || b.elector.is_leader())
+            .await
+            .expect("b leads at its first try");
+        let b_term = b.elector.term();
+        let second = b_term.epoch().unwrap();
+        assert!(second > first, "epoch {second} after {first}");
+        assert_eq!(epoch_on(&standby, key).await, Some(first as i64), "cut off");
 
-    // b still believes it leads; its fenced write, on the promoted server, is refused by the row.
-    assert!(b_term.is_leader(), "b has not noticed the crash yet");
-    let mut client = cluster.pool(1).get().await.unwrap();
-    let tx = client.transaction().await.unwrap();
-    let refused = b_term
-        .fence(&tx)
-        .await
-        .expect_err("the old term's fence fails on the new primary");
-    assert_eq!(
-        (refused.ours(), refused.current()),
-        (Some(second), Some(third)),
-        "refused by the epoch row: {refused}"
-    );
-    drop(tx);
-    let mut c_client = cluster.pool(1).get().await.unwrap();
-    let tx = c_client.transaction().await.unwrap();
-    c.elector
-        .term()
-        .fence(&tx)
-        .await
-        .expect("the new term's fence passes");
-    tx.execute("INSERT INTO writes VALUES ('c', $1)", &[&(third as i64)])
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    c.stop().await.unwrap();
-    path.pass();
-    b.shutdown.cancel();
+        path.blackhole();
+        cluster.stop_primary(ShutdownMode::Immediate).await.unwrap();
+        cluster.promote().await.unwrap();
+        let c = Replica::run(fenced_elector(cluster.pool(2), key, "c", I));
+        wait_for(10 * I, || c.elector.is_leader())
+            .await
+            .expect("c leads on the promoted standby");
+        let third = c.elector.term().epoch().unwrap();
+        eprintln!("epochs: a {first}, b {second} (never replicated), c {third}");
+        assert!(
+            third > second,
+            "the new term's epoch {third} repeats or precedes one handed out before ({second})"
+        );
+
+        // b still believes it leads; its fenced write, on the promoted server, is refused by the
+        // row.
+        assert!(b_term.is_leader(), "b has not noticed the crash yet");
+        let mut client = cluster.pool(1).get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let refused = b_term
+            .fence(&tx)
+            .await
+            .expect_err("the old term's fence fails on the new primary");
+        assert_eq!(
+            (refused.ours(), refused.current()),
+            (Some(second), Some(third)),
+            "refused by the epoch row: {refused}"
+        );
+        drop(tx);
+        let mut c_client = cluster.pool(1).get().await.unwrap();
+        let tx = c_client.transaction().await.unwrap();
+        c.elector
+            .term()
+            .fence(&tx)
+            .await
+            .expect("the new term's fence passes");
+        tx.execute("INSERT INTO writes VALUES ('c', $1)", &[&(third as i64)])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        c.stop().await.unwrap();
+        path.pass();
+        b.shutdown.cancel();
+    }
 }

@@ -114,19 +114,32 @@ impl Replica {
 
 /// One replica per pool, named `replica-<n>`, checking every I, with or without fast takeover.
 pub fn replicas_on(pools: Vec<Pool>, key: LockKey, fast: bool) -> Vec<Replica> {
-    pools
-        .into_iter()
-        .enumerate()
-        .map(|(n, pool)| {
-            let elector = Elector::builder(pool, key)
-                .check_interval(I)
-                .identity(format!("replica-{n}"))
-                .fast_takeover(fast)
-                .build()
-                .expect("a valid elector");
-            Replica::run(elector)
-        })
+    replica_electors(pools, key, fast)
+        .map(Replica::run)
         .collect()
+}
+
+/// Like [`replicas_on`], with every event of the elections recorded in `capture`.
+pub fn replicas_captured(
+    pools: Vec<Pool>,
+    key: LockKey,
+    fast: bool,
+    capture: &capture::Capture,
+) -> Vec<Replica> {
+    replica_electors(pools, key, fast)
+        .map(|elector| Replica::run_captured(elector, capture))
+        .collect()
+}
+
+fn replica_electors(pools: Vec<Pool>, key: LockKey, fast: bool) -> impl Iterator<Item = Elector> {
+    pools.into_iter().enumerate().map(move |(n, pool)| {
+        Elector::builder(pool, key)
+            .check_interval(I)
+            .identity(format!("replica-{n}"))
+            .fast_takeover(fast)
+            .build()
+            .expect("a valid elector")
+    })
 }
 
 /// A fault proxy in front of the process's shared server.

@@ -45,6 +45,18 @@ impl<'a> Args<'a> {
         v.ok_or_else(|| format!("{} takes a value", self.flag))
     }
 
+    /// The value of the `--seed` flag [`next_flag`](Self::next_flag) returned, as a number.
+    ///
+    /// # Errors
+    ///
+    /// `--seed takes a value` when the arguments end, `--seed takes a number` when it is not
+    /// one.
+    pub fn seed(&mut self) -> Result<u64, String> {
+        self.value()?
+            .parse()
+            .map_err(|_| format!("{} takes a number", self.flag))
+    }
+
     /// What every benchmark does with a flag it does not know: `--bench` (what `cargo bench`
     /// passed when these were benches) and a positional word (a filter, as `cargo bench`
     /// handed every bench) are ignored.
@@ -99,14 +111,30 @@ mod tests {
 
     #[test]
     fn flags_and_values() {
-        let args: Vec<String> = ["--a", "1", "--b=2", "word", "--c"]
-            .map(String::from)
-            .to_vec();
+        let args: Vec<String> = [
+            "--a",
+            "1",
+            "--b=2",
+            "word",
+            "--seed=42",
+            "--seed",
+            "x",
+            "word",
+            "--c",
+        ]
+        .map(String::from)
+        .to_vec();
         let mut args = Args::new(&args);
         assert_eq!(args.next_flag(), Some("--a"));
         assert_eq!(args.value().as_deref(), Ok("1"));
         assert_eq!(args.next_flag(), Some("--b"));
         assert_eq!(args.value().as_deref(), Ok("2"));
+        assert_eq!(args.next_flag(), Some("word"));
+        assert_eq!(args.other(), Ok(()));
+        assert_eq!(args.next_flag(), Some("--seed"));
+        assert_eq!(args.seed(), Ok(42));
+        assert_eq!(args.next_flag(), Some("--seed"));
+        assert_eq!(args.seed(), Err("--seed takes a number".into()));
         assert_eq!(args.next_flag(), Some("word"));
         assert_eq!(args.other(), Ok(()));
         assert_eq!(args.next_flag(), Some("--c"));

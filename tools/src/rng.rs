@@ -1,5 +1,6 @@
 //! Small seeded PRNGs with no dependency: [`Rng`] (SplitMix64), whose draws a seed fixes (the
-//! soak's faults), and [`xorshift`], for jitter that only needs to differ between runs.
+//! soak's faults, the database failover's phases), [`time_seed`] for a run that gives none,
+//! and [`xorshift`], for jitter that only needs to differ between runs.
 
 /// SplitMix64: fast, 64 bits of state, good enough to pick faults.
 #[derive(Clone, Debug)]
@@ -38,6 +39,16 @@ impl Rng {
     pub fn chance(&mut self, p: f64) -> bool {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
+}
+
+/// A seed from the clock, for runs that do not give one: six decimal digits of mixed bits,
+/// short enough to type when replaying a run with `--seed`.
+pub fn time_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
 }
 
 /// The next number of a xorshift64 sequence whose state is `seed` (not 0).

@@ -5,28 +5,35 @@
 //! accepting writes to the first new leader is measured, in both modes. Every run starts a
 //! fresh primary and standby.
 //!
+//! The phases come from a seed, printed first: `--seed N` draws them again (the timings of
+//! the servers and the electors still differ from run to run).
+//!
 //!     cargo run --release -p pg-elector-tools --bin db_failover [-- --runs 10 --interval-ms 1000]
+//!     cargo run --release -p pg-elector-tools --bin db_failover -- --seed 4242   # the same draws
 
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
 use pg_elector_testkit::{Cluster, Follow, ShutdownMode};
 use pg_elector_tools::args::{Args, or_exit};
-use pg_elector_tools::rng::Rng;
+use pg_elector_tools::rng::{Rng, time_seed};
 use pg_elector_tools::stats::summary;
 use tokio_util::sync::CancellationToken;
 
-const USAGE: &str = "usage: db_failover [--runs N (default 10)] [--interval-ms MS (default 1000)]";
+const USAGE: &str = "usage: db_failover [--runs N (default 10)] [--interval-ms MS (default 1000)] \
+                     [--seed N (default: from the clock)]";
 
 struct Options {
     runs: usize,
     interval: Duration,
+    seed: u64,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         runs: 10,
         interval: Duration::from_secs(1),
+        seed: time_seed(),
     };
     let mut args = Args::new(args);
     while let Some(flag) = args.next_flag() {
@@ -41,6 +48,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     .map_err(|e| format!("--interval-ms: {e}"))?;
                 options.interval = Duration::from_millis(ms.max(50));
             }
+            "--seed" => options.seed = args.seed()?,
             _ => args.other()?,
         }
     }
@@ -60,12 +68,16 @@ struct Run {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let options = or_exit(parse(&args), "db_failover", USAGE);
+    println!(
+        "db_failover: seed {} (replay with --seed {})",
+        options.seed, options.seed
+    );
     pg_elector_tools::block_on(async {
         println!(
             "{} failovers per row, I = {:?}, 3 electors, the standby promoted 2·I to 3·I after the crash",
             options.runs, options.interval
         );
-        let mut rng = Rng::new(seed());
+        let mut rng = Rng::new(options.seed);
         println!(
             "| follow | mode | leader after the promoted server accepts writes, p50 / p99 / max | leaderless from the crash, p50 / p99 / max | two leaders |"
         );
@@ -166,13 +178,6 @@ async fn failover(
         leaderless: led - crashed,
         most,
     })
-}
-
-/// A seed that differs between runs.
-fn seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 /// Waits (every millisecond) until `cond` holds, at most `limit`.

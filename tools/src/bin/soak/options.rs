@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pg_elector_tools::args::{Args, names};
-use pg_elector_tools::rng::Rng;
+use pg_elector_tools::rng::time_seed;
 
 use crate::faults::Kind;
 
@@ -99,12 +99,7 @@ impl Options {
         let mut args = Args::new(args);
         while let Some(flag) = args.next_flag() {
             match flag {
-                "--seed" => {
-                    options.seed = args
-                        .value()?
-                        .parse()
-                        .map_err(|_| "--seed takes a number".to_owned())?;
-                }
+                "--seed" => options.seed = args.seed()?,
                 "--duration" => options.duration = parse_duration(&args.value()?)?,
                 "--replicas" => {
                     options.replicas = args
@@ -223,16 +218,6 @@ impl Options {
         }
         args
     }
-}
-
-/// A seed from the clock, for runs that do not give one.
-fn time_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    // Keep it short enough to type: six decimal digits of mixed bits.
-    Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
 }
 
 /// `90`, `90s`, `1500ms`, `5m`, `1h`.
