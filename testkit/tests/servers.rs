@@ -703,8 +703,10 @@ async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
         .get(0)
 }
 
+/// PgBouncer in transaction mode hands one server session to two clients; in session mode it
+/// does not.
 #[tokio::test]
-async fn pgbouncer_transaction_mode_shares_one_session_and_session_mode_does_not() {
+async fn pgbouncer_transaction_mode_shares_a_session() {
     let server = shared();
     let db = server.create_database().await.unwrap();
 

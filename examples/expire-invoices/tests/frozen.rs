@@ -53,7 +53,8 @@ async fn a_frozen_leader_sends_nothing_when_it_runs_again() {
     let old = fleet
         .wait_for_leader(Duration::from_secs(20))
         .await
-        .unwrap();
+        .unwrap()
+        .replica;
     tokio::time::sleep(Duration::from_millis(300)).await; // in the middle of the sweep
     fleet.freeze(old).await.unwrap();
     if version >= 140_000 {

@@ -406,13 +406,18 @@ impl Fleet {
 }
 
 impl Fleet {
-    /// Waits until every replica has started and exactly one says it leads; its index.
+    /// Waits until every replica has started and exactly one says it leads: which one, and how
+    /// long after the call.
     ///
     /// # Errors
     ///
     /// [`KitError::Timeout`](crate::KitError::Timeout) when not so within `limit`.
-    pub async fn wait_for_leader(&self, limit: Duration) -> Result<usize, crate::KitError> {
+    pub async fn wait_for_leader(
+        &self,
+        limit: Duration,
+    ) -> Result<crate::Leading, crate::KitError> {
         let n = self.procs.len();
+        let start = std::time::Instant::now();
         self.wait(limit, |events| {
             let started = events.iter().filter(|e| e.what == What::Started).count();
             match leaders(events, n)[..] {
@@ -421,6 +426,10 @@ impl Fleet {
             }
         })
         .await
+        .map(|replica| crate::Leading {
+            replica,
+            took: start.elapsed(),
+        })
         .ok_or_else(|| {
             crate::KitError::Timeout(format!(
                 "no single leader among {n} replica processes within {limit:?} (leading: {:?})",
