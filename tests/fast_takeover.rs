@@ -38,8 +38,24 @@ async fn leader_and_waiting_standby(
     key: LockKey,
     capture: &Capture,
 ) -> (Replica, Replica, tokio_postgres::Client) {
+    leader_in_mode_and_waiting_standby(db, key, capture, true).await
+}
+
+/// As [`leader_and_waiting_standby`], with a leader that runs fast takeover or not.
+async fn leader_in_mode_and_waiting_standby(
+    db: &TestDb,
+    key: LockKey,
+    capture: &Capture,
+    leader_fast: bool,
+) -> (Replica, Replica, tokio_postgres::Client) {
     let admin = db.connect().await.unwrap();
-    let leader = Replica::run(fast(db.pool(2), key, LONG, "leader"));
+    let leader = Elector::builder(db.pool(2), key)
+        .check_interval(LONG)
+        .identity("leader")
+        .fast_takeover(leader_fast)
+        .build()
+        .expect("a valid elector");
+    let leader = Replica::run(leader);
     wait_for(3 * LONG, || leader.elector.is_leader())
         .await
         .expect("the first replica leads");
@@ -118,6 +134,35 @@ mod f1 {
         );
         // Handed over: the old leader had stepped down, so the term started without a wait.
         assert_eq!(grant_kind(&capture), ("true".into(), "true".into()));
+        standby.stop().await.unwrap();
+    }
+
+    /// A leader without fast takeover hands over to a waiting standby just as a fast one does:
+    /// its unlock marks the session it grants the lock to, so the term starts at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_poll_leader_hands_over_to_a_waiting_standby_at_once() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(0xf1, 12);
+        let capture = Capture::default();
+        let (leader, standby, _admin) =
+            leader_in_mode_and_waiting_standby(&db, key, &capture, false).await;
+        let released = Instant::now();
+        let stopping = tokio::spawn(leader.stop());
+        let took = takeover(&standby, released, LONG).await;
+        stopping.await.unwrap().unwrap();
+        eprintln!(
+            "graceful release by a poll leader: the standby led {took:?} after the shutdown began"
+        );
+        assert!(
+            took < FAST,
+            "took {took:?}, not within milliseconds (bound {FAST:?}); interval {LONG:?}"
+        );
+        assert_eq!(
+            grant_kind(&capture),
+            ("true".into(), "true".into()),
+            "granted to the waiting session by the graceful unlock: handed over, no wait"
+        );
         standby.stop().await.unwrap();
     }
 

@@ -201,15 +201,21 @@ async fn resign_on_a_standby_keeps_it_standby_for_the_cooldown() {
     // The stop is one unlock; the lock is free for most of the cooldown, over at least two of
     // the standby's tries.
     assert!(cooldown_end.saturating_duration_since(freed) >= 2 * I);
-    if let Some(at) = first_lead_before(&standby.elector, called, cooldown_end).await {
+    // The lock stays free while the cooldown lasts: looked at one interval before its end, as
+    // a try may come the moment it ends.
+    let client = db.connect().await.unwrap();
+    let inside = cooldown_end - I;
+    if let Some(at) = first_lead_before(&standby.elector, called, inside).await {
         panic!("the standby led {at:?} after resign({cooldown:?}) was called");
     }
-    let client = db.connect().await.unwrap();
     assert_eq!(
         holders(&client, key).await,
         Vec::<i32>::new(),
-        "nobody holds the lock"
+        "nobody holds the lock {I:?} before the cooldown ends"
     );
+    if let Some(at) = first_lead_before(&standby.elector, called, cooldown_end).await {
+        panic!("the standby led {at:?} after resign({cooldown:?}) was called");
+    }
 
     // It competes again at its first try after the cooldown, within I of its end.
     let deadline = returned + cooldown + TAKEOVER;

@@ -124,11 +124,13 @@ mod f5 {
 
         // A new schedule from the standby: every 300 ms.
         let period = Duration::from_millis(300);
+        // The change is committed before the call returns, and the leader may read it at once:
+        // its dues count from the request, not from the answer.
+        let changed = SystemTime::now();
         b.handle
             .reschedule("report", &Job::every("report", period))
             .await
             .expect("a standby may reschedule");
-        let changed = SystemTime::now();
         let changed_at = Instant::now();
         tokio::time::sleep(poll + 4 * period).await;
         b.stop().await;
