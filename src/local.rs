@@ -254,8 +254,9 @@ mod tests {
         drop(again);
     }
 
+    /// A refused gauge is an error of the `try_` forms, and no metrics otherwise.
     #[test]
-    fn a_refused_gauge_is_an_error_of_the_try_forms_and_no_metrics_otherwise() {
+    fn a_refused_gauge_errs_in_try_forms_only() {
         let registry = Registry::new();
         let taken = prometheus::IntCounter::new("pg_elector_leader", "not ours").unwrap();
         registry.register(Box::new(taken)).unwrap();

@@ -293,7 +293,7 @@ mod tests {
     /// handed over, however soon it is granted, although the unlocking session still holds the
     /// first one's marker.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_grant_after_a_handed_over_session_that_ended_is_not_handed_over() {
+    async fn a_grant_after_the_grantee_ended_is_not_handed_over() {
         let _serial = serial();
         let key = LockKey::new(0xf1, 0x3d);
         let (db, admin, holder) = held(key).await;
@@ -312,7 +312,7 @@ mod tests {
     /// The statement a try runs after its grant finds the marker of its session, and only that
     /// session does, while the unlocking session is open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_session_granted_by_a_graceful_unlock_finds_its_marker_after_the_fact() {
+    async fn a_granted_session_finds_its_marker_after_the_fact() {
         let _serial = serial();
         let key = LockKey::new(0xf1, 0x3f);
         let (db, admin, holder) = held(key).await;
