@@ -300,6 +300,65 @@ mod h8 {
         );
     }
 
+    /// Heartbeats that keep failing were logged at DEBUG only, so an operator saw nothing
+    /// before another replica took the live run for dead. Here the job itself holds the only
+    /// connection of a pool of one for 2.5 s: every beat waits its 1 s bound in vain. Once the
+    /// run has been silent for half the 3 s after which it is taken for dead, one WARN says so;
+    /// when the job gives the connection back, one INFO says the beats land again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeats_that_keep_failing_are_a_warning() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let pool = db.pool(1);
+        let capture = Capture::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let body: Body = {
+            let (pool, runs) = (pool.clone(), runs.clone());
+            Arc::new(move |_run: JobRun| {
+                let (pool, first) = (pool.clone(), runs.fetch_add(1, Ordering::SeqCst) == 0);
+                Box::pin(async move {
+                    if first {
+                        let hog = pool.get().await.map_err(|e| e.to_string())?;
+                        tokio::time::sleep(Duration::from_millis(2500)).await;
+                        drop(hog);
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                    }
+                    Ok(())
+                })
+            })
+        };
+        let job = Job::every("hog", Duration::from_millis(500));
+        let sched = schedule(pool, Duration::from_millis(50), job, body, &capture);
+        sched.control.promote();
+        let warned = capture
+            .logged(
+                "heartbeats of the running run keep failing",
+                Duration::from_secs(5),
+            )
+            .await;
+        let landed = capture
+            .logged(
+                "heartbeats of the running run land again",
+                Duration::from_secs(5),
+            )
+            .await;
+        wait_for(Duration::from_secs(5), || runs.load(Ordering::SeqCst) >= 1).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sched.stop().await;
+
+        let warnings = capture.events("heartbeats of the running run keep failing");
+        eprintln!("warned after {warned:?}, landed after {landed:?}: {warnings:?}");
+        assert_eq!(warnings.len(), 1, "one WARN for the streak: {warnings:?}");
+        assert_eq!(warnings[0].level, tracing::Level::WARN);
+        assert_eq!(warnings[0].field("job"), "hog");
+        assert!(landed.is_some(), "an INFO line when the beats land again");
+        let runs = stored_runs(&db.connect().await.unwrap(), "hog").await;
+        assert_eq!(
+            runs[0].3, "succeeded",
+            "the first run was not given up: {runs:?}"
+        );
+    }
+
     /// The job tables as the version before the heartbeat period made them.
     const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, job text NOT NULL, \
      schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \

@@ -5,13 +5,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use jiff::Timestamp;
 
 use super::context::{Context, record};
 use super::store::{ClaimStatus, Claimed, Outcome, RunRef};
-use super::{JobRun, Registered, RunKind, ScheduleError, borrow_bound};
+use super::{JobRun, Registered, RunKind, ScheduleError, borrow_bound, stale_after};
 use crate::Term;
 use crate::background::panic::catch_panic;
 
@@ -176,20 +176,66 @@ async fn with_heartbeat<F: Future>(ctx: &Context, run: RunRef<'_>, job: F) -> F:
 
 /// A beat every poll, as the claim promised (the run's row holds the period): on a fixed
 /// cadence, each bounded by a poll (at least 1 s), so that a slow or failed beat does not push
-/// the next ones back.
+/// the next ones back. A failed beat is logged at DEBUG; once the run has been silent for half
+/// of what another term waits before it calls the run abandoned, at WARN (once while the beats
+/// keep failing), and at INFO when a beat lands again.
 async fn heartbeat(ctx: &Context, run: RunRef<'_>) -> Infallible {
     let mut beats = tokio::time::interval_at(tokio::time::Instant::now() + ctx.poll, ctx.poll);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut silence = Silence::new(stale_after(ctx.poll));
     loop {
         beats.tick().await;
         let bound = borrow_bound(ctx.poll);
         let beat = tokio::time::timeout(bound, async {
             ctx.store.heartbeat(&*ctx.client().await?, run).await
         });
-        match beat.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(job = %run.job, error = %e, "heartbeat failed"),
-            Err(_) => tracing::debug!(job = %run.job, ?bound, "heartbeat timed out"),
+        let failure = match beat.await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("no answer within {bound:?}")),
+        };
+        silence.after_beat(run.job, failure);
+    }
+}
+
+/// How long a run's beats have failed, and whether that was said at WARN.
+struct Silence {
+    stale_after: Duration,
+    since: tokio::time::Instant,
+    warned: bool,
+}
+
+impl Silence {
+    fn new(stale_after: Duration) -> Self {
+        Self {
+            stale_after,
+            since: tokio::time::Instant::now(),
+            warned: false,
+        }
+    }
+
+    /// Logs a beat's outcome: `failure` is `None` when it landed.
+    fn after_beat(&mut self, job: &str, failure: Option<String>) {
+        let silent = self.since.elapsed();
+        match failure {
+            None => {
+                if self.warned {
+                    tracing::info!(job, ?silent, "heartbeats of the running run land again");
+                }
+                self.since = tokio::time::Instant::now();
+                self.warned = false;
+            }
+            Some(error) if !self.warned && silent >= self.stale_after / 2 => {
+                tracing::warn!(
+                    job,
+                    ?silent,
+                    stale_after = ?self.stale_after,
+                    %error,
+                    "heartbeats of the running run keep failing; another term takes a run silent for stale_after as abandoned (and runs it again if rerun_abandoned)"
+                );
+                self.warned = true;
+            }
+            Some(error) => tracing::debug!(job, %error, "heartbeat failed"),
         }
     }
 }

@@ -158,6 +158,12 @@ const STALE_BEATS: u32 = 3;
 /// at most three hours.)
 const STALE_FLOOR: Duration = Duration::from_secs(3);
 
+/// How long a run whose runner beats every `poll` may stay silent before another term calls it
+/// abandoned: [`STALE_BEATS`] periods, at least [`STALE_FLOOR`] (the rule of the SQL's `stale`).
+fn stale_after(poll: Duration) -> Duration {
+    poll.saturating_mul(STALE_BEATS).max(STALE_FLOOR)
+}
+
 /// How long the job tasks of an ended term may go on before they are cut off, for a schedule
 /// polling every `poll` on an elector whose graceful handover waits `drain` for work
 /// ([`Elector::drain_timeout`]): the query bound, and at least the drain timeout.
