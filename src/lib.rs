@@ -13,9 +13,11 @@
 //   `disabled.rs` the no-op one without the `prometheus` feature), `in_flight.rs` (what a
 //   drain waits for), `sync.rs`.
 // - `local.rs` the local electors' `run`; `postgres/mod.rs` the election's, a short loop over
-//   `standby.rs` (tries and the waiting session of `waiter.rs`), `begin.rs` (what stands
+//   `standby.rs` (tries, through `borrower.rs`'s one borrow at a time, and the waiting
+//   session of `waiter.rs`), `begin.rs` (what stands
 //   between a grant and a term), `lead.rs` (checks and the watch) and `give_back.rs` (drain
-//   and unlock, with `handover.rs`'s marker). `session.rs` holds the lock session's SQL,
+//   and unlock, with `handover.rs`'s marker). `session.rs` holds the lock session's SQL (its errors in
+//   `session_error.rs`),
 //   `fence.rs` the epoch table, `leader.rs` `current_leader`; `settings.rs`, `loss.rs`,
 //   `repeats.rs` and `ident.rs` are the leaves they share. Design §8's map has the loop in
 //   `postgres/mod.rs` alone: its four steps are files of their own so that none is long.

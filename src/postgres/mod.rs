@@ -15,12 +15,14 @@ use crate::metrics::Change;
 use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 use begin::{Start, start_term};
+use borrower::Borrower;
 use repeats::Repeats;
-use session::{Borrower, LockSession, SessionBounds};
+use session::{LockSession, SessionBounds};
 use settings::PgSettings;
 use standby::Standby;
 
 mod begin;
+mod borrower;
 pub(crate) mod fence;
 mod give_back;
 mod handover;
@@ -31,6 +33,7 @@ mod lock_table;
 mod loss;
 mod repeats;
 mod session;
+mod session_error;
 pub(crate) mod settings;
 pub(crate) mod shards;
 mod standby;
@@ -57,7 +60,7 @@ pub(crate) async fn run(
         pg,
         bounds: SessionBounds::for_interval(pg.interval),
         shutdown: &shutdown,
-        borrower: Borrower::new(pg.pool.clone()),
+        borrower: Borrower::new(pg.pool.clone(), pg.interval),
     };
     let mut repeats = Repeats::default();
     let mut held = Held {

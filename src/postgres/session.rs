@@ -4,12 +4,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
+use deadpool_postgres::{ClientWrapper, Object};
 use tokio::time::timeout;
 use tokio_postgres::types::Type;
-use tokio_util::task::AbortOnDropHandle;
 
+use super::borrower::Borrower;
 use super::handover::{self, Unlocked};
+pub(crate) use super::session_error::SessionError;
 use crate::LockKey;
 use crate::lease::now_ms;
 use crate::pooled::Borrowed;
@@ -106,29 +107,6 @@ pub(crate) enum LockMode {
     Exclusive,
     /// The key's shared lock: every member of a group of shards holds it at once.
     Shared,
-}
-
-/// Why a try or a check failed. Displays the server's own message for a server error.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum SessionError {
-    #[error("no pool connection within {0:?}")]
-    PoolTimeout(Duration),
-    // The text is the whole chain, with the server's message, so the source is not exposed a
-    // second time.
-    #[error("{}", crate::error::chain(.0))]
-    Pool(PoolError),
-    #[error("{}", crate::error::chain(.0))]
-    Query(tokio_postgres::Error),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    /// The try answered something this elector does not know; the lock state of that session
-    /// is unknown, so its connection is closed.
-    #[error("unexpected answer to the try: {0:?}")]
-    Unexpected(Option<String>),
-    #[error("the connection attempt was cancelled")]
-    BorrowCancelled,
-    #[error("the waiting session's task was cancelled")]
-    WaitAborted,
 }
 
 /// The server-side bounds a granted lock session gets, all derived from the interval I.
@@ -309,54 +287,6 @@ impl Check {
             Self::Holds
         } else {
             Self::Lost
-        }
-    }
-}
-
-/// A standby's way to the pool. A borrow that is still under way when the standby stops
-/// waiting (a slow connect, a full pool) goes on in the background and is picked up by the
-/// next try, so a connect slower than I is finished rather than abandoned and started again
-/// every I. When no next try comes soon (the standby leads, or cools down after a resign),
-/// [`let_go`](Self::let_go) gives that connection back. Dropping the borrower cancels a borrow
-/// still under way.
-pub(crate) struct Borrower {
-    pool: Pool,
-    pending: Option<AbortOnDropHandle<Result<Object, PoolError>>>,
-}
-
-impl Borrower {
-    pub(crate) fn new(pool: Pool) -> Self {
-        Self {
-            pool,
-            pending: None,
-        }
-    }
-
-    /// Drops a borrow still under way, or finished and not yet picked up, so that its
-    /// connection goes back to the pool: called when this standby stops trying for a while (it
-    /// leads, or a resign's cooldown holds), which must not keep a connection of the pool.
-    pub(crate) fn let_go(&mut self) {
-        self.pending = None;
-    }
-
-    /// A pool connection, waiting at most `wait`.
-    ///
-    /// Cancel safe: a borrow under way when the future is dropped is kept for the next call.
-    async fn get(&mut self, wait: Duration) -> Result<Object, SessionError> {
-        let pending = self.pending.get_or_insert_with(|| {
-            let pool = self.pool.clone();
-            AbortOnDropHandle::new(tokio::spawn(async move { pool.get().await }))
-        });
-        let joined = timeout(wait, pending)
-            .await
-            .map_err(|_| SessionError::PoolTimeout(wait))?;
-        self.pending = None;
-        match joined {
-            Ok(got) => got.map_err(SessionError::Pool),
-            // A panic in the pool (a hook of the application's) unwinds through `run`, as it
-            // would have had the borrow run in place.
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(SessionError::BorrowCancelled),
         }
     }
 }

@@ -7,12 +7,12 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
+use super::borrower::Borrower;
 use super::lock_table;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{
-    AppliedBounds, Attempt, Borrower, LockMode, LockSession, SessionBounds, SessionError,
-    try_acquire,
+    AppliedBounds, Attempt, LockMode, LockSession, SessionBounds, SessionError, try_acquire,
 };
 use super::settings::PgSettings;
 use super::waiter::{self, WaitSpec, Waiter};

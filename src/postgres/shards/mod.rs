@@ -6,8 +6,9 @@
 use tokio::time::{MissedTickBehavior, interval};
 use tokio_util::sync::CancellationToken;
 
+use super::borrower::Borrower;
 use super::repeats::Repeats;
-use super::session::{Attempt, Borrower, LockMode, SessionBounds, try_acquire};
+use super::session::{Attempt, LockMode, SessionBounds, try_acquire};
 use super::standby::{MIN_TRY_BOUND, report_try};
 use crate::error::Error;
 use crate::shards::group::Inner;
@@ -27,7 +28,7 @@ pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<()
     let mut ticks = interval(pg.interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let bounds = SessionBounds::for_interval(pg.interval);
-    let mut borrower = Borrower::new(pg.pool.clone());
+    let mut borrower = Borrower::new(pg.pool.clone(), pg.interval);
     let mut repeats = Repeats::default();
     let mut complaints = Repeats::default();
     loop {
