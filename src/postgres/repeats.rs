@@ -72,7 +72,7 @@ mod tests {
         );
     }
 
-    /// F6.7: a full lock table and a failed bump in turn are each loud once a minute, not
+    /// A full lock table and a failed bump in turn are each loud once a minute, not
     /// every round because the other came in between.
     #[tokio::test(start_paused = true)]
     async fn alternating_failures_are_each_loud_once_a_minute() {
