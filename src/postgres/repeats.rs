@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How often a standby or a shard member repeats the same complaint at its full level; in between, at DEBUG.
+/// How often a standby or a shard member repeats the same complaint at its full level; in
+/// between, at DEBUG.
 pub(super) const REPEAT_EVERY: Duration = Duration::from_secs(60);
 
 /// A failure is logged at its level the first time and then once a minute while it lasts, in

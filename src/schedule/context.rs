@@ -122,10 +122,7 @@ impl Context {
 
     pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
         let wait = borrow_bound(self.poll);
-        tokio::time::timeout(wait, self.pool.get())
-            .await
-            .map_err(|_| ScheduleError::PoolTimeout(wait))?
-            .map_err(|e| ScheduleError::Pool(Box::new(e)))
+        borrow(&self.pool, tokio::time::Instant::now() + wait, wait).await
     }
 
     /// This replica in `term`, as it claims runs and records skipped dues.
@@ -232,4 +229,17 @@ pub(super) fn record(
     }
     #[cfg(not(feature = "prometheus"))]
     let _ = (ctx, took);
+}
+
+/// A connection of `pool` by `deadline`, the end of a `wait` that the error names: the one
+/// borrow of the schedule's job tasks and of its handle.
+pub(super) async fn borrow(
+    pool: &Pool,
+    deadline: tokio::time::Instant,
+    wait: Duration,
+) -> Result<deadpool_postgres::Object, ScheduleError> {
+    tokio::time::timeout_at(deadline, pool.get())
+        .await
+        .map_err(|_| ScheduleError::PoolTimeout(wait))?
+        .map_err(|e| ScheduleError::Pool(Box::new(e)))
 }

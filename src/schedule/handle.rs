@@ -26,11 +26,9 @@ impl ScheduleHandle {
     /// A pool connection by `deadline`, closed rather than given back unless
     /// [`give_back`](Borrowed::give_back) is called once its statement answered.
     async fn borrow(&self, deadline: Instant) -> Result<Borrowed, ScheduleError> {
-        tokio::time::timeout_at(deadline, self.pool.get())
+        super::context::borrow(&self.pool, deadline, self.wait)
             .await
-            .map_err(|_| ScheduleError::PoolTimeout(self.wait))?
             .map(Borrowed::new)
-            .map_err(|e| ScheduleError::Pool(Box::new(e)))
     }
 
     fn store(&self) -> Result<Store, ScheduleError> {
