@@ -50,6 +50,7 @@ pub struct ElectorBuilder {
     fencing_table: String,
     drain_timeout: Option<Duration>,
     fast_takeover: bool,
+    prepared_statements: bool,
 }
 
 impl ElectorBuilder {
@@ -65,6 +66,7 @@ impl ElectorBuilder {
             fencing_table: DEFAULT_FENCING_TABLE.to_owned(),
             drain_timeout: None,
             fast_takeover: false,
+            prepared_statements: false,
         }
     }
 
@@ -99,7 +101,9 @@ impl ElectorBuilder {
 
     /// The epoch table's name (default `pg_elector_epochs`) and, optionally, its schema
     /// (default: the first schema of the `search_path`). Names are quoted as identifiers, so
-    /// they are taken as written, case included. Turns fencing on.
+    /// they are taken as written, case included. Turns fencing on. The schema is not created:
+    /// while it is missing, the log says so in an error naming the statement to run, as for a
+    /// role that may not create the table.
     pub fn fencing_table(mut self, schema: Option<&str>, table: &str) -> Self {
         self.fencing = true;
         self.fencing_schema = schema.map(str::to_owned);
@@ -145,6 +149,39 @@ impl ElectorBuilder {
     /// ```
     pub fn fast_takeover(mut self, on: bool) -> Self {
         self.fast_takeover = on;
+        self
+    }
+
+    /// Prepared statements (default off): a standby's try and the leader's check go as
+    /// statements prepared once per pool connection instead of one unnamed statement each, which
+    /// the server parses and plans every time. It makes them cheaper for the server: the
+    /// leader's check costs about a third of its unnamed form, and a refused try about what a
+    /// bare prepared `pg_try_advisory_lock` costs (the figures are in the crate's
+    /// `BENCHMARKS.md`).
+    ///
+    /// Turn it on only where every connection of the pool reaches one server session for as
+    /// long as it lives, or a pooler that keeps prepared statements per client: PostgreSQL
+    /// itself, a session-mode pooler, or PgBouncer 1.21 or later with
+    /// `max_prepared_statements` above 0. Behind a transaction-mode pooler that does not (older
+    /// PgBouncer, or `max_prepared_statements = 0`), the driver's statement names (`s0`, `s1`,
+    /// ..., the same in every process) can meet another client's statement of the same name on
+    /// a shared server session, and a statement of that client's could run with the elector's
+    /// values (or be closed by the elector, which closes a statement it finds lost). The elector turns prepared statements off for good, with an INFO line, the first
+    /// time a server session does not have one or a try finds a transaction pooler, but that
+    /// comes after such a meeting, not before.
+    ///
+    /// ```
+    /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
+    /// use pg_elector::{Elector, LockKey};
+    ///
+    /// // Connected to PostgreSQL directly.
+    /// let elector = Elector::builder(pool, LockKey::from_name("billing/sweep"))
+    ///     .prepared_statements(true)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn prepared_statements(mut self, on: bool) -> Self {
+        self.prepared_statements = on;
         self
     }
 
@@ -230,6 +267,7 @@ impl ElectorBuilder {
                 fencing,
                 drain_timeout: self.drain_timeout.unwrap_or(interval),
                 fast_takeover: self.fast_takeover,
+                prepared_statements: self.prepared_statements,
             }),
             metrics,
         ))

@@ -126,6 +126,12 @@ impl Elector {
         }
     }
 
+    /// Whether this is the handle of one shard of a group (`Shards::elector`), which the
+    /// group's `run` runs.
+    pub(crate) fn is_shard(&self) -> bool {
+        matches!(*self.mode, Mode::Shard(_))
+    }
+
     /// The election's settings; `None` for a local elector.
     pub(crate) fn pg(&self) -> Option<&PgSettings> {
         match &*self.mode {
@@ -378,9 +384,9 @@ impl Elector {
     ///
     /// # Errors
     ///
-    /// [`Error::PoolTimeout`] or [`Error::Pool`] when no pool connection comes within one check
-    /// interval; [`Error::Timeout`] when the answer does not come within one more;
-    /// [`Error::Database`] when a query fails.
+    /// [`Error::CurrentLeaderPoolTimeout`] or [`Error::Pool`] when no pool connection comes
+    /// within one check interval; [`Error::CurrentLeaderTimeout`] when the answer does not come
+    /// within one more; [`Error::CurrentLeaderQuery`] when a query fails.
     ///
     /// # Cancel safety
     ///
@@ -418,6 +424,16 @@ impl Elector {
     /// Database failures are not errors here: they are logged at WARN, the replica stays a
     /// standby (or is demoted), and the election goes on.
     ///
+    /// A standby's connection attempt from the pool that is still under way after 10 check
+    /// intervals, at least 75 s, is started again with a WARN (a server that accepts TCP and
+    /// never answers would hold it for good), and each attempt started again in a row may take
+    /// twice as long as the one before, up to 16 times the first. So a multi-host URL whose
+    /// first host drops SYNs, without `connect_timeout`, does not keep every replica a standby:
+    /// if getting past the dead hosts takes C (the kernel's SYN timeout, about 127 s on Linux,
+    /// per dead host), a replica leads within 3·C and six check intervals, as long as C is
+    /// under 16 times the first limit. A `connect_timeout` on the pool bounds it far more
+    /// tightly.
+    ///
     /// # Errors
     ///
     /// [`Error::AlreadyRunning`] at once when another `run` of this elector is in progress.
@@ -441,7 +457,7 @@ impl Elector {
                     .await
             }
             Mode::Local(kind) => crate::local::run(&self.shared, *kind, shutdown).await,
-            Mode::Shard(_) => Err(Error::ShardRunByGroup),
+            Mode::Shard(_) => Err(Error::RunOnShard),
         }
     }
 }

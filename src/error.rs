@@ -31,16 +31,31 @@ pub enum Error {
         interval: Duration,
     },
 
-    /// No pool connection came within this time (for
-    /// [`Elector::current_leader`](crate::Elector::current_leader)).
-    #[error("no pool connection within {0:?}")]
-    PoolTimeout(std::time::Duration),
+    /// [`Elector::current_leader`](crate::Elector::current_leader) got no pool connection
+    /// within this time.
+    #[error("current_leader: no pool connection within {0:?}")]
+    CurrentLeaderPoolTimeout(Duration),
 
-    /// A query got no answer within this time (for
-    /// [`Elector::current_leader`](crate::Elector::current_leader): the server or the network
-    /// stalls, as in a partition).
+    /// [`Elector::current_leader`](crate::Elector::current_leader) got no answer within this
+    /// time: the server or the network stalls, as in a partition.
+    #[error("current_leader: no answer within {0:?}")]
+    CurrentLeaderTimeout(Duration),
+
+    /// Replaced by [`CurrentLeaderPoolTimeout`](Self::CurrentLeaderPoolTimeout), which
+    /// `current_leader` returns instead; never returned.
+    #[deprecated(
+        note = "never returned: current_leader returns Error::CurrentLeaderPoolTimeout instead"
+    )]
+    #[error("no pool connection within {0:?}")]
+    PoolTimeout(Duration),
+
+    /// Replaced by [`CurrentLeaderTimeout`](Self::CurrentLeaderTimeout), which
+    /// `current_leader` returns instead; never returned.
+    #[deprecated(
+        note = "never returned: current_leader returns Error::CurrentLeaderTimeout instead"
+    )]
     #[error("no answer within {0:?}")]
-    Timeout(std::time::Duration),
+    Timeout(Duration),
 
     /// The pool could not hand out a connection. The text carries the pool's error and, for a
     /// connection the server refused, the server's message; the error itself is the field.
@@ -52,6 +67,12 @@ pub enum Error {
     /// A query of [`current_leader`](crate::current_leader) failed. The text carries the
     /// server's message (severity, SQLSTATE, message, detail and hint); the error itself,
     /// with [`as_db_error`](tokio_postgres::Error::as_db_error), is the field.
+    #[error("the query failed: {}", chain(.0))]
+    CurrentLeaderQuery(tokio_postgres::Error),
+
+    /// Replaced by [`CurrentLeaderQuery`](Self::CurrentLeaderQuery), which `current_leader`
+    /// returns instead; never returned.
+    #[deprecated(note = "never returned: current_leader returns Error::CurrentLeaderQuery instead")]
     #[error("the query failed: {}", chain(.0))]
     Database(tokio_postgres::Error),
 
@@ -79,8 +100,15 @@ pub enum Error {
         max: u32,
     },
 
-    /// [`run`](crate::Elector::run) was called on the handle of one shard (`Shards::elector`
-    /// of the `shards` module); the group's `Shards::run` runs every shard.
+    /// [`run`](crate::Elector::run) was called on the handle of one shard
+    /// (`Shards::elector`), which cannot be run on its own:
+    /// the group's `Shards::run` runs every shard.
+    #[error("run was called on a shard's elector: its group's Shards::run runs every shard")]
+    RunOnShard,
+
+    /// Replaced by [`RunOnShard`](Self::RunOnShard), which `run` returns instead; never
+    /// returned.
+    #[deprecated(note = "never returned: a shard elector's run returns Error::RunOnShard instead")]
     #[error("a shard's elector is run by its group: call Shards::run")]
     ShardRunByGroup,
 
@@ -274,7 +302,7 @@ mod tests {
             .current_leader()
             .await
             .expect_err("the epoch table is missing");
-        assert!(matches!(error, Error::Database(_)), "{error:?}");
+        assert!(matches!(error, Error::CurrentLeaderQuery(_)), "{error:?}");
         let text = error.to_string();
         assert!(
             text.starts_with("the query failed: ")
@@ -293,7 +321,7 @@ mod tests {
         let db = server.create_database().await.unwrap();
         let mut config = db.config();
         config.dbname("no_such_database");
-        let pool = pg_elector_testkit::pool_from_config(config, 1);
+        let pool = pg_elector_testkit::config::pool_from_config(config, 1);
         let elector = Elector::builder(pool, LockKey::new(12, 2)).build().unwrap();
         let error = elector
             .current_leader()

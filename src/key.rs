@@ -79,7 +79,7 @@ impl LockKey {
     ///
     /// ```sql
     /// SELECT l.pid FROM pg_locks l
-    /// WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+    /// WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 2
     ///   AND l.classid::int8 = ('x' || substr(md5('billing/invoice-sweep'), 1, 8))::bit(32)::int8
     ///   AND l.objid::int8 = ('x' || substr(md5('billing/invoice-sweep'), 9, 8))::bit(32)::int8
     ///   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());

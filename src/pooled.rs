@@ -20,6 +20,12 @@ impl Borrowed {
             .expect("a borrowed connection is present until it is let go")
     }
 
+    pub(crate) fn client_mut(&mut self) -> &mut Object {
+        self.0
+            .as_mut()
+            .expect("a borrowed connection is present until it is let go")
+    }
+
     /// Back to the pool, unchanged.
     pub(crate) fn give_back(mut self) {
         drop(self.0.take());

@@ -26,6 +26,10 @@ pub enum TermEnd {
     NotLeader,
     /// The replica gave the lock up through [`Elector::resign`](crate::Elector::resign).
     Resigned,
+    /// The shard moved to another member of its group of shards: the
+    /// assignment made it another replica's, so this one ended its term, drained its work and
+    /// unlocked it.
+    Moved,
 }
 
 /// Why a replica stopped leading, when its term ended with [`TermEnd::LeadershipLost`].

@@ -549,6 +549,117 @@ mod f3 {
         drop_role(&admin, &role).await;
     }
 
+    /// An epoch table in a schema that does not exist is missing, and no role can create it
+    /// until the schema is made: an ERROR, once, names the statement to run, as for a role that
+    /// may not create the table (it was a WARN, as for a passing failure); once the schema
+    /// exists, the table is created and the elector leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_in_a_missing_schema_is_an_error_naming_the_ddl() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let admin = db.connect().await.unwrap();
+        let capture = Capture::default();
+        let key = LockKey::new(0xf3, 12);
+        let elector = Elector::builder(db.pool(2), key)
+            .check_interval(I)
+            .fencing_table(Some("ops"), "epochs")
+            .build()
+            .unwrap();
+        let ddl = elector.fencing_ddl().expect("fencing is on");
+        let replica = Replica::run_captured(elector.clone(), &capture);
+        tokio::time::sleep(3 * I).await;
+        assert!(!elector.is_leader(), "no term without the epoch table");
+        let errors = capture.errors(key);
+        assert_eq!(
+            errors.len(),
+            1,
+            "one ERROR, not a WARN every try: {errors:?}"
+        );
+        let said = capture.events("cannot bump the fencing epoch");
+        assert_eq!(said[0].level, tracing::Level::ERROR, "{:?}", said[0]);
+        assert!(
+            said[0].field("error").contains(&ddl) && said[0].field("error").contains("\"ops\""),
+            "the error names the statement to run and the schema: {:?}",
+            said[0]
+        );
+
+        admin.batch_execute("CREATE SCHEMA ops").await.unwrap();
+        wait_for(2 * I, || elector.is_leader())
+            .await
+            .expect("leads once the schema exists, having created the table");
+        replica.stop().await.unwrap();
+    }
+
+    /// A missing table the role cannot create is an ERROR even right after a passing bump
+    /// failure: the epoch row held by an open transaction (a WARN), then the table dropped.
+    /// The two shared one "once a minute" clock, so the ERROR came at DEBUG for up to a minute.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_table_is_an_error_even_after_a_busy_row_warned() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let mut admin = db.connect().await.unwrap();
+        let role = limited_role(&db, &admin, "limited").await;
+        let capture = Capture::default();
+        let key = LockKey::new(0xf3, 13);
+        let elector = Elector::builder(pool_as(&db, &role, 2), key)
+            .check_interval(I)
+            .fencing(true)
+            .build()
+            .unwrap();
+        let ddl = elector.fencing_ddl().expect("fencing is on");
+        admin
+            .batch_execute(&format!(
+                "{ddl}; GRANT SELECT, INSERT, UPDATE ON pg_elector_epochs TO \"{role}\"; \
+                 INSERT INTO pg_elector_epochs VALUES ({}, {}, 1, 'old', now())",
+                key.class(),
+                key.object()
+            ))
+            .await
+            .unwrap();
+        // An old term's fenced transaction, left open on the row.
+        let tx = admin.transaction().await.unwrap();
+        tx.batch_execute(&format!(
+            "SELECT * FROM pg_elector_epochs WHERE class = {} AND object = {} FOR UPDATE",
+            key.class(),
+            key.object()
+        ))
+        .await
+        .unwrap();
+        let replica = Replica::run_captured(elector.clone(), &capture);
+        capture
+            .logged("cannot bump the fencing epoch", 4 * I)
+            .await
+            .expect("the busy row is said");
+        let busy = capture.events("cannot bump the fencing epoch");
+        assert_eq!(busy[0].level, tracing::Level::WARN, "{:?}", busy[0]);
+        assert!(
+            busy[0].field("error").contains("stayed locked"),
+            "{:?}",
+            busy[0]
+        );
+
+        // The table goes, in the same transaction; the role may not create it again.
+        tx.batch_execute("DROP TABLE pg_elector_epochs")
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let said = wait_for(4 * I, || !capture.errors(key).is_empty()).await;
+        let errors = capture.errors(key);
+        assert!(
+            said.is_some(),
+            "an ERROR names the missing table, not a DEBUG line: {:?}",
+            capture
+                .events("cannot bump the fencing epoch")
+                .iter()
+                .map(|e| (e.level, e.field("error").to_owned()))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(!elector.is_leader());
+        replica.stop().await.unwrap();
+        drop_role(&admin, &role).await;
+    }
+
     /// What the role of the application's pool (the one that runs fenced writes) needs on the
     /// epoch table: `SELECT` and `UPDATE`, because the fence reads the row `FOR SHARE`, which
     /// PostgreSQL allows only to a role that may update it; nothing more (no `INSERT`).

@@ -25,7 +25,7 @@ mod b4 {
 
         let shutdown = CancellationToken::new();
         let n = AtomicUsize::new(0);
-        LeaderTicker::new("single-replica", Gate::open(), P)
+        LeaderTicker::new("single-replica", Gate::always_open(), P)
             .run(shutdown.clone(), |_| {
                 if n.fetch_add(1, Ordering::SeqCst) == 2 {
                     shutdown.cancel();

@@ -23,7 +23,7 @@ mod e1 {
         let rows = client
             .query(
                 "SELECT classid::int8, objid::int8, objsubid::int4, pid FROM pg_locks \
-             WHERE locktype = 'advisory' AND granted \
+             WHERE locktype = 'advisory' AND granted AND mode = 'ExclusiveLock' \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[],
             )
@@ -75,7 +75,7 @@ mod e1 {
         let subids: Vec<i16> = first_column(
             &client,
             "SELECT objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND mode = 'ExclusiveLock' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
              ORDER BY objsubid",
         )
         .await;
@@ -186,7 +186,7 @@ mod e1 {
         let pids: Vec<i32> = first_column(
             &client,
             "SELECT l.pid FROM pg_locks l
-WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 2
   AND l.classid::int8 = ('x' || substr(md5('billing/invoice-sweep'), 1, 8))::bit(32)::int8
   AND l.objid::int8 = ('x' || substr(md5('billing/invoice-sweep'), 9, 8))::bit(32)::int8
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());",

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use common::capture::Capture;
 use common::*;
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::{Overlap, Timeline};
+use pg_elector_testkit::Timeline;
+use pg_elector_testkit::timeline::Overlap;
 
 /// The interval of the pairing runs: short, so that a standby that only tries lands its try
 /// within a few milliseconds of a terminate in a good share of the runs (the window an overlap
@@ -37,7 +38,7 @@ const SAMPLE: Duration = Duration::from_micros(50);
 /// Records every replica's `is_leader()` every [`SAMPLE`] (the test kit's timeline).
 fn sampler(electors: &[&Elector]) -> Timeline {
     let electors: Vec<Elector> = electors.iter().map(|e| (*e).clone()).collect();
-    Timeline::start_sampling(&electors, None, SAMPLE)
+    Timeline::builder(&electors).sample_every(SAMPLE).start()
 }
 
 fn elector(db: &TestDb, key: LockKey, interval: Duration, name: &str, fast: bool) -> Elector {

@@ -9,13 +9,13 @@
 #![cfg(unix)]
 
 mod common;
-use pg_elector_testkit::replica;
+use pg_elector_testkit::processes::{self, Event, Fleet, FleetBuilder, What};
 
 use std::time::Duration;
 
 use common::*;
 use pg_elector::LockKey;
-use replica::{ENV_URL, Event, Fleet, What, leaders, parse, transitions, unix_us, us};
+use pg_elector_testkit::replica::{ENV_URL, leaders, parse, transitions, unix_us, us};
 use rustix::process::Signal;
 
 /// The arguments that run [`replica_child`] in this test binary.
@@ -39,7 +39,7 @@ fn replica_child() {
     if std::env::var(ENV_URL).is_err() {
         return;
     }
-    replica::child();
+    processes::child();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -47,6 +47,10 @@ fn replica_child() {
 
 fn new_fleet(db: &TestDb, key: LockKey, interval: Duration) -> Fleet {
     Fleet::new(CHILD, db.url(), key, interval)
+}
+
+fn fleet_builder(db: &TestDb, key: LockKey, interval: Duration) -> FleetBuilder {
+    Fleet::builder(CHILD, db.url(), key, interval)
 }
 
 /// What the tests wait for among the harness's fleet of replica processes.
@@ -67,7 +71,7 @@ trait Waits {
 
 impl Waits for Fleet {
     async fn one_leader(&self) -> usize {
-        let n = self.procs.len();
+        let n = self.len();
         self.wait(STARTUP, |events| {
             let started = events.iter().filter(|e| e.what == What::Started).count();
             let leaders = leaders(events, n);
@@ -85,7 +89,7 @@ impl Waits for Fleet {
             .map(|e| e.at)
             .max()
             .expect("replicas started");
-        self.first_of(STARTUP, What::Tick, leader, started + us(self.interval))
+        self.first_of(STARTUP, What::Tick, leader, started + us(self.interval()))
             .await;
     }
 
@@ -391,12 +395,15 @@ async fn behind_a_transaction_pooler(fast: bool) {
     let server = tokio::task::block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
     let db = server.create_database().await.unwrap();
     let bouncer = tokio::task::block_in_place(|| {
-        pg_elector_testkit::Pgbouncer::start(&server, pg_elector_testkit::PoolMode::Transaction, 2)
+        pg_elector_testkit::pooler::Pgbouncer::start(
+            &server,
+            pg_elector_testkit::pooler::PoolMode::Transaction,
+            2,
+        )
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let key = LockKey::new(16, 20);
-    let mut fleet = new_fleet(&db, key, I);
-    fleet.fast = fast;
+    let mut fleet = fleet_builder(&db, key, I).fast_takeover(fast).build();
     let started = unix_us();
     fleet.spawn(Some(bouncer.addr()));
     fleet.spawn(Some(bouncer.addr()));
@@ -412,7 +419,7 @@ async fn behind_a_transaction_pooler(fast: bool) {
     let events = fleet.events();
     let terms = events.iter().filter(|e| e.what == What::Leader).count();
     let longest = longest_term(&events, 2, ended);
-    let logs = fleet.board.logs.lock().unwrap().clone();
+    let logs = fleet.board().logs.lock().unwrap().clone();
     let pooler_errors = logs
         .iter()
         .filter(|l| l.contains("ERROR") && l.contains("transaction-mode pooler"))
@@ -464,9 +471,10 @@ async fn f5_three_processes_run_each_due_once_through_failovers() {
         .await
         .unwrap();
     let key = LockKey::new(0xf5, 0x5e);
-    let mut fleet = new_fleet(&db, key, I);
-    fleet.fenced = true;
-    fleet.job_ms = Some(200);
+    let mut fleet = fleet_builder(&db, key, I)
+        .fenced(true)
+        .job_ms(Some(200))
+        .build();
     for _ in 0..3 {
         fleet.spawn(None);
     }
@@ -495,10 +503,10 @@ async fn f5_three_processes_run_each_due_once_through_failovers() {
     terminate_holder(&db, key).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Whoever leads now hands over gracefully.
-    let n = fleet.procs.len();
+    let n = fleet.len();
     let leading = leaders(&fleet.events(), n);
     assert_eq!(leading.len(), 1, "one leader before the handover");
-    fleet.stop(leading[0]).await.unwrap();
+    fleet.try_stop(leading[0]).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let to: std::time::SystemTime = admin
         .query_one("SELECT clock_timestamp() - interval '1 second'", &[])
@@ -595,8 +603,7 @@ async fn waiting_session_of(admin: &tokio_postgres::Client, key: LockKey, replic
 /// A fleet of fast replicas where 0 leads, then 1 waits, then 2 waits behind it.
 async fn leader_and_two_queued(db: &TestDb, key: LockKey) -> (Fleet, tokio_postgres::Client, i32) {
     let admin = db.connect().await.unwrap();
-    let mut fleet = new_fleet(db, key, I);
-    fleet.fast = true;
+    let mut fleet = fleet_builder(db, key, I).fast_takeover(true).build();
     fleet.spawn(None);
     assert_eq!(fleet.one_leader().await, 0);
     fleet.spawn(None);
@@ -621,7 +628,7 @@ mod f1 {
         let (mut fleet, admin, frozen_pid) = leader_and_two_queued(&db, key).await;
         let frozen_at = fleet.signal(1, Signal::STOP);
         let released = unix_us();
-        fleet.stop(0).await.unwrap();
+        fleet.try_stop(0).await.unwrap();
         wait_for_async(2 * I, || async {
             holders(&admin, key).await == vec![frozen_pid]
         })
@@ -685,7 +692,7 @@ mod f1 {
         let (mut fleet, _admin, _) = leader_and_two_queued(&db, key).await;
         fleet.kill(1).await;
         let released = unix_us();
-        fleet.stop(0).await.unwrap();
+        fleet.try_stop(0).await.unwrap();
         let next = fleet.first(4 * I, What::Leader, Some(0), released).await;
         assert_eq!(next.replica, 2);
         let took = next.at - released;

@@ -12,40 +12,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::capture::Capture;
 use common::roles::{drop_role, limited_role, pool_as};
-use common::schedules::{Body, BoxedRun, ManualSchedule, first_start, stored_runs};
+use common::schedules::{
+    Body, BoxedRun, ManualSchedule, OLD_DDL, Starts, first_start, leading_schedule, schedule,
+    slow_commits, started_for, stored_runs, working,
+};
 use common::*;
 use pg_elector::Elector;
 use pg_elector::schedule::{Job, JobRun, RunKind, Schedule, ScheduleError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// One run as its body saw it: the replica, the due, the attempt, the kind, when it started.
-type Started = (&'static str, SystemTime, u32, RunKind, Instant);
-
-/// The runs started so far, in order.
-type Starts = Arc<Mutex<Vec<Started>>>;
-
-/// A job body that says when it starts and then works for `lasts(n)`, `n` counting the runs
-/// started so far on every replica.
-fn working(
-    replica: &'static str,
-    starts: &Starts,
-    lasts: impl Fn(usize) -> Duration + Send + Sync + 'static,
-) -> Body {
-    let starts = starts.clone();
-    Arc::new(move |run: JobRun| {
-        let n = {
-            let mut starts = starts.lock().unwrap();
-            starts.push((replica, run.due, run.attempt, run.kind, Instant::now()));
-            starts.len() - 1
-        };
-        let lasts = lasts(n);
-        Box::pin(async move {
-            tokio::time::sleep(lasts).await;
-            Ok(())
-        })
-    })
-}
 
 /// How long run `n` works: the first for 30 s, well past the grace a term's end gives it, the
 /// later ones for 10 ms.
@@ -54,54 +29,6 @@ fn first_outlasts_its_grace(n: usize) -> Duration {
         0 => Duration::from_secs(30),
         _ => Duration::from_millis(10),
     }
-}
-
-/// `(replica, attempt, kind)` of every run of `due` started so far, in order.
-fn started_for(starts: &Starts, due: SystemTime) -> Vec<(&'static str, u32, RunKind)> {
-    starts
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|s| s.1 == due)
-        .map(|s| (s.0, s.2, s.3))
-        .collect()
-}
-
-/// A schedule of one job on a manual elector (not leading yet), polling every `poll`, as its
-/// own task, its events in `capture`.
-fn schedule(
-    pool: deadpool_postgres::Pool,
-    poll: Duration,
-    job: Job,
-    body: Body,
-    capture: &Capture,
-) -> ManualSchedule {
-    let (elector, control) = Elector::manual();
-    let schedule = Schedule::new(&elector, pool)
-        .poll_interval(poll)
-        .job(job, move |run| body(run));
-    ManualSchedule::spawn_captured(control, schedule, capture)
-}
-
-/// A schedule of `job` on `pool` as [`schedule`] makes it, polling every 50 ms, on an elector
-/// it promotes at once, whose runs (on replica `m`) take `lasts` each: the runs it starts, its
-/// events, and the schedule.
-fn leading_schedule(
-    pool: deadpool_postgres::Pool,
-    job: Job,
-    lasts: Duration,
-) -> (Starts, Capture, ManualSchedule) {
-    let starts: Starts = Arc::default();
-    let capture = Capture::default();
-    let sched = schedule(
-        pool,
-        Duration::from_millis(50),
-        job,
-        working("m", &starts, move |_| lasts),
-        &capture,
-    );
-    sched.control.promote();
-    (starts, capture, sched)
 }
 
 /// A job body that counts its runs.
@@ -302,9 +229,10 @@ mod h8 {
 
     /// Heartbeats that keep failing were logged at DEBUG only, so an operator saw nothing
     /// before another replica took the live run for dead. Here the job itself holds the only
-    /// connection of a pool of one for 2.5 s: every beat waits its 1 s bound in vain. Once the
-    /// run has been silent for half the 3 s after which it is taken for dead, one WARN says so;
-    /// when the job gives the connection back, one INFO says the beats land again.
+    /// connection of a pool of one for 1.4 s: a beat waits its 1 s bound in vain. Once the run
+    /// has been silent for a third of the 3 s after which it is taken for dead, one WARN says
+    /// so; when the job gives the connection back (before the 2 s at which the run would be
+    /// cut off), one INFO says the beats land again, and the run goes on to succeed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn heartbeats_that_keep_failing_are_a_warning() {
         let _serial = serial();
@@ -319,7 +247,7 @@ mod h8 {
                 Box::pin(async move {
                     if first {
                         let hog = pool.get().await.map_err(|e| e.to_string())?;
-                        tokio::time::sleep(Duration::from_millis(2500)).await;
+                        tokio::time::sleep(Duration::from_millis(1400)).await;
                         drop(hog);
                         tokio::time::sleep(Duration::from_millis(1500)).await;
                     }
@@ -358,21 +286,6 @@ mod h8 {
             "the first run was not given up: {runs:?}"
         );
     }
-
-    /// The job tables as the version before the heartbeat period made them.
-    const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, job text NOT NULL, \
-     schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
-     claimed_by text, claimed_term text, claimed_epoch bigint, \
-     started_at timestamptz, finished_at timestamptz, outcome text, error text, \
-     trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
-     CREATE TABLE pg_elector_job_runs (namespace text NOT NULL, job text NOT NULL, \
-     due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
-     claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
-     started_at timestamptz NOT NULL, heartbeat_at timestamptz, \
-     finished_at timestamptz, outcome text NOT NULL, error text, \
-     PRIMARY KEY (namespace, job, due, attempt)); \
-     CREATE INDEX pg_elector_job_runs_running ON pg_elector_job_runs (namespace, job) \
-     WHERE outcome = 'running'";
 
     /// The columns of `table`, in order.
     async fn columns(client: &tokio_postgres::Client, table: &str) -> Vec<String> {
@@ -641,35 +554,6 @@ mod h2 {
         let _serial = serial();
         a_rerun_whose_abandon_lost_its_answer(Rerunner::NextLeader).await;
     }
-}
-
-/// Makes the job tables from `ddl()` and a deferred trigger that, once armed, makes the next
-/// claim's COMMIT take `secs` (a synchronous standby or an fsync stall, as the client sees
-/// it): the claim's transaction sleeps at its commit, then commits. The due whose claim it
-/// slowed is kept in `slow_commit`.
-async fn slow_commits(db: &TestDb, admin: &tokio_postgres::Client, secs: f64) {
-    let ddl = Schedule::new(&Elector::manual().0, db.pool(1))
-        .ddl()
-        .unwrap();
-    admin.batch_execute(&ddl).await.unwrap();
-    admin
-        .batch_execute(&format!(
-            "CREATE TABLE slow_commit (armed boolean NOT NULL, due timestamptz); \
-             INSERT INTO slow_commit VALUES (false, NULL); \
-             CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-             DECLARE n int; \
-             BEGIN \
-               UPDATE slow_commit SET armed = false, due = NEW.due WHERE armed; \
-               GET DIAGNOSTICS n = ROW_COUNT; \
-               IF n > 0 THEN PERFORM pg_sleep({secs}); END IF; \
-               RETURN NULL; \
-             END $$; \
-             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON pg_elector_job_runs \
-             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.outcome = 'running') \
-             EXECUTE FUNCTION slow_commit()"
-        ))
-        .await
-        .unwrap();
 }
 
 /// How the client loses the answer to the slow COMMIT in [`a_claim_whose_commit_is_slow`].

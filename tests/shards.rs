@@ -14,7 +14,7 @@ use pg_elector::{Error, TermEnd};
 mod f6 {
     use super::*;
 
-    /// Three members over 32 shards: each owns 10 or 11 within 2·I of the last join, every
+    /// Three members over 32 shards: each owns 10 or 11 within 2.5·I of the last join, every
     /// shard has one owner, and the three hold one lock session each.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn three_members_balance_on_one_session_each() {
@@ -29,10 +29,12 @@ mod f6 {
         }
         let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
         joined(&handles, I).await;
-        let took = wait_for(2 * I + I / 2, || balanced(&handles, 32)).await;
+        // A join's share: the mark, the check that proves it heard half an interval later, the
+        // others' next check, and the joiner's next try: 2.5·I at worst, with I of slack.
+        let took = wait_for(3 * I + I / 2, || balanced(&handles, 32)).await;
         assert!(
             took.is_some(),
-            "balanced within 2·I of the joins: {:?}",
+            "balanced within 2.5·I of the joins: {:?}",
             shares(&handles)
         );
         let admin = db.connect().await.unwrap();
@@ -63,7 +65,7 @@ mod f6 {
 
     /// A member joins, one is killed, one leaves gracefully: never two owners of a shard; the
     /// killed member's shards are owned again within 1·I of its session closing, the leaver's
-    /// within 1·I of its unlock; balanced again within 2·I after each step.
+    /// within 1·I of its unlock; balanced within 2.5·I of the joins, and again within 2·I after the kill and the leave.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn joins_kills_and_leaves_never_give_a_shard_two_owners() {
         let _serial = serial();
@@ -83,11 +85,12 @@ mod f6 {
         monitor.watch(&b.shards);
         monitor.watch(&c.shards);
         let three = [&a.shards, &b.shards, &c.shards];
-        wait_for(2 * I + I / 2, || balanced(&three, count))
+        // From the starts: the connections, then a join's 2.5·I (no drain here), I/2 of slack.
+        wait_for(3 * I + I / 2, || balanced(&three, count))
             .await
             .unwrap_or_else(|| {
                 panic!(
-                    "balanced within 2·I + drain of the joins: {:?}",
+                    "balanced within 2.5·I + drain of the joins: {:?}",
                     shares(&three)
                 )
             });
@@ -175,6 +178,7 @@ mod f6 {
                 })
             })
             .collect();
+        let terms: Vec<_> = a.shards.all().map(|s| a.shards.term(s)).collect();
         tokio::time::sleep(I / 4).await;
         let b = Member::start(db.pool(2), "drain", 2, I);
         wait_for(10 * I, || b.shards.owned().len() == 1)
@@ -183,6 +187,11 @@ mod f6 {
         let gained_at = Instant::now();
         let shard = b.shards.owned()[0];
         assert!(!a.shards.is_owner(shard));
+        assert_eq!(
+            terms[shard.index() as usize].end(),
+            Some(TermEnd::Moved),
+            "a's term of the moved shard ended as moved"
+        );
         let mut outcomes = Vec::new();
         for w in work {
             outcomes.push(w.await.unwrap());
@@ -409,7 +418,7 @@ mod e17 {
         let shards = Shards::builder(db.pool(1), "g", 4).build().unwrap();
         let elector = shards.elector(shards.shard(3).unwrap()).unwrap();
         let err = elector.run(Default::default()).await.unwrap_err();
-        assert!(matches!(err, Error::ShardRunByGroup), "{err}");
+        assert!(matches!(err, Error::RunOnShard), "{err}");
         assert!(!elector.resign(Duration::ZERO).await);
         assert!(shards.shard(4).is_none());
         let other = Shards::builder(db.pool(1), "h", 8).build().unwrap();

@@ -100,6 +100,244 @@ mod e3 {
         leader.stop().await.unwrap();
     }
 
+    /// The statements prepared on a pool connection that try the lock (found by their text:
+    /// `pg_try_advisory_lock` or `pg_try_advisory_xact_lock_shared`).
+    async fn prepared_tries(pool: &deadpool_postgres::Pool) -> i64 {
+        let client = pool.get().await.unwrap();
+        client
+            .query_typed(
+                "SELECT count(*) FROM pg_catalog.pg_prepared_statements \
+                 WHERE statement LIKE '%pg\\_try\\_advisory\\_%lock%(%' AND NOT from_sql",
+                &[],
+            )
+            .await
+            .unwrap()[0]
+            .get(0)
+    }
+
+    /// E3: with prepared statements on, a refused try is a statement prepared once on its pool
+    /// connection, not one parsed and planned again at every try.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_try_is_prepared_once_per_connection() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_000);
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        let pool = db.pool(1);
+        let capture = common::capture::Capture::default();
+        let elector = Elector::builder(pool.clone(), key)
+            .check_interval(I)
+            .prepared_statements(true)
+            .build()
+            .unwrap();
+        let standby = Replica::run_captured(elector, &capture);
+        tokio::time::sleep(6 * I).await;
+        assert_eq!(
+            prepared_tries(&pool).await,
+            1,
+            "one prepared try on the standby's only connection after six tries"
+        );
+        assert!(!standby.elector.is_leader());
+        assert!(leader.elector.is_leader());
+        let warnings = capture.at(tracing::Level::WARN, key);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let unnamed: Vec<String> = capture
+            .at(tracing::Level::INFO, key)
+            .into_iter()
+            .filter(|line| line.contains("unnamed from now on"))
+            .collect();
+        assert!(
+            unnamed.is_empty(),
+            "prepared statements stayed on: {unnamed:?}"
+        );
+        standby.stop().await.unwrap();
+        leader.stop().await.unwrap();
+    }
+
+    /// E3: with prepared statements on, a try whose prepared statement the server session no
+    /// longer has (`DEALLOCATE ALL`, as a pooler may run) is still refused cleanly, without a
+    /// warning, and the standby still leads once the lock is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_whose_prepared_statement_is_gone_falls_back() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_001);
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        let pool = db.pool(1);
+        let capture = common::capture::Capture::default();
+        let elector = Elector::builder(pool.clone(), key)
+            .check_interval(I)
+            .prepared_statements(true)
+            .build()
+            .unwrap();
+        let standby = Replica::run_captured(elector, &capture);
+        tokio::time::sleep(3 * I).await;
+        assert_eq!(prepared_tries(&pool).await, 1, "the try was prepared");
+        for _ in 0..3 {
+            // Between two tries, on the standby's only connection.
+            pool.get()
+                .await
+                .unwrap()
+                .batch_execute("DEALLOCATE ALL")
+                .await
+                .unwrap();
+            tokio::time::sleep(2 * I).await;
+        }
+        assert!(!standby.elector.is_leader());
+        let warnings = capture.at(tracing::Level::WARN, key);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        leader.stop().await.unwrap();
+        wait_for(2 * I, || standby.elector.is_leader())
+            .await
+            .expect("the standby leads within 2·I of the release");
+        // PostgreSQL 13 has no idle_session_timeout, which a new leader says once at WARN.
+        let warnings: Vec<String> = capture
+            .at(tracing::Level::WARN, key)
+            .into_iter()
+            .filter(|w| !w.starts_with("the server has no idle_session_timeout"))
+            .collect();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        standby.stop().await.unwrap();
+    }
+
+    /// E3: by default a standby prepares nothing on its connection (a statement name could meet
+    /// another client's behind a transaction pooler): six refused tries leave no prepared
+    /// statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn by_default_refused_tries_prepare_nothing() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_002);
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        let pool = db.pool(1);
+        let standby = Replica::start(pool.clone(), key, I);
+        tokio::time::sleep(6 * I).await;
+        assert!(!standby.elector.is_leader());
+        assert_eq!(prepared_tries(&pool).await, 0, "no prepared try");
+        standby.stop().await.unwrap();
+        leader.stop().await.unwrap();
+    }
+
+    /// E3: a try on a pool connection the application left inside a transaction is not granted
+    /// there (the lock session would keep that transaction open, where the server's
+    /// `idle_session_timeout` does not apply): it closes that connection, and the next try, on
+    /// a new one, leads from a session that is not inside a transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_on_a_connection_left_in_a_transaction_leads_from_a_fresh_one() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_005);
+        let pool = db.pool(1);
+        pool.get()
+            .await
+            .unwrap()
+            .batch_execute("BEGIN")
+            .await
+            .unwrap();
+        let standby = Replica::start(pool.clone(), key, I);
+        wait_for(3 * I, || standby.elector.is_leader())
+            .await
+            .expect("the standby leads within 3·I");
+        let admin = db.connect().await.unwrap();
+        let holder = holders(&admin, key).await;
+        assert_eq!(holder.len(), 1, "one holder: {holder:?}");
+        let state: Option<String> = admin
+            .query_one(
+                "SELECT state FROM pg_catalog.pg_stat_activity WHERE pid = $1",
+                &[&holder[0]],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_ne!(
+            state.as_deref(),
+            Some("idle in transaction"),
+            "the lock session is inside the application's transaction"
+        );
+        standby.stop().await.unwrap();
+    }
+
+    /// E3: a try that found the lock free but was refused closes its connection, so that a
+    /// connection the application gave back to a shared pool inside an open transaction does
+    /// not keep the question's momentary hold, which would refuse every other standby for as
+    /// long as that transaction stays open. Here a foreign session holds the key shared: the
+    /// question finds it free, the full try is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_refused_after_asking_closes_a_connection_left_in_a_transaction() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_003);
+        let foreign = db.connect().await.unwrap();
+        foreign
+            .query_one(
+                "SELECT pg_advisory_lock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        // The application's pool of one: its only connection goes back inside a transaction.
+        let shared_pool = db.pool(1);
+        shared_pool
+            .get()
+            .await
+            .unwrap()
+            .batch_execute("BEGIN")
+            .await
+            .unwrap();
+        let first = Replica::start(shared_pool.clone(), key, I);
+        // Stopped between two tries (a try cut mid-way closes its connection).
+        tokio::time::sleep(2 * I + I / 2).await;
+        assert!(
+            !first.elector.is_leader(),
+            "a foreign session holds the key"
+        );
+        first.stop().await.unwrap();
+        let other = Replica::start(db.pool(1), key, I);
+        foreign
+            .query_one(
+                "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        wait_for(3 * I, || other.elector.is_leader())
+            .await
+            .expect("another standby leads within 3·I once the foreign hold is gone");
+        other.stop().await.unwrap();
+        drop(shared_pool);
+    }
+
+    /// A standby's ask holds the key shared for one statement; nobody who looks for the leader
+    /// takes such a hold for one: here a session holds it shared in an open transaction, and
+    /// `current_leader` finds no leader, then the elector that leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shared_hold_of_the_key_is_no_leader() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_004);
+        let mut asking = db.connect().await.unwrap();
+        let admin = db.connect().await.unwrap();
+        let transaction = asking.transaction().await.unwrap();
+        transaction
+            .query_one(
+                "SELECT pg_try_advisory_xact_lock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        let who = pg_elector::current_leader(&admin, key).await.unwrap();
+        assert!(who.is_none(), "a shared hold read as a leader: {who:?}");
+        transaction.rollback().await.unwrap();
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        let who = pg_elector::current_leader(&admin, key).await.unwrap();
+        assert!(who.is_some(), "the elector that leads is found");
+        leader.stop().await.unwrap();
+    }
+
     /// A pool that recycles with `DISCARD ALL` opens no backend in a thousand refused tries.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_discard_all_pool_opens_no_backend_in_1000_refused_tries() {

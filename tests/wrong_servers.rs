@@ -10,7 +10,7 @@ use common::capture::Capture;
 use common::*;
 use deadpool_postgres::Pool;
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::{Pgbouncer, PoolMode};
+use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
 use tokio::task::block_in_place;
 
 /// A replica at interval `I` whose `run` logs into `capture`.
@@ -216,6 +216,42 @@ mod e16 {
         drop(bouncer);
     }
 
+    /// E16: behind a transaction pooler (pool size 1), with a standby whose own key another
+    /// session holds beside a leader of another key: that leader steps down within one check,
+    /// and the standby's log names the pooler, though its key is never free. The standby's
+    /// question answers true on a server session an elector's lock session marked, so that the
+    /// try which follows reports the pooler and leaves the visit (without that, the leader led
+    /// for the whole window).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_standby_of_another_key_finds_the_shared_session() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = fresh_db().await;
+        let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Transaction, 1))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (key_a, key_b) = (LockKey::new(16, 9), LockKey::new(16, 10));
+        let direct = Replica::start(db.pool(1), key_b, I);
+        wait_a_leads(&direct).await;
+        let capture = Capture::default();
+        let behind_a = captured(bouncer.pool_for(&db, 2), key_a, &capture);
+        let behind_b = captured(bouncer.pool_for(&db, 2), key_b, &capture);
+        let (longest, _, terms) = watch_leadership(&[&behind_a.elector], 8 * I).await;
+        let errors = capture.errors(key_b);
+        behind_b.stop().await.unwrap();
+        behind_a.stop().await.unwrap();
+        direct.stop().await.unwrap();
+        assert!(
+            longest <= I + I / 2,
+            "key A's elector led for {longest:?} behind a transaction pooler ({terms} terms); \
+             one check is {I:?}"
+        );
+        assert!(
+            errors.iter().any(|m| m.contains("transaction-mode pooler")),
+            "key B's standby names the pooler: {errors:?}"
+        );
+        drop(bouncer);
+    }
+
     /// Through a transaction pooler no replica leads longer than one check, and the log names the
     /// pooler.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,6 +262,93 @@ mod e16 {
         through_a_transaction_pooler(1, LockKey::new(16, 2)).await;
         // Pool size 3: the sessions of consecutive statements differ.
         through_a_transaction_pooler(3, LockKey::new(16, 3)).await;
+    }
+
+    /// Standbys behind PgBouncer in `mode` (three server sessions), the leader connected
+    /// directly: for 8·I every try is refused without a warning or an error, whether the server
+    /// session a try lands on has its prepared statement or not. With `prepared` (the opt-in),
+    /// behind a session pooler no standby turns prepared statements off, and behind a
+    /// transaction pooler each says so at most once.
+    async fn standbys_behind_a_pooler_are_refused_cleanly(
+        mode: PoolMode,
+        key: LockKey,
+        prepared: bool,
+    ) {
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = fresh_db().await;
+        let bouncer =
+            block_in_place(|| Pgbouncer::start(server, mode, 3)).unwrap_or_else(|e| panic!("{e}"));
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        let capture = Capture::default();
+        let standbys: Vec<Replica> = (0..3)
+            .map(|_| {
+                let elector = Elector::builder(bouncer.pool_for(&db, 2), key)
+                    .check_interval(I)
+                    .prepared_statements(prepared)
+                    .build()
+                    .expect("valid elector");
+                Replica::run_captured(elector, &capture)
+            })
+            .collect();
+        let electors: Vec<&Elector> = standbys.iter().map(|r| &r.elector).collect();
+        let (_, _, terms) = watch_leadership(&electors, 8 * I).await;
+        assert_eq!(terms, 0, "{mode:?}: a standby led");
+        assert!(
+            leader.elector.is_leader(),
+            "{mode:?}: the leader kept leading"
+        );
+        let warnings = capture.at(tracing::Level::WARN, key);
+        let errors = capture.errors(key);
+        assert!(
+            warnings.is_empty() && errors.is_empty(),
+            "{mode:?}: {warnings:?} {errors:?}\n{}",
+            bouncer.log_tail(20)
+        );
+        let turned_off = capture
+            .at(tracing::Level::INFO, key)
+            .iter()
+            .filter(|line| line.contains("does not keep prepared statements"))
+            .count();
+        // A session pooler keeps each client on one server session: nothing to turn off there.
+        let most = if prepared && mode == PoolMode::Transaction {
+            standbys.len()
+        } else {
+            0
+        };
+        assert!(
+            turned_off <= most,
+            "{mode:?}, prepared {prepared}: {turned_off} standbys turned prepared statements off"
+        );
+        for standby in standbys {
+            standby.stop().await.unwrap();
+        }
+        leader.stop().await.unwrap();
+        drop(bouncer);
+    }
+
+    /// E16, E3: behind each PgBouncer mode the suite runs, refused tries stay clean (each
+    /// statement unnamed, the default).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn behind_each_pooler_mode_refused_tries_are_clean() {
+        let _serial = serial();
+        for (mode, object) in [(PoolMode::Session, 5), (PoolMode::Transaction, 6)] {
+            standbys_behind_a_pooler_are_refused_cleanly(mode, LockKey::new(16, object), false)
+                .await;
+        }
+    }
+
+    /// E16, E3: the same with prepared statements turned on: where the server session keeps
+    /// them (session mode) they are used; where it does not (transaction mode on a PgBouncer
+    /// without prepared-statement support), a try falls back to unnamed statements, and stays
+    /// clean.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_prepared_statements_behind_each_pooler_mode_refused_tries_are_clean() {
+        let _serial = serial();
+        for (mode, object) in [(PoolMode::Session, 7), (PoolMode::Transaction, 8)] {
+            standbys_behind_a_pooler_are_refused_cleanly(mode, LockKey::new(16, object), true)
+                .await;
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

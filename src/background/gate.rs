@@ -42,9 +42,16 @@ impl Gate {
         }
     }
 
-    /// A gate that is always open.
-    pub fn open() -> Self {
+    /// A gate that is always open: it follows no elector, as [`Gate::new(None)`](Self::new).
+    pub fn always_open() -> Self {
         Self::new(None)
+    }
+
+    /// A gate that is always open; the old name of [`always_open`](Self::always_open), which
+    /// read as an action.
+    #[deprecated(note = "renamed to Gate::always_open")]
+    pub fn open() -> Self {
+        Self::always_open()
     }
 
     /// The elector this gate follows: the one it was given, or its always-leader one.

@@ -260,7 +260,20 @@ impl Supervisor {
 
     /// Runs `elector`'s election as the worker `pg-elector`: the short form of
     /// `.worker("pg-elector", move |token| { let e = elector.clone(); async move { e.run(token).await } })`.
+    ///
+    /// The elector of one shard of a group (`Shards::elector`) is run by its group's
+    /// `Shards::run`, not here: its worker waits for shutdown without running anything (it
+    /// neither fails nor restarts), and the shard leads while the group's run owns it. Run the
+    /// group itself as another worker, or wherever it runs.
     pub fn election(mut self, elector: &Elector) -> Self {
+        if elector.is_shard() {
+            return self.worker("pg-elector", |token: CancellationToken| async move {
+                tracing::info!(
+                    "a shard's elector: its group's run runs it; this worker waits for shutdown"
+                );
+                token.cancelled().await;
+            });
+        }
         self.stop_bound = self.stop_bound.max(elector.graceful_stop_bound());
         let elector = elector.clone();
         self.worker("pg-elector", move |token| {

@@ -259,7 +259,7 @@ mod tests {
 
     #[test]
     fn a_period_out_of_range_is_clamped_not_a_panic() {
-        let gate = Gate::open();
+        let gate = Gate::always_open();
         assert_eq!(
             LeaderTicker::new("zero", gate.clone(), Duration::ZERO).period(),
             MIN_TICK_PERIOD

@@ -33,5 +33,6 @@ pub(crate) struct ShardMetrics;
 
 impl ShardMetrics {
     pub(crate) fn set_owned(&self, _owned: usize) {}
+    pub(crate) fn set_held_unowned(&self, _shards: usize) {}
     pub(crate) fn count_move(&self, _cause: &str, _shards: usize) {}
 }

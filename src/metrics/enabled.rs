@@ -14,10 +14,9 @@ use prometheus::{
 
 use super::{
     CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME, EPOCH_NAME, SHARD_MOVES_NAME,
-    SHARDS_OWNED_NAME,
+    SHARDS_HELD_UNOWNED_NAME, SHARDS_OWNED_NAME,
 };
 use crate::Error;
-use crate::schedule::plan::SkipReason;
 
 const GAUGE_HELP: &str =
     "1 while this replica leads the pg-elector election for the key, 0 otherwise.";
@@ -135,6 +134,7 @@ impl Drop for Metrics {
 #[derive(Debug)]
 pub(crate) struct ShardMetrics {
     owned: IntGauge,
+    held_unowned: IntGauge,
     moves: IntCounterVec,
     group: String,
 }
@@ -146,6 +146,17 @@ impl ShardMetrics {
             SHARDS_OWNED_NAME,
             IntGaugeVec::new(
                 Opts::new(SHARDS_OWNED_NAME, "Shards of the group this replica owns."),
+                &["group"],
+            ),
+        )?;
+        let held_unowned: IntGaugeVec = register_shared(
+            registry,
+            SHARDS_HELD_UNOWNED_NAME,
+            IntGaugeVec::new(
+                Opts::new(
+                    SHARDS_HELD_UNOWNED_NAME,
+                    "Shards of the group this replica holds locked but does not own: their terms could not start, most often because an older term's open fenced transaction holds their epoch rows.",
+                ),
                 &["group"],
             ),
         )?;
@@ -162,6 +173,7 @@ impl ShardMetrics {
         )?;
         Ok(Self {
             owned: owned.with_label_values(&[group]),
+            held_unowned: held_unowned.with_label_values(&[group]),
             moves,
             group: group.to_owned(),
         })
@@ -169,6 +181,12 @@ impl ShardMetrics {
 
     pub(crate) fn set_owned(&self, owned: usize) {
         self.owned.set(i64::try_from(owned).unwrap_or(i64::MAX));
+    }
+
+    /// The shards this replica holds locked whose terms could not start.
+    pub(crate) fn set_held_unowned(&self, shards: usize) {
+        self.held_unowned
+            .set(i64::try_from(shards).unwrap_or(i64::MAX));
     }
 
     /// `shards` shards gained or given up for `cause` (`gained`, `moved`, `released`, or
@@ -180,104 +198,9 @@ impl ShardMetrics {
     }
 }
 
-/// The counter of a scheduled job's due runs that did not run, by `job` and `reason` (a
-/// [`SkipReason`]'s label).
-const JOB_SKIPPED_NAME: &str = "pg_elector_job_skipped_total";
-
-/// The metrics of a schedule's jobs.
-#[derive(Debug, Clone)]
-pub(crate) struct JobMetrics {
-    runs: IntCounterVec,
-    last_success: prometheus::GaugeVec,
-    duration: HistogramVec,
-    skipped: IntCounterVec,
-}
-
-impl JobMetrics {
-    pub(crate) fn register(registry: &Registry) -> Result<Self, Error> {
-        Ok(Self {
-            runs: register_shared(
-                registry,
-                "pg_elector_job_runs_total",
-                IntCounterVec::new(
-                    Opts::new(
-                        "pg_elector_job_runs_total",
-                        "Runs of scheduled jobs by outcome.",
-                    ),
-                    &["job", "outcome"],
-                ),
-            )?,
-            last_success: register_shared(
-                registry,
-                "pg_elector_job_last_success_timestamp_seconds",
-                prometheus::GaugeVec::new(
-                    Opts::new(
-                        "pg_elector_job_last_success_timestamp_seconds",
-                        "When each scheduled job last succeeded on this replica (UNIX time).",
-                    ),
-                    &["job"],
-                ),
-            )?,
-            duration: register_shared(
-                registry,
-                "pg_elector_job_duration_seconds",
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "pg_elector_job_duration_seconds",
-                        "How long each scheduled job's runs took.",
-                    ),
-                    &["job"],
-                ),
-            )?,
-            skipped: register_shared(
-                registry,
-                JOB_SKIPPED_NAME,
-                IntCounterVec::new(
-                    Opts::new(
-                        JOB_SKIPPED_NAME,
-                        "Due runs of scheduled jobs that did not run, by reason.",
-                    ),
-                    &["job", "reason"],
-                ),
-            )?,
-        })
-    }
-
-    /// Makes `job`'s skipped series, at 0 for every reason, so that an alert on their
-    /// increase sees the first skip.
-    pub(crate) fn add_job(&self, job: &str) {
-        for reason in SkipReason::ALL {
-            self.skipped.with_label_values(&[job, reason.as_str()]);
-        }
-    }
-
-    /// `dues` due runs of `job` that did not run, for `reason`.
-    pub(crate) fn skipped(&self, job: &str, reason: SkipReason, dues: u64) {
-        self.skipped
-            .with_label_values(&[job, reason.as_str()])
-            .inc_by(dues);
-    }
-
-    /// One run's outcome (`succeeded`, `failed`, `abandoned`) and, if it ran, its duration.
-    pub(crate) fn record(&self, job: &str, outcome: &str, took: Option<Duration>) {
-        self.runs.with_label_values(&[job, outcome]).inc();
-        if outcome == "succeeded" {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            self.last_success.with_label_values(&[job]).set(now);
-        }
-        if let Some(took) = took {
-            self.duration
-                .with_label_values(&[job])
-                .observe(took.as_secs_f64());
-        }
-    }
-}
-
 /// Registers `made` under `name`, or finds the collector of ours an earlier elector
 /// registered there.
-fn register_shared<C>(
+pub(super) fn register_shared<C>(
     registry: &Registry,
     name: &str,
     made: prometheus::Result<C>,
@@ -418,38 +341,6 @@ mod tests {
                 CHANGES_NAME
             ]
         );
-    }
-
-    #[test]
-    fn two_schedules_on_one_registry_count_skipped_dues_in_one_series() {
-        let registry = Registry::new();
-        let a = JobMetrics::register(&registry).unwrap();
-        let b = JobMetrics::register(&registry).unwrap();
-        a.add_job("report");
-        let value = |reason: &str| {
-            registry
-                .gather()
-                .iter()
-                .find(|f| f.name() == JOB_SKIPPED_NAME)
-                .and_then(|f| {
-                    f.get_metric()
-                        .iter()
-                        .find(|m| {
-                            m.get_label().iter().any(|l| l.value() == "report")
-                                && m.get_label().iter().any(|l| l.value() == reason)
-                        })
-                        .map(|m| m.get_counter().value() as u64)
-                })
-        };
-        for reason in SkipReason::ALL {
-            assert_eq!(value(reason.as_str()), Some(0), "{reason}: made at 0");
-        }
-        a.skipped("report", SkipReason::CatchUp, 3);
-        b.skipped("report", SkipReason::CatchUp, 2);
-        b.skipped("report", SkipReason::Halted, 1);
-        assert_eq!(value("catch_up"), Some(5), "one series for both schedules");
-        assert_eq!(value("halted"), Some(1));
-        assert_eq!(value("abandoned"), Some(0));
     }
 
     #[test]

@@ -17,6 +17,11 @@ pub const EPOCH_NAME: &str = "pg_elector_epoch";
 /// The gauge of the shards this replica owns, labelled by `group`.
 pub const SHARDS_OWNED_NAME: &str = "pg_elector_shards_owned";
 
+/// The gauge of the shards this replica holds locked but does not own (their terms could not
+/// start, most often because an older term's open fenced transaction holds their epoch rows),
+/// labelled by `group`.
+pub const SHARDS_HELD_UNOWNED_NAME: &str = "pg_elector_shards_held_unowned";
+
 /// The counter of shards gained and given up, labelled by `group` and `cause`.
 pub const SHARD_MOVES_NAME: &str = "pg_elector_shard_moves_total";
 
@@ -57,7 +62,9 @@ impl Change {
 }
 
 #[cfg(feature = "prometheus")]
-pub(crate) use enabled::{JobMetrics, Metrics, MetricsSpec, ShardMetrics};
+pub(crate) use enabled::{Metrics, MetricsSpec, ShardMetrics};
+#[cfg(all(feature = "prometheus", feature = "schedule"))]
+pub(crate) use jobs::JobMetrics;
 
 #[cfg(not(feature = "prometheus"))]
 pub(crate) use disabled::{Metrics, MetricsSpec, ShardMetrics};
@@ -67,6 +74,9 @@ mod disabled;
 
 #[cfg(feature = "prometheus")]
 mod enabled;
+
+#[cfg(all(feature = "prometheus", feature = "schedule"))]
+mod jobs;
 
 #[cfg(test)]
 mod cause_tests {

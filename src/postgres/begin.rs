@@ -4,7 +4,6 @@
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
-use super::fence::BumpError;
 use super::loss::Loss;
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{AppliedBounds, Check, LockSession};
@@ -142,11 +141,12 @@ async fn prepare(
     match bumped {
         Ok(Ok(epoch)) => Ok((sent_at.max(held_since), Some(epoch))),
         Ok(Err(e)) => {
-            let loud = repeats.loud("bump");
-            if let BumpError::CannotCreate { .. } = &e {
-                loud_or_debug!(loud, error, key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back");
+            // Each on its own clock: a missing table that a WARN about a busy row came just
+            // before is still said at ERROR.
+            if e.needs_an_operator() {
+                loud_or_debug!(repeats.loud("bump: no table"), error, key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back");
             } else {
-                loud_or_debug!(loud, warn, key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back");
+                loud_or_debug!(repeats.loud("bump"), warn, key = %pg.key, table = table.name(), error = %e, "cannot bump the fencing epoch; the lock is given back");
             }
             Err(())
         }

@@ -1,5 +1,6 @@
 //! A standby's way to the pool: one borrow at a time, kept across tries while it is under way,
-//! and started again when it has been under way for longer than any live connect takes.
+//! and started again when it has been under way for longer than any live connect takes, each
+//! time given twice as long as the one before.
 
 use std::time::Duration;
 
@@ -7,6 +8,7 @@ use deadpool_postgres::{Object, Pool, PoolError};
 use tokio::time::{Instant, timeout};
 use tokio_util::task::AbortOnDropHandle;
 
+use super::prepared::Prepared;
 use super::session_error::SessionError;
 
 /// How long a borrow may be under way before it is taken for stuck, at the least: longer than
@@ -15,25 +17,51 @@ use super::session_error::SessionError;
 /// by a server that accepts TCP but never answers (a stopped process behind a live kernel).
 const STUCK_FLOOR: Duration = Duration::from_secs(75);
 
-/// How long a borrow may be under way before it is taken for stuck, for a standby trying
-/// every `interval`: ten intervals, at least [`STUCK_FLOOR`].
+/// How long a standby's first borrow may be under way before it is taken for stuck, for a
+/// standby trying every `interval`: ten intervals, at least [`STUCK_FLOOR`].
 pub(super) fn stuck_after(interval: Duration) -> Duration {
     interval.saturating_mul(10).max(STUCK_FLOOR)
 }
 
+/// How many times longer than the first a borrow may be under way, at the most, once borrows
+/// have been started again in a row: 16, so that with the first limit at 75 s a connect that
+/// must first wait out the SYN timeout of up to nine hosts that drop SYNs (Linux's is about
+/// 127 s each) still gets through, while a server that accepts TCP and never answers holds a
+/// standby at most 20 minutes after its address has moved on.
+const MAX_GROWTH: u32 = 16;
+
 /// A standby's way to the pool. A borrow that is still under way when the standby stops
 /// waiting (a slow connect, a full pool) goes on in the background and is picked up by the
 /// next try, so a connect slower than I is finished rather than abandoned and started again
-/// every I. A borrow under way for longer than [`stuck_after`] is dropped and started again,
-/// with a WARN: tokio-postgres's `connect_timeout` bounds only the TCP connect, so a connect
-/// to a server that accepts it and never answers would otherwise hold every later try, even
-/// once the address has moved to a live server. When no next try comes soon (the standby
-/// leads, or cools down after a resign), [`let_go`](Self::let_go) gives that connection back.
-/// Dropping the borrower cancels a borrow still under way.
+/// every I. A borrow under way for longer than its limit ([`stuck_after`] at first) is
+/// dropped and started again, with a WARN: tokio-postgres's `connect_timeout` bounds only the
+/// TCP connect, so a connect to a server that accepts it and never answers would otherwise
+/// hold every later try, even once the address has moved to a live server.
+///
+/// Each borrow started again gets twice the limit of the one before (at most [`MAX_GROWTH`]
+/// times the first), back to the first once a borrow gets a connection. A restart alone would
+/// never get past a first host that drops SYNs in a multi-host URL without `connect_timeout`:
+/// the connect waits out the kernel's SYN timeout there (about 127 s on Linux) before it tries
+/// the next host, and a limit shorter than that starts it again at the first host, forever.
+/// With the limit doubling, when the connect past the dead hosts takes `C` (no more than the
+/// largest limit), a borrow gets its connection within `C` when `C` is under the first limit,
+/// and within `3·C` otherwise: the limits before the first one long enough add up to less than
+/// it, which is less than `2·C`. A borrow is taken for stuck only at a try, up to I late, and
+/// at most four are in a row: hence the `3·C + 6·I` the docs state for a leader.
+///
+/// When no next try comes soon (the standby leads, or cools down after a resign),
+/// [`let_go`](Self::let_go) gives that connection back. Dropping the borrower cancels a borrow
+/// still under way.
 pub(crate) struct Borrower {
     pool: Pool,
-    stuck_after: Duration,
+    /// The first limit, and the one after a borrow that got a connection.
+    first_limit: Duration,
+    /// How long the borrow under way (or the next one) may be under way.
+    limit: Duration,
     pending: Option<Pending>,
+    /// Whether the try (and the check of a lock session it is granted) goes as a statement
+    /// prepared once per connection: off unless the user opted in (see [`Prepared`]).
+    pub(super) prepared: Prepared,
 }
 
 /// A borrow under way, and when it began.
@@ -48,20 +76,30 @@ impl Borrower {
         Self::stuck_after(pool, stuck_after(interval))
     }
 
-    /// A borrower that starts a borrow again once it has been under way for `stuck_after`.
-    fn stuck_after(pool: Pool, stuck_after: Duration) -> Self {
+    /// A borrower that starts a borrow again once it has been under way for `stuck_after`
+    /// (twice that for the next one, and so on).
+    pub(super) fn stuck_after(pool: Pool, stuck_after: Duration) -> Self {
         Self {
             pool,
-            stuck_after,
+            first_limit: stuck_after,
+            limit: stuck_after,
             pending: None,
+            prepared: Prepared::new(false),
         }
     }
 
-    /// How long `pending` has been under way, when that is [`stuck_after`] or more and it has
-    /// not finished.
+    /// How long `pending` has been under way, when that is its limit or more and it has not
+    /// finished.
     fn stuck(&self, pending: &Pending) -> Option<Duration> {
         let under_way = pending.since.elapsed();
-        (under_way >= self.stuck_after && !pending.borrow.is_finished()).then_some(under_way)
+        (under_way >= self.limit && !pending.borrow.is_finished()).then_some(under_way)
+    }
+
+    /// The limit of the borrow started after one under way for `limit` was taken for stuck.
+    fn next_limit(&self) -> Duration {
+        self.limit
+            .saturating_mul(2)
+            .min(self.first_limit.saturating_mul(MAX_GROWTH))
     }
 
     /// Drops a borrow still under way, or finished and not yet picked up, so that its
@@ -76,11 +114,20 @@ impl Borrower {
     /// Cancel safe: a borrow under way when the future is dropped is kept for the next call.
     pub(super) async fn get(&mut self, wait: Duration) -> Result<Object, SessionError> {
         if let Some(under_way) = self.pending.as_ref().and_then(|p| self.stuck(p)) {
+            let next = self.next_limit();
+            let grows = if next > self.limit {
+                "which may take twice as long"
+            } else {
+                "with the same limit (the longest a borrow may run)"
+            };
+            self.limit = next;
             tracing::warn!(
                 ?under_way,
+                next_limit = ?self.limit,
                 "a pool connection has been under way for longer than any live server takes to \
                  accept one (a server that accepts TCP connections but does not answer, such as \
-                 a stopped PostgreSQL process): starting a new one"
+                 a stopped PostgreSQL process, or a first host of the URL that drops SYNs and no \
+                 connect_timeout): starting a new one, {grows}"
             );
             self.pending = None;
         }
@@ -96,7 +143,11 @@ impl Borrower {
             .map_err(|_| SessionError::PoolTimeout(wait))?;
         self.pending = None;
         match joined {
-            Ok(got) => got.map_err(SessionError::Pool),
+            Ok(Ok(object)) => {
+                self.limit = self.first_limit;
+                Ok(object)
+            }
+            Ok(Err(e)) => Err(SessionError::Pool(e)),
             // A panic in the pool (a hook of the application's) unwinds through `run`, as it
             // would have had the borrow run in place.
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

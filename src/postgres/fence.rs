@@ -172,7 +172,8 @@ impl FenceTable {
         .await
     }
 
-    /// Runs `once`, and again after creating the table when it was missing.
+    /// Runs `once`, and again after creating the table when it was missing (its schema too:
+    /// then the create fails, naming the statement to run once the schema is made).
     async fn creating<T, Fut>(
         &self,
         client: &tokio_postgres::Client,
@@ -182,7 +183,10 @@ impl FenceTable {
         Fut: Future<Output = Result<T, BumpError>>,
     {
         match once().await {
-            Err(BumpError::Query(e)) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+            Err(BumpError::Query(e))
+                if e.code() == Some(&SqlState::UNDEFINED_TABLE)
+                    || e.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
+            {
                 self.create(client).await?;
                 once().await
             }
@@ -229,7 +233,12 @@ impl FenceTable {
             }
             // Two replicas creating it at once: the other one won.
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(()),
-            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            // A role that may not create it, or a schema that does not exist: nothing this
+            // elector can do; an administrator must.
+            Err(e)
+                if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
+                    || e.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
+            {
                 Err(BumpError::CannotCreate {
                     ddl: self.ddl.clone(),
                     source: e,
@@ -315,7 +324,7 @@ pub(crate) enum BumpError {
     )]
     RowBusy(Duration),
     #[error(
-        "the fencing epoch table is missing and this role may not create it ({}); run this once as a role that may: {ddl}",
+        "the fencing epoch table is missing and this role cannot create it ({}); run this once as a role that may (in a schema that exists): {ddl}",
         crate::error::chain(source)
     )]
     CannotCreate {
@@ -326,6 +335,14 @@ pub(crate) enum BumpError {
     NoRow,
     #[error("{}", crate::error::chain(.0))]
     Query(tokio_postgres::Error),
+}
+
+impl BumpError {
+    /// Whether only an operator can fix it (the table is missing and this role may not create
+    /// it): such a failure is an ERROR, not a WARN.
+    pub(crate) fn needs_an_operator(&self) -> bool {
+        matches!(self, Self::CannotCreate { .. })
+    }
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ const UNLOCK: &str = "SELECT outcome, pg_catalog.pg_advisory_unlock_shared($3::i
        THEN (SELECT count(CASE WHEN pg_catalog.pg_try_advisory_lock_shared( \
                                     ($6::int8 << 32) | l.pid::int8) THEN 1 END) \
              FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.classid = $4 \
-             AND l.objid = $5 AND l.objsubid = 2 AND l.granted \
+             AND l.objid = $5 AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock' \
              AND l.pid <> pg_catalog.pg_backend_pid() \
              AND l.database = (SELECT oid FROM pg_catalog.pg_database \
                                WHERE datname = pg_catalog.current_database())) \

@@ -29,8 +29,8 @@ pub struct LeaderInfo {
 
 const HOLDER: &str = "SELECT l.pid, coalesce(a.application_name, ''), pg_catalog.host(a.client_addr) \
      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2 \
-     AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_catalog.pg_database \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+     AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_catalog.pg_database \
                                          WHERE datname = pg_catalog.current_database())";
 
 /// Who leads `key` in the database `client` is connected to, or `None` when no replica holds
@@ -44,7 +44,7 @@ const HOLDER: &str = "SELECT l.pid, coalesce(a.application_name, ''), pg_catalog
 ///
 /// # Errors
 ///
-/// [`Error::Database`] when a query fails, for example a role without `SELECT` on an existing
+/// [`Error::CurrentLeaderQuery`] when a query fails, for example a role without `SELECT` on an existing
 /// epoch table.
 ///
 /// # Cancel safety
@@ -62,7 +62,7 @@ pub async fn current_leader(
             &[(&table.name(), Type::TEXT)],
         )
         .await
-        .map_err(Error::Database)?
+        .map_err(Error::CurrentLeaderQuery)?
         .first()
         .is_some_and(|row| row.get(0));
     leader_of(client, key, exists.then_some(&*table)).await
@@ -79,12 +79,12 @@ pub(crate) async fn leader_via(
 ) -> Result<Option<LeaderInfo>, Error> {
     let object = tokio::time::timeout(bound, pool.get())
         .await
-        .map_err(|_| Error::PoolTimeout(bound))?
+        .map_err(|_| Error::CurrentLeaderPoolTimeout(bound))?
         .map_err(|e| Error::Pool(Box::new(e)))?;
     let borrowed = Borrowed::new(object);
     let found = tokio::time::timeout(bound, leader_of(borrowed.client(), key, table))
         .await
-        .map_err(|_| Error::Timeout(bound))?;
+        .map_err(|_| Error::CurrentLeaderTimeout(bound))?;
     borrowed.give_back();
     found
 }
@@ -104,14 +104,14 @@ pub(crate) async fn leader_of(
             ],
         )
         .await
-        .map_err(Error::Database)?;
+        .map_err(Error::CurrentLeaderQuery)?;
     let Some(row) = rows.first() else {
         return Ok(None);
     };
-    let addr: Option<String> = row.try_get(2).map_err(Error::Database)?;
+    let addr: Option<String> = row.try_get(2).map_err(Error::CurrentLeaderQuery)?;
     let mut info = LeaderInfo {
-        pid: row.try_get(0).map_err(Error::Database)?,
-        identity: row.try_get(1).map_err(Error::Database)?,
+        pid: row.try_get(0).map_err(Error::CurrentLeaderQuery)?,
+        identity: row.try_get(1).map_err(Error::CurrentLeaderQuery)?,
         client_addr: addr.and_then(|a| a.parse().ok()),
         since: None,
         epoch: None,
@@ -119,7 +119,11 @@ pub(crate) async fn leader_of(
     let Some(table) = table else {
         return Ok(Some(info));
     };
-    if let Some((epoch, since)) = table.read(client, key).await.map_err(Error::Database)? {
+    if let Some((epoch, since)) = table
+        .read(client, key)
+        .await
+        .map_err(Error::CurrentLeaderQuery)?
+    {
         info.epoch = Some(epoch);
         info.since = Some(since);
     }

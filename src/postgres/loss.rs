@@ -12,13 +12,43 @@ pub(super) const POOLER: &str = "the connection goes through a transaction-mode 
 const LEASE_EXPIRED: &str =
     "the local lease expired: the process was paused or starved for longer than the lease";
 
-/// A lost term: its cause, and for the log the check's bound or error.
+/// The statement on a lock session whose failure or silence ended a term: the log names it,
+/// so that a failed try or unlock is not reported as a failed check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Statement {
+    /// The leader's check, or a shard member's.
+    Check,
+    /// A shard member's try of the shards it should own.
+    Try,
+    /// A shard member's unlock of the shards it gives up.
+    Unlock,
+    /// A shard member's lock of its live mark, after its first check.
+    LiveMark,
+    /// A shard member's read of whether the holders of new live marks have spoken since.
+    Heard,
+}
+
+impl Statement {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Check => "the leader check",
+            Self::Try => "the try of the member's shards",
+            Self::Unlock => "the unlock of the member's moved shards",
+            Self::LiveMark => "the lock of the member's live mark",
+            Self::Heard => "the read of whether new members hear the server",
+        }
+    }
+}
+
+/// A lost term: its cause, and for the log the statement's bound or error.
 #[derive(Debug)]
 pub(super) struct Loss {
     pub(super) cause: LossCause,
-    /// The bound a check that got no answer was given.
+    /// The statement that got no answer or failed.
+    statement: Statement,
+    /// The bound a statement that got no answer was given.
     bound: Option<Duration>,
-    /// The error of a check that failed.
+    /// The error of a statement that failed.
     error: Option<SessionError>,
 }
 
@@ -27,8 +57,19 @@ impl Loss {
     pub(super) fn of(cause: LossCause) -> Self {
         Self {
             cause,
+            statement: Statement::Check,
             bound: None,
             error: None,
+        }
+    }
+
+    /// The loss a `statement` other than a check tells of when it got no answer or failed:
+    /// the public cause is a check's (the session proved nothing), the log names the
+    /// statement.
+    pub(super) fn failed(statement: Statement, error: SessionError) -> Self {
+        Self {
+            statement,
+            ..Self::from_check(Err(error))
         }
     }
 
@@ -71,9 +112,15 @@ impl std::fmt::Display for Loss {
             (LossCause::LeaseExpired, ..) => f.write_str(LEASE_EXPIRED),
             (LossCause::Pooler, ..) => f.write_str(POOLER),
             (LossCause::CheckTimeout, Some(bound), _) => {
-                write!(f, "the leader check got no answer within {bound:?}")
+                write!(
+                    f,
+                    "{} got no answer within {bound:?}",
+                    self.statement.name()
+                )
             }
-            (LossCause::CheckFailed, _, Some(e)) => write!(f, "the leader check failed: {e}"),
+            (LossCause::CheckFailed, _, Some(e)) => {
+                write!(f, "{} failed: {e}", self.statement.name())
+            }
             (cause, ..) => write!(f, "{cause}"),
         }
     }
@@ -103,6 +150,32 @@ mod tests {
         assert_eq!(
             Loss::from_check(Ok(Check::SharedSession)).cause,
             LossCause::Pooler
+        );
+    }
+
+    /// A failed try or unlock of a shard member's session is named as what failed, not as a
+    /// failed check; its public cause stays a check's.
+    #[test]
+    fn a_failed_try_or_unlock_is_named_by_what_failed() {
+        let refused = || SessionError::Unexpected(Some("x".into()));
+        let tried = Loss::failed(Statement::Try, refused());
+        assert_eq!(tried.cause, LossCause::CheckFailed);
+        assert_eq!(
+            tried.to_string(),
+            "the try of the member's shards failed: unexpected answer to the try: Some(\"x\")"
+        );
+        let unlocked = Loss::failed(
+            Statement::Unlock,
+            SessionError::Timeout(Duration::from_secs(2)),
+        );
+        assert_eq!(unlocked.cause, LossCause::CheckTimeout);
+        assert_eq!(
+            unlocked.to_string(),
+            "the unlock of the member's moved shards got no answer within 2s"
+        );
+        assert_eq!(
+            Loss::from_check(Err(refused())).to_string(),
+            "the leader check failed: unexpected answer to the try: Some(\"x\")"
         );
     }
 }

@@ -6,10 +6,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio::time::timeout;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::borrower::Borrower;
 use super::handover::{self, Unlocked};
+pub(crate) use super::prepared::Prepared;
+use super::prepared::{lost_statement, prepared_query, send};
 pub(crate) use super::session_error::SessionError;
 use crate::LockKey;
 use crate::lease::now_ms;
@@ -26,30 +28,41 @@ use crate::pooled::Borrowed;
 ///   identity as its `application_name` ($9),
 ///   `idle_session_timeout` = $4 ms and the TCP bounds of [`SessionBounds`];
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
-/// - `refused`: another session holds the lock.
+/// - `refused`: another session holds the lock; or, for the exclusive lock, this session still
+///   holds the shared lock of [`ASK`], which only happens inside a transaction the application
+///   left open on the pooled connection: a lock granted there would keep that transaction open
+///   on the lock session, where `idle_session_timeout` does not apply (the connection is then
+///   closed, which ends that transaction).
 ///
 /// `$10` asks for the key's shared lock instead (the membership lock of a group of shards,
 /// which every member holds at once); everything else about the grant is the same.
 ///
 /// The other columns read back the bounds as the server applied them to the session (a
 /// keepalive setting the kernel refused shows the kernel's value); they are logged at the grant.
-/// `OFFSET 0` keeps the answer's subquery from being flattened, so the settings are read
-/// after they were set. Whether the lock was handed over gracefully is asked in a statement of
-/// its own, only after a grant ([`handover::taken_over`]).
+/// A refused try reads none of them. `OFFSET 0` keeps the subqueries from being flattened, so
+/// the answer is computed once and the settings are read after they were set.
+///
+/// A standby for the key's exclusive lock sends it only once [`ASK`] found the lock free
+/// ([`try_acquire`]). Whether the lock was handed over gracefully is asked in a statement
+/// of its own, only after a grant ([`handover::taken_over`]).
 ///
 /// Setting the bounds in the granting statement matters: if the answer is lost (a partition
 /// right after the grant), the server still ends the silent session after 4·I.
 const TRY_LOCK: &str = "SELECT answer, \
-     pg_catalog.current_setting('idle_session_timeout', true), \
-     pg_catalog.current_setting('tcp_user_timeout', true), \
-     pg_catalog.current_setting('tcp_keepalives_idle', true), \
-     pg_catalog.current_setting('tcp_keepalives_interval', true), \
-     pg_catalog.current_setting('tcp_keepalives_count', true) \
-   FROM (SELECT CASE \
+     CASE WHEN granted THEN pg_catalog.current_setting('idle_session_timeout', true) END, \
+     CASE WHEN granted THEN pg_catalog.current_setting('tcp_user_timeout', true) END, \
+     CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_idle', true) END, \
+     CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_interval', true) END, \
+     CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_count', true) END \
+   FROM (SELECT answer, answer LIKE 'granted%' AS granted FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.visited', $3::text, false) = $3::text \
             THEN 'marked' END \
+     WHEN NOT $10::bool AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
+            WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid() \
+            AND mode = 'ShareLock' AND classid = $1::int4::oid AND objid = $2::int4::oid \
+            AND objsubid = 2) THEN 'refused' \
      WHEN CASE WHEN $10::bool THEN pg_catalog.pg_try_advisory_lock_shared($1::int4, $2::int4) \
                ELSE pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) END THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \
@@ -62,7 +75,32 @@ const TRY_LOCK: &str = "SELECT answer, \
                  THEN 'granted_unbounded' \
                  WHEN pg_catalog.set_config('idle_session_timeout', $4::text, false) IS NOT NULL \
                  THEN 'granted' END END \
-     ELSE 'refused' END AS answer OFFSET 0) AS try";
+     ELSE 'refused' END AS answer OFFSET 0) AS try OFFSET 0) AS read_back";
+
+/// The first statement of a standby's try for the key's exclusive lock: whether the lock is
+/// free, asked with a shared transaction-level lock that the server lets go as soon as the
+/// statement ends. It grants nothing, so it needs none of the bounds of [`TRY_LOCK`] (a lost
+/// answer leaves no lock behind). Prepared, it costs the server what a bare prepared try costs;
+/// unnamed, the parsing and planning about as much again (a larger question, such as a session
+/// lock taken and let go in one statement, costs more to parse). Only when it answers true does
+/// [`TRY_LOCK`] follow, on the same connection, with everything a try proves (recovery, a
+/// pooler's shared session, the bounds set in the granting statement).
+///
+/// Shared, so that its momentary hold never reads as a leader: whoever looks for the key's
+/// holder in `pg_locks` (the graceful unlock's handover mark, [`crate::current_leader`]) looks
+/// for the exclusive lock only. A lock held exclusively or waited for by another session
+/// refuses it, as it refuses [`TRY_LOCK`]. On a server session that some elector's lock session
+/// marked (a transaction pooler shares it), it answers true without asking, whichever key that
+/// elector holds, so that the try that follows answers `marked` and leaves the visit mark that
+/// makes that elector step down. On a hot standby (advisory locks are local there) it answers
+/// true, and the try that follows answers `recovery`.
+///
+/// On a pool connection the application left inside a transaction, the hold lasts until that
+/// transaction ends: [`try_acquire`] closes the connection when the question answered true
+/// and the try was not granted.
+const ASK: &str = "SELECT CASE \
+     WHEN pg_catalog.current_setting('pg_elector.session', true) <> '' THEN true \
+     ELSE pg_catalog.pg_try_advisory_xact_lock_shared($1::int4, $2::int4) END";
 
 /// The SQL test that the server session is this grant's alone: it carries the grant's mark
 /// (the text parameter `$mark`, such as `"$3"`) and no other elector's visit (which a try that
@@ -294,11 +332,21 @@ impl Check {
 /// Tries the lock once on a connection borrowed through `borrower`, waiting at most `wait`
 /// for the connection and `bound` for the query.
 ///
-/// The query is one unnamed statement (parse, bind and execute in one round trip), so it works
-/// through any pooler and leaves no prepared statement behind on the server session.
+/// For the key's exclusive lock, the try first asks whether the lock is free ([`ASK`]), and
+/// sends [`TRY_LOCK`] only then: a refused try is one small statement that grants nothing.
+/// Both go as one unnamed statement each (parse, bind and execute in one round trip), which
+/// works through any pooler; with [`Prepared`] on (the user's opt-in), as statements prepared
+/// once per pool connection (see [`send`]).
 ///
-/// A refused try gives the connection back to the pool unchanged. A granted one takes it out
-/// of the pool for good. A server in recovery gets its connection closed, so that the next try
+/// A try refused by [`ASK`] gives the connection back to the pool unchanged. A try that [`ASK`]
+/// found free and that was not granted closes it: had the application left the connection
+/// inside a transaction, the shared hold of [`ASK`] would last until that transaction ends
+/// and refuse every other standby meanwhile (and [`TRY_LOCK`] refuses a grant there). That
+/// costs a new backend when the lock was free at the question and not at the try: another
+/// standby took it, or its question or a fast-takeover waiter got in between (most likely
+/// right after a leader lets go), or a session outside the elector holds the key shared; and
+/// at every try that finds a transaction pooler. A granted try takes the connection out of the
+/// pool for good. A server in recovery gets its connection closed, so that the next try
 /// opens a new one. Any other outcome (an error, a timeout,
 /// an answer this elector does not know, or this future being dropped mid-way) closes the
 /// connection instead of returning it, because the lock may have been granted on it without
@@ -316,37 +364,37 @@ pub(crate) async fn try_acquire(
     let borrowed = Borrowed::new(object);
     let mark = session_mark();
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
-    let sent_at = now_ms();
-    let rows = bounded(bound, async {
-        let rows = borrowed
-            .client()
-            .query_typed(
-                TRY_LOCK,
-                &[
-                    (&key.class(), Type::INT4),
-                    (&key.object(), Type::INT4),
-                    (&mark, Type::TEXT),
-                    (&idle, Type::TEXT),
-                    (&user, Type::TEXT),
-                    (&k_idle, Type::TEXT),
-                    (&k_interval, Type::TEXT),
-                    (&k_count, Type::TEXT),
-                    (&identity, Type::TEXT),
-                    (&(mode == LockMode::Shared), Type::BOOL),
-                ],
-            )
-            .await?;
-        Ok(rows)
-    })
-    .await?;
+    let shared = mode == LockMode::Shared;
+    let params: [(&(dyn ToSql + Sync), Type); 10] = [
+        (&key.class(), Type::INT4),
+        (&key.object(), Type::INT4),
+        (&mark, Type::TEXT),
+        (&idle, Type::TEXT),
+        (&user, Type::TEXT),
+        (&k_idle, Type::TEXT),
+        (&k_interval, Type::TEXT),
+        (&k_count, Type::TEXT),
+        (&identity, Type::TEXT),
+        (&shared, Type::BOOL),
+    ];
+    let client: &ClientWrapper = borrowed.client();
+    let mut sent_at = now_ms();
+    let asking = ask_then_try(&borrower.prepared, key, mode, client, &params, &mut sent_at);
+    let Some(rows) = bounded(bound, asking).await? else {
+        borrowed.give_back();
+        return Ok(Attempt::Refused);
+    };
+    // The question was asked (and found the lock free) only for the exclusive lock.
+    let asked = mode == LockMode::Exclusive;
     let (row, answer) = answer_of(rows)?;
     let attempt = match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
-            let session = LockSession {
-                client: Object::take(borrowed.keep()),
+            let session = LockSession::new(
+                Object::take(borrowed.keep()),
                 key,
                 mark,
-            };
+                borrower.prepared.clone(),
+            );
             // Dropped on an error here, the session is closed and the server frees the lock.
             let handed_over = bounded(bound, handover::taken_over(&session.client, key)).await?;
             return Ok(Attempt::granted(
@@ -357,6 +405,12 @@ pub(crate) async fn try_acquire(
                 handed_over,
             ));
         }
+        Some(Answer::Refused) if asked => {
+            tracing::debug!(key = %key, "the lock was taken between the question and the try; \
+                 closing the connection, which the question's hold may outlast");
+            // Dropping `borrowed` closes the connection.
+            return Ok(Attempt::Refused);
+        }
         Some(Answer::Refused) => Attempt::Refused,
         // A server in recovery never yields the lock, however often it is asked: closing the
         // connection (dropping `borrowed`) makes the next try open a new one, which follows an
@@ -364,7 +418,16 @@ pub(crate) async fn try_acquire(
         // a failover) instead of asking the same standby again for as long as the pool keeps
         // it.
         Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
-        Some(Answer::Marked) => Attempt::SharedSession,
+        Some(Answer::Marked) => {
+            // A transaction pooler shares server sessions: a statement prepared on one is not
+            // on the next.
+            borrower.prepared.behind_a_pooler(key);
+            if asked {
+                // Dropping `borrowed` closes the connection.
+                return Ok(Attempt::SharedSession);
+            }
+            Attempt::SharedSession
+        }
         // Dropping `borrowed` closes the connection.
         Some(Answer::Moved | Answer::Armed(_) | Answer::Full) | None => {
             return Err(SessionError::Unexpected(answer));
@@ -372,6 +435,34 @@ pub(crate) async fn try_acquire(
     };
     borrowed.give_back();
     Ok(attempt)
+}
+
+/// The statements of one try on `client`: for the exclusive lock [`ASK`] first, `None` when it
+/// answers that the lock is held; then [`TRY_LOCK`] with `params`, its rows. `sent_at` is when
+/// [`TRY_LOCK`] was sent.
+async fn ask_then_try(
+    prepared: &Prepared,
+    key: LockKey,
+    mode: LockMode,
+    client: &ClientWrapper,
+    params: &[(&(dyn ToSql + Sync), Type)],
+    sent_at: &mut u64,
+) -> Result<Option<Vec<tokio_postgres::Row>>, tokio_postgres::Error> {
+    if mode == LockMode::Exclusive {
+        let rows = send(prepared, key, client, ASK, &params[..2]).await?;
+        // No row (which never happens) asks the full try, whose answer is the one that counts.
+        let free = rows
+            .first()
+            .map(|row| row.try_get::<_, bool>(0))
+            .transpose()?;
+        if free == Some(false) {
+            return Ok(None);
+        }
+    }
+    *sent_at = now_ms();
+    send(prepared, key, client, TRY_LOCK, params)
+        .await
+        .map(Some)
 }
 
 /// The one row a lock statement (the try, the wait) answers with, and its answer (the first
@@ -393,29 +484,55 @@ pub(crate) struct LockSession {
     key: LockKey,
     /// This grant's mark on the server session.
     mark: String,
+    /// Whether the check goes as a prepared statement, shared with the tries of the standby
+    /// that was granted the lock.
+    prepared: Prepared,
 }
 
 impl LockSession {
     /// The lock session that `client` became when a statement that marked it with `mark`
     /// was granted the lock.
-    pub(super) fn new(client: ClientWrapper, key: LockKey, mark: String) -> Self {
-        Self { client, key, mark }
+    pub(super) fn new(
+        client: ClientWrapper,
+        key: LockKey,
+        mark: String,
+        prepared: Prepared,
+    ) -> Self {
+        Self {
+            client,
+            key,
+            mark,
+            prepared,
+        }
     }
 
-    /// The leader check, as one unnamed statement.
+    /// The leader check, as one unnamed statement; with prepared statements on (the user's
+    /// opt-in), as a statement prepared once on the lock session, unnamed from the first time the
+    /// server session does not have it (which only a pooler between us and the server explains:
+    /// the check then finds the session shared).
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
+        let class = self.key.class_oid();
+        let object = self.key.object_oid();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&class, Type::OID),
+            (&object, Type::OID),
+            (&self.mark, Type::TEXT),
+        ];
         let (holds, ours_alone): (bool, bool) = bounded(bound, async {
-            let rows = self
-                .client
-                .query_typed(
-                    CHECK,
-                    &[
-                        (&self.key.class_oid(), Type::OID),
-                        (&self.key.object_oid(), Type::OID),
-                        (&self.mark, Type::TEXT),
-                    ],
-                )
-                .await?;
+            let mut rows = None;
+            if self.prepared.on() {
+                match prepared_query(&self.client, CHECK, &params).await {
+                    Ok(found) => rows = Some(found),
+                    Err(e) if lost_statement(&e, &self.client) => {
+                        self.prepared.lost(self.key, "check", &e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let rows = match rows {
+                Some(rows) => rows,
+                None => self.client.query_typed(CHECK, &params).await?,
+            };
             match rows.first() {
                 Some(row) => Ok((row.try_get(0)?, row.try_get(1)?)),
                 // A SELECT without FROM always returns one row.

@@ -24,6 +24,8 @@ pub(crate) struct PgSettings {
     pub(crate) drain_timeout: Duration,
     /// A standby keeps a session waiting for the lock.
     pub(crate) fast_takeover: bool,
+    /// The try and the check go as statements prepared once per connection.
+    pub(crate) prepared_statements: bool,
 }
 
 impl PgSettings {
@@ -45,6 +47,7 @@ impl PgSettings {
             fencing: self.fencing.clone(),
             drain_timeout: self.drain_timeout,
             fast_takeover: false,
+            prepared_statements: false,
         }
     }
 

@@ -26,7 +26,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::handover;
 use super::session::{
-    Answer, Attempt, LockSession, SessionBounds, SessionError, answer_of, bounded, session_mark,
+    Answer, Attempt, LockSession, Prepared, SessionBounds, SessionError, answer_of, bounded,
+    session_mark,
 };
 use crate::LockKey;
 use crate::lease::now_ms;
@@ -284,7 +285,8 @@ async fn wait_on(
     let (row, answer) = answer_of(rows)?;
     match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
-            let session = LockSession::new(client, key, mark);
+            // The waiting session's statements are unnamed; its check stays so.
+            let session = LockSession::new(client, key, mark, Prepared::new(false));
             let handed_over = row.try_get::<_, Option<bool>>(6).ok().flatten();
             Ok(Attempt::granted(
                 session,
@@ -387,7 +389,7 @@ mod tests {
             .unwrap();
         let answer: Option<String> = row[0].get(0);
         assert_eq!(Answer::parse(answer.as_deref()), Some(Answer::Moved));
-        let held = pg_elector_testkit::own_advisory_locks(&client)
+        let held = pg_elector_testkit::sql::own_advisory_locks(&client)
             .await
             .unwrap();
         assert_eq!(held, 0, "no lock taken");

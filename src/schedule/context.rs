@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{Object, Pool};
 use jiff::Timestamp;
 
 use super::store::{Claimant, Ensured, Outcome, Store};
@@ -18,6 +18,7 @@ use super::{
     query_bound,
 };
 use crate::background::TickOutcome;
+use crate::pooled::Borrowed;
 use crate::sync::lock;
 use crate::{Elector, Term};
 
@@ -120,11 +121,6 @@ impl Context {
         true
     }
 
-    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object, ScheduleError> {
-        let wait = borrow_bound(self.poll);
-        borrow(&self.pool, tokio::time::Instant::now() + wait, wait).await
-    }
-
     /// This replica in `term`, as it claims runs and records skipped dues.
     pub(super) fn claimant<'a>(&'a self, term: &Term, term_id: &'a str) -> Claimant<'a> {
         Claimant {
@@ -135,16 +131,24 @@ impl Context {
         }
     }
 
-    /// Every query of the job tables is bounded: a partition must not hang a job's task (and
-    /// with it the end of the term and the shutdown).
-    pub(super) async fn bounded<T>(
+    /// Runs `statement` on a connection of the pool, borrow and statement bounded together by
+    /// the query bound: a partition must not hang a job's task (and with it the end of the
+    /// term and the shutdown). See [`on_connection`] for what becomes of the connection.
+    pub(super) async fn query<T>(
         &self,
-        query: impl Future<Output = Result<T, ScheduleError>>,
+        statement: impl AsyncFnOnce(&mut Object) -> Result<T, ScheduleError>,
     ) -> Result<T, ScheduleError> {
-        let bound = query_bound(self.poll);
-        tokio::time::timeout(bound, query)
-            .await
-            .map_err(|_| ScheduleError::Timeout(bound))?
+        self.query_within(query_bound(self.poll), statement).await
+    }
+
+    /// [`query`](Self::query) within `bound`.
+    pub(super) async fn query_within<T>(
+        &self,
+        bound: Duration,
+        statement: impl AsyncFnOnce(&mut Object) -> Result<T, ScheduleError>,
+    ) -> Result<T, ScheduleError> {
+        let wait = borrow_bound(self.poll).min(bound);
+        on_connection(&self.pool, wait, bound, statement).await
     }
 }
 
@@ -169,7 +173,7 @@ pub(super) async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>
     let mut until = std::pin::pin!(until);
     let mut told = false;
     loop {
-        let made = ctx.bounded(async { ctx.store.ensure(&*ctx.client().await?).await });
+        let made = ctx.query(async |client| ctx.store.ensure(client).await);
         match made.await {
             Ok(ensured) => {
                 match ensured {
@@ -180,6 +184,10 @@ pub(super) async fn ensure_tables(ctx: &Context, until: impl Future<Output = ()>
                     Ensured::Ready => {}
                 }
                 return true;
+            }
+            Err(e) if e.is_lock_timeout() && !told => {
+                tracing::warn!(error = %e, "the job tables' upgrade waits for a lock another session holds on them; tried again every poll, jobs wait");
+                told = true;
             }
             Err(e) => {
                 if told {
@@ -231,15 +239,40 @@ pub(super) fn record(
     let _ = (ctx, took);
 }
 
-/// A connection of `pool` by `deadline`, the end of a `wait` that the error names: the one
-/// borrow of the schedule's job tasks and of its handle.
-pub(super) async fn borrow(
+/// Runs `statement` on a connection of `pool` borrowed within `wait`, the whole within
+/// `bound`: the one way the schedule's job tasks and its handle reach the job tables.
+///
+/// The connection goes back to the pool once `statement` has succeeded (every statement it
+/// sent answered). Cut off by `bound`, dropped, or failed, the connection is closed instead: its statement may still run on the server (a COMMIT waiting for a
+/// synchronous standby, an UPDATE waiting on a row lock, a socket gone quiet), and the next
+/// borrower, the application's own code among them when it shares the pool, would queue
+/// behind it.
+///
+/// # Errors
+///
+/// [`ScheduleError::PoolTimeout`] (naming `wait`) when the pool had no connection in time,
+/// [`ScheduleError::Timeout`] (naming `bound`) when the answer did not come in time, or what
+/// `statement` returned.
+pub(super) async fn on_connection<T>(
     pool: &Pool,
-    deadline: tokio::time::Instant,
     wait: Duration,
-) -> Result<deadpool_postgres::Object, ScheduleError> {
-    tokio::time::timeout_at(deadline, pool.get())
+    bound: Duration,
+    statement: impl AsyncFnOnce(&mut Object) -> Result<T, ScheduleError>,
+) -> Result<T, ScheduleError> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + bound;
+    let object = tokio::time::timeout_at((started + wait).min(deadline), pool.get())
         .await
         .map_err(|_| ScheduleError::PoolTimeout(wait))?
-        .map_err(|e| ScheduleError::Pool(Box::new(e)))
+        .map_err(|e| ScheduleError::Pool(Box::new(e)))?;
+    let mut borrowed = Borrowed::new(object);
+    let answer = tokio::time::timeout_at(deadline, statement(borrowed.client_mut()))
+        .await
+        .map_err(|_| ScheduleError::Timeout(bound))?;
+    // An error may leave something unanswered on the connection (a transaction dropped on
+    // the way out queues its ROLLBACK without waiting for it): closed too.
+    if answer.is_ok() {
+        borrowed.give_back();
+    }
+    answer
 }

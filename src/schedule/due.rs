@@ -2,7 +2,6 @@
 //! fences, read back when the answer to its COMMIT is lost), run with a heartbeat every poll,
 //! and its end recorded.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -13,7 +12,8 @@ use super::context::{Context, record};
 use super::store::{ClaimStatus, Claimed, Outcome, RunRef};
 use super::{JobRun, Registered, RunKind, ScheduleError, borrow_bound, stale_after};
 use crate::Term;
-use crate::background::panic::catch_panic;
+use crate::background::TickOutcome;
+use crate::background::panic::{CaughtPanic, catch_panic};
 
 /// A claim's commit is durable whatever the session's `synchronous_commit` says: with `off`,
 /// a server crash right after the commit returned can lose the claim (and with it, the next
@@ -33,6 +33,18 @@ pub(super) enum Taken {
     NotOurs,
     /// The claim (or the record of the run's end) failed: try again later.
     Failed,
+    /// The run was cut off because its heartbeats did not land: it is still `running` in the
+    /// table, for this term's next look (or a later term's) to call abandoned, rerunning it
+    /// if the job asks for that.
+    GaveUp,
+}
+
+/// How a claimed run ended, as far as the table is concerned.
+enum Ended {
+    /// Its end is recorded (or could not be: it stays `running`).
+    Recorded,
+    /// Cut off while silent: left `running`, to be called abandoned.
+    GaveUp,
 }
 
 /// Claims `due` and, when the claim is ours, runs the job (heart-beating while it runs) and
@@ -47,8 +59,11 @@ pub(super) async fn run_due(
     let label: Arc<str> = registered.job.name.as_str().into();
     let name = label.clone();
     let work = ctx.elector.do_work_named(&label, |term| async move {
+        // Before the claim is sent: the run's row is stale (for other terms) a stale threshold
+        // after the claim, at the earliest, until a beat lands.
+        let claimed_at = tokio::time::Instant::now();
         let Some(attempt) = claim(ctx, &term, &name, due, kind, term_id).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         if kind == RunKind::Scheduled {
             ctx.moved_row(&name, due);
@@ -70,37 +85,68 @@ pub(super) async fn run_due(
             due,
             attempt,
         };
-        let (outcome, error) = match with_heartbeat(ctx, run, job).await {
-            Ok(Ok(())) => (Outcome::Succeeded, None),
-            Ok(Err(e)) => (Outcome::Failed, Some(e)),
-            Err(panic) => (
-                Outcome::Failed,
-                Some(format!("panicked: {}", panic.message)),
-            ),
-        };
-        if let Some(error) = &error {
-            tracing::warn!(job = %name, due = %due, error = %error, "job run failed");
-        } else {
-            tracing::debug!(job = %name, due = %due, "job run succeeded");
-        }
-        record(
-            ctx,
-            registered,
-            outcome,
-            error.as_deref(),
-            Some(started.elapsed()),
-        );
-        finish(ctx, run, term_id, outcome, error.as_deref()).await;
-        Ok::<_, ScheduleError>(true)
+        let ended = with_heartbeat(ctx, run, claimed_at, job).await;
+        Ok::<_, ScheduleError>(Some(
+            end_run(ctx, registered, run, term_id, started, ended).await,
+        ))
     });
     match work.await {
-        Ok(Some(true)) => Taken::Ran,
-        Ok(Some(false) | None) => Taken::NotOurs,
+        Ok(Some(Some(Ended::Recorded))) => Taken::Ran,
+        Ok(Some(Some(Ended::GaveUp))) => Taken::GaveUp,
+        Ok(Some(None) | None) => Taken::NotOurs,
         Err(e) => {
             tracing::warn!(job = %registered.job.name, due = %due, error = %e, "cannot claim or record the run");
             Taken::Failed
         }
     }
+}
+
+/// Says and records how the job's run ended (`ended`: what [`with_heartbeat`] returned), its
+/// end in the run's row unless it was cut off.
+async fn end_run(
+    ctx: &Context,
+    registered: &Registered,
+    run: RunRef<'_>,
+    term_id: &str,
+    started: std::time::Instant,
+    ended: Result<Result<Result<(), String>, CaughtPanic>, CutOff>,
+) -> Ended {
+    let (name, due) = (run.job, run.due);
+    let (outcome, error) = match ended {
+        Ok(Ok(Ok(()))) => (Outcome::Succeeded, None),
+        Ok(Ok(Err(e))) => (Outcome::Failed, Some(e)),
+        Ok(Err(panic)) => (
+            Outcome::Failed,
+            Some(format!("panicked: {}", panic.message)),
+        ),
+        Err(cut) => {
+            cut.log(name, due);
+            registered
+                .probe
+                .record(TickOutcome::Failed(format!("job {name:?}: {cut}")));
+            return match cut {
+                // Recorded as abandoned (and so rerun, when the job asks) by the next look at
+                // the job: a run cut off mid-way did not happen in full.
+                CutOff::Silent(_) => Ended::GaveUp,
+                // Another term recorded it so already.
+                CutOff::Settled => Ended::Recorded,
+            };
+        }
+    };
+    if let Some(error) = &error {
+        tracing::warn!(job = %name, due = %due, error = %error, "job run failed");
+    } else {
+        tracing::debug!(job = %name, due = %due, "job run succeeded");
+    }
+    record(
+        ctx,
+        registered,
+        outcome,
+        error.as_deref(),
+        Some(started.elapsed()),
+    );
+    finish(ctx, run, term_id, outcome, error.as_deref()).await;
+    Ended::Recorded
 }
 
 /// Claims `due` in `term`: the run's attempt number when the claim is ours; `None` when it is
@@ -119,8 +165,7 @@ async fn claim(
     // COMMIT is sent, `sent` holds what it claimed: an answer lost then (the bound, a
     // broken connection) leaves the claim's outcome unknown, and it is read back.
     let mut sent: Option<Claimed> = None;
-    let claim = ctx.bounded(async {
-        let mut client = ctx.client().await?;
+    let claim = ctx.query(async |client| {
         let tx = client.transaction().await?;
         tx.batch_execute(DURABLE_COMMIT).await?;
         if term.epoch().is_some() {
@@ -131,6 +176,9 @@ async fn claim(
             .claim(&tx, &ctx.namespace, name, due, kind, &who)
             .await?
         else {
+            // Answered before the connection goes back: a ROLLBACK left queued on it would
+            // keep the next borrower waiting behind a socket that may have gone quiet.
+            tx.rollback().await?;
             return Ok(None);
         };
         let attempt = claimed.attempt;
@@ -165,78 +213,205 @@ async fn claim(
     }
 }
 
-/// Runs `job` to its end, saying every poll that its `run` is alive.
-async fn with_heartbeat<F: Future>(ctx: &Context, run: RunRef<'_>, job: F) -> F::Output {
+/// Runs `job` to its end, saying every poll that its `run` is alive; cut off (the job's
+/// future dropped at its current `.await`) when the beats stop landing, before another term
+/// may take the run for dead, or when another term has already called it abandoned.
+/// `claimed_at`: when the claim was sent, the run's last sign of life until a beat lands.
+async fn with_heartbeat<F: Future>(
+    ctx: &Context,
+    run: RunRef<'_>,
+    claimed_at: tokio::time::Instant,
+    job: F,
+) -> Result<F::Output, CutOff> {
+    let alive_at = first_beat(ctx, run, claimed_at).await?;
+    let silent = alive_at.elapsed();
+    if silent >= cut_off_after(stale_after(ctx.poll)) {
+        return Err(CutOff::Silent(silent));
+    }
     let job = std::pin::pin!(job);
     tokio::select! {
-        outcome = job => outcome,
-        never = heartbeat(ctx, run) => match never {},
+        // The cut-off first: a run already silent for the cut-off does not start.
+        biased;
+        cut = heartbeat(ctx, run, alive_at) => Err(cut),
+        outcome = job => Ok(outcome),
+    }
+}
+
+/// Before the job starts, a beat when the claim took a poll or longer (a COMMIT that waited
+/// for a standby, a claim read back): other terms see the run from the claim's start, and
+/// may take it for dead soon after the claim finally commits. The run's last sign of life
+/// then, or its cut-off when another term has already called it abandoned.
+async fn first_beat(
+    ctx: &Context,
+    run: RunRef<'_>,
+    claimed_at: tokio::time::Instant,
+) -> Result<tokio::time::Instant, CutOff> {
+    if claimed_at.elapsed() < ctx.poll {
+        return Ok(claimed_at);
+    }
+    let sent = tokio::time::Instant::now();
+    let beat = ctx.query_within(borrow_bound(ctx.poll), async |client| {
+        ctx.store.heartbeat(client, run).await
+    });
+    match beat.await {
+        Ok(true) => Ok(sent),
+        Ok(false) => Err(CutOff::Settled),
+        // The heartbeat's own cut-off decides.
+        Err(_) => Ok(claimed_at),
     }
 }
 
 /// A beat every poll, as the claim promised (the run's row holds the period): on a fixed
 /// cadence, each bounded by a poll (at least 1 s), so that a slow or failed beat does not push
-/// the next ones back. A failed beat is logged at DEBUG; once the run has been silent for half
-/// of what another term waits before it calls the run abandoned, at WARN (once while the beats
-/// keep failing), and at INFO when a beat lands again.
-async fn heartbeat(ctx: &Context, run: RunRef<'_>) -> Infallible {
-    let mut beats = tokio::time::interval_at(tokio::time::Instant::now() + ctx.poll, ctx.poll);
+/// the next ones back. Returns when the run must end: its beats have not landed for
+/// [`cut_off_after`] (measured from when the last beat that landed was sent), or a beat found
+/// the run no longer `running`. What it says on the way is [`Silence`]'s.
+async fn heartbeat(ctx: &Context, run: RunRef<'_>, alive_at: tokio::time::Instant) -> CutOff {
+    let mut beats = tokio::time::interval_at(alive_at + ctx.poll, ctx.poll);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut silence = Silence::new(stale_after(ctx.poll));
+    let mut silence = Silence::new(run.job, stale_after(ctx.poll), alive_at);
     loop {
-        beats.tick().await;
-        let bound = borrow_bound(ctx.poll);
-        let beat = tokio::time::timeout(bound, async {
-            ctx.store.heartbeat(&*ctx.client().await?, run).await
+        let (cut_off, warn_at) = silence.deadlines();
+        let mut cut_off = std::pin::pin!(tokio::time::sleep_until(cut_off));
+        let mut warn = std::pin::pin!(tokio::time::sleep_until(warn_at));
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut cut_off => return CutOff::Silent(silence.silent()),
+                () = &mut warn, if !silence.warned => silence.warn(),
+                _ = beats.tick() => break,
+            }
+        }
+        let sent = tokio::time::Instant::now();
+        // Dropped at the cut-off, the beat's connection is closed, not given back.
+        let beat = ctx.query_within(borrow_bound(ctx.poll), async |client| {
+            ctx.store.heartbeat(client, run).await
         });
-        let failure = match beat.await {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("no answer within {bound:?}")),
+        let mut beat = std::pin::pin!(beat);
+        let landed = loop {
+            tokio::select! {
+                biased;
+                () = &mut cut_off => return CutOff::Silent(silence.silent()),
+                () = &mut warn, if !silence.warned => silence.warn(),
+                landed = &mut beat => break landed,
+            }
         };
-        silence.after_beat(run.job, failure);
+        match landed {
+            Ok(true) => silence.landed(sent),
+            Ok(false) => return CutOff::Settled,
+            Err(e) => silence.failed(e.to_string()),
+        }
     }
 }
 
-/// How long a run's beats have failed, and whether that was said at WARN.
-struct Silence {
+/// How long a run's beats may fail before its runner cuts it off: two thirds of the stale
+/// threshold (at least one heartbeat period short of it, as the threshold is at least three),
+/// so that the run has ended before another term can call it abandoned and rerun it.
+fn cut_off_after(stale_after: Duration) -> Duration {
+    stale_after.saturating_mul(2) / 3
+}
+
+/// Why a run was cut off before its end.
+#[derive(Debug)]
+enum CutOff {
+    /// Its beats did not land for this long.
+    Silent(Duration),
+    /// A beat found it no longer `running`: another term called it abandoned (or the row is
+    /// gone: a restore, the tables emptied).
+    Settled,
+}
+
+impl CutOff {
+    fn log(&self, job: &str, due: Timestamp) {
+        match self {
+            CutOff::Silent(silent) => tracing::error!(
+                job,
+                due = %due,
+                ?silent,
+                "the run was cut off: its heartbeats did not land, and another term would soon take it for dead"
+            ),
+            CutOff::Settled => tracing::error!(
+                job,
+                due = %due,
+                "the run was cut off: its record is no longer running (another term called it abandoned, or the row is gone)"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for CutOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CutOff::Silent(silent) => write!(
+                f,
+                "cut off: its heartbeats did not land for {silent:?}, and another term may take a run that silent for dead"
+            ),
+            CutOff::Settled => f.write_str(
+                "cut off: its record is no longer running (another term called it abandoned, or the row is gone)",
+            ),
+        }
+    }
+}
+
+/// A running run's silence: since when its beats have not landed (the send time of the last
+/// one that did), and what was said of it. A failed beat is said at DEBUG; once the run has
+/// been silent for a third of the stale threshold, at WARN (once while the beats keep
+/// failing); at INFO when a beat lands again.
+struct Silence<'a> {
+    job: &'a str,
     stale_after: Duration,
-    since: tokio::time::Instant,
+    alive_at: tokio::time::Instant,
     warned: bool,
+    last_error: Option<String>,
 }
 
-impl Silence {
-    fn new(stale_after: Duration) -> Self {
+impl<'a> Silence<'a> {
+    fn new(job: &'a str, stale_after: Duration, alive_at: tokio::time::Instant) -> Self {
         Self {
+            job,
             stale_after,
-            since: tokio::time::Instant::now(),
+            alive_at,
             warned: false,
+            last_error: None,
         }
     }
 
-    /// Logs a beat's outcome: `failure` is `None` when it landed.
-    fn after_beat(&mut self, job: &str, failure: Option<String>) {
-        let silent = self.since.elapsed();
-        match failure {
-            None => {
-                if self.warned {
-                    tracing::info!(job, ?silent, "heartbeats of the running run land again");
-                }
-                self.since = tokio::time::Instant::now();
-                self.warned = false;
-            }
-            Some(error) if !self.warned && silent >= self.stale_after / 2 => {
-                tracing::warn!(
-                    job,
-                    ?silent,
-                    stale_after = ?self.stale_after,
-                    %error,
-                    "heartbeats of the running run keep failing; another term takes a run silent for stale_after as abandoned (and runs it again if rerun_abandoned)"
-                );
-                self.warned = true;
-            }
-            Some(error) => tracing::debug!(job, %error, "heartbeat failed"),
+    fn silent(&self) -> Duration {
+        self.alive_at.elapsed()
+    }
+
+    /// When the run is cut off, and when its silence is said at WARN.
+    fn deadlines(&self) -> (tokio::time::Instant, tokio::time::Instant) {
+        (
+            self.alive_at + cut_off_after(self.stale_after),
+            self.alive_at + self.stale_after / 3,
+        )
+    }
+
+    fn warn(&mut self) {
+        tracing::warn!(
+            job = self.job,
+            silent = ?self.silent(),
+            stale_after = ?self.stale_after,
+            cut_after = ?cut_off_after(self.stale_after),
+            error = self.last_error.as_deref().unwrap_or("no beat answered yet"),
+            "heartbeats of the running run keep failing; the run is cut off once silent for cut_after, before another term takes it as abandoned (and runs it again if rerun_abandoned)"
+        );
+        self.warned = true;
+    }
+
+    fn landed(&mut self, sent: tokio::time::Instant) {
+        if self.warned {
+            tracing::info!(job = self.job, silent = ?self.silent(), "heartbeats of the running run land again");
         }
+        self.alive_at = sent;
+        self.warned = false;
+        self.last_error = None;
+    }
+
+    fn failed(&mut self, error: String) {
+        tracing::debug!(job = self.job, %error, "heartbeat failed");
+        self.last_error = Some(error);
     }
 }
 
@@ -251,13 +426,16 @@ async fn finish(
 ) {
     let (name, due) = (run.job, run.due);
     for retry in 0..3u32 {
-        let finished = ctx.bounded(async {
-            ctx.store
-                .finish(&*ctx.client().await?, run, term_id, outcome, error)
-                .await
-        });
+        let finished =
+            ctx.query(async |client| ctx.store.finish(client, run, term_id, outcome, error).await);
         match finished.await {
-            Ok(()) => break,
+            Ok(true) => break,
+            Ok(false) => {
+                // Another term called it abandoned (its beats had gone quiet), or the record
+                // is gone: that record stands, and a rerun it asked for is that term's.
+                tracing::info!(job = %name, due = %due, outcome = outcome.as_str(), "the run ended after its record stopped saying running (another term called it abandoned, or the row is gone); the record stays");
+                break;
+            }
             Err(e) if retry < 2 => {
                 tracing::debug!(job = %name, error = %e, "cannot record the run's end; retrying");
                 tokio::time::sleep(ctx.poll).await;
@@ -290,9 +468,9 @@ async fn read_back(
         attempt: claimed.attempt,
     };
     loop {
-        let status = ctx.bounded(async {
+        let status = ctx.query(async |client| {
             ctx.store
-                .claim_status(&*ctx.client().await?, run, &claimed.xid, term_id)
+                .claim_status(client, run, &claimed.xid, term_id)
                 .await
         });
         match status.await {

@@ -110,6 +110,13 @@ impl ScheduleError {
             if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE))
     }
 
+    /// A lock the statement needed was held too long by another session (SQLSTATE 55P03, the
+    /// `lock_timeout` the table upgrade sets).
+    pub(super) fn is_lock_timeout(&self) -> bool {
+        matches!(self, ScheduleError::Database(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE))
+    }
+
     /// Whether a COMMIT that failed so may still have been carried out: no answer in time, or
     /// a connection lost (an error the server did not send). An error the server sent (a
     /// SQLSTATE) means it rolled the transaction back.

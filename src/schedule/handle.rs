@@ -5,11 +5,10 @@ use std::fmt;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use tokio::time::Instant;
 
+use super::context::on_connection;
 use super::store::Store;
 use super::{Job, ScheduleError};
-use crate::pooled::Borrowed;
 
 /// Triggers or reschedules a schedule's jobs, from any replica (a standby's request reaches
 /// the leader at its next poll of the job's row); made by [`Schedule::handle`](super::Schedule::handle).
@@ -23,14 +22,6 @@ pub struct ScheduleHandle {
 }
 
 impl ScheduleHandle {
-    /// A pool connection by `deadline`, closed rather than given back unless
-    /// [`give_back`](Borrowed::give_back) is called once its statement answered.
-    async fn borrow(&self, deadline: Instant) -> Result<Borrowed, ScheduleError> {
-        super::context::borrow(&self.pool, deadline, self.wait)
-            .await
-            .map(Borrowed::new)
-    }
-
     fn store(&self) -> Result<Store, ScheduleError> {
         Store::new(self.schema.as_deref(), &self.prefix)
     }
@@ -42,14 +33,11 @@ impl ScheduleHandle {
         &self,
         statement: impl AsyncFnOnce(&Store, &tokio_postgres::Client) -> Result<bool, ScheduleError>,
     ) -> Result<bool, ScheduleError> {
-        let deadline = Instant::now() + self.wait;
         let store = self.store()?;
-        let client = self.borrow(deadline).await?;
-        let answer = tokio::time::timeout_at(deadline, statement(&store, client.client()))
-            .await
-            .map_err(|_| ScheduleError::Timeout(self.wait))?;
-        client.give_back();
-        answer
+        on_connection(&self.pool, self.wait, self.wait, async |client| {
+            statement(&store, client).await
+        })
+        .await
     }
 
     /// Asks the leader to run `job` now, once, besides its schedule (recorded as a

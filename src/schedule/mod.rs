@@ -31,9 +31,20 @@
 //! looks, or at once when that term was this process's own (its runs were stopped before the
 //! next term began). Until then the new leader claims nothing of that job, so it never starts
 //! the job beside a deposed leader's run that is still going, and never overwrites that run's
-//! claim; dues that pass meanwhile are handled by the job's [`CatchUp`]. The heartbeats borrow
-//! from the schedule's pool: a pool kept full for three periods (by the job itself, say) can
-//! make a live run look dead, so leave it a connection beyond what the jobs hold.
+//! claim; dues that pass meanwhile are handled by the job's [`CatchUp`].
+//!
+//! **A run ends before it can be taken for dead.** The runner cuts its run off (the job's
+//! future is dropped at its current `.await`) once its beats have not landed for two thirds
+//! of that threshold, counted from when the last beat that landed was sent; the run is then
+//! called abandoned like any other (and rerun if the job asks). A beat that finds that
+//! another term called the run abandoned ends it at once (and that record stays). This holds while the term drains too: a partitioned
+//! leader's run never goes on beside the next leader's rerun, unless its process froze. The
+//! heartbeats borrow from the schedule's pool: a pool kept full (by the job itself, say) cuts
+//! the run off, so leave it a connection beyond what the jobs hold.
+//!
+//! **A pool shared with the application.** Every statement on the job tables is bounded, and a
+//! connection whose statement did not answer in time (a COMMIT waiting for a synchronous
+//! standby, a row lock, a silent socket) is closed, never handed back to the pool.
 //!
 //! An abandoned run is run again only if the job asks for it ([`Job::rerun_abandoned`]); a
 //! triggered run is reported, not rerun. The rerun is owed in the table: the statement that
@@ -275,7 +286,8 @@ impl Schedule {
     /// from any replica (default: the elector's check interval, at most 5 s). Dues themselves
     /// run on time, whatever this is. It is also how often a running job says it is alive,
     /// as stored with each run it claims: a run silent for three of its runner's polls (and at
-    /// least 3 s) is taken for dead by a later leader, whatever that leader's own poll.
+    /// least 3 s) is taken for dead by a later leader, whatever that leader's own poll, and
+    /// its runner cuts it off after two thirds of that.
     ///
     /// Taken from [`MIN_POLL_INTERVAL`] (10 ms) to [`MAX_POLL_INTERVAL`] (an hour): a shorter
     /// interval (`Duration::ZERO`) is 10 ms, a longer one (`Duration::MAX`) an hour.

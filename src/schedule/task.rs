@@ -5,6 +5,7 @@
 //! are gone is registered again, in the same loop.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -28,6 +29,9 @@ pub(super) struct JobTask {
     term_id: String,
     /// Cancelled when the term ends or the schedule shuts down.
     stop: CancellationToken,
+    /// A run of this term was cut off while its beats failed, and is still `running` in the
+    /// table: the next look for abandoned runs calls it so (and reruns it if the job asks).
+    gave_up: AtomicBool,
 }
 
 /// Why the passes over a job's row ended.
@@ -84,6 +88,7 @@ impl JobTask {
             term,
             term_id,
             stop,
+            gave_up: AtomicBool::new(false),
         }
     }
 
@@ -142,11 +147,10 @@ impl JobTask {
     async fn register(&self, loss_reported: bool) -> Registration {
         let (ctx, job, name) = (&self.ctx, &self.registered.job, self.name());
         loop {
-            let step = ctx.bounded(async {
-                let client = ctx.client().await?;
+            let step = ctx.query(async |client| {
                 ctx.store
                     .register(
-                        &client,
+                        client,
                         &ctx.namespace,
                         name,
                         &job.spec.text(),
@@ -266,12 +270,16 @@ impl JobTask {
     /// no claim of this term starts the job beside it. `Some` when the tables are gone.
     async fn abandon_stale(&self) -> Option<Restart> {
         let (ctx, job, name) = (&self.ctx, &self.registered.job, self.name());
-        let ended = lock(&ctx.ended).clone();
+        let mut ended = lock(&ctx.ended).clone();
+        let gave_up = self.gave_up.load(Ordering::Relaxed);
+        if gave_up {
+            ended.push(self.term_id.clone());
+        }
         let who = ctx.claimant(&self.term, &self.term_id);
-        let abandoned = ctx.bounded(async {
+        let abandoned = ctx.query(async |client| {
             ctx.store
                 .abandon(
-                    &*ctx.client().await?,
+                    client,
                     &ctx.namespace,
                     name,
                     &self.term_id,
@@ -284,6 +292,9 @@ impl JobTask {
         });
         match abandoned.await {
             Ok(runs) => {
+                if gave_up {
+                    self.gave_up.store(false, Ordering::Relaxed);
+                }
                 for run in runs {
                     tracing::warn!(
                         job = name,
@@ -309,11 +320,7 @@ impl JobTask {
     /// The job's row; the pass to make instead when it cannot be read.
     async fn load(&self) -> Result<JobRow, Pass> {
         let (ctx, name) = (&self.ctx, self.name());
-        let row = ctx.bounded(async {
-            ctx.store
-                .load(&*ctx.client().await?, &ctx.namespace, name)
-                .await
-        });
+        let row = ctx.query(async |client| ctx.store.load(client, &ctx.namespace, name).await);
         match row.await {
             Ok(Some(row)) => {
                 ctx.row_went_back(name, row.last_due);
@@ -388,7 +395,8 @@ impl JobTask {
                 break;
             }
             match self.take(due, RunKind::Scheduled).await {
-                Taken::Ran => ran = true,
+                // A run given up comes back from `take` as run.
+                Taken::Ran | Taken::GaveUp => ran = true,
                 Taken::NotOurs => {}
                 // Not settled: this due (and those after it) are tried again at the next
                 // poll, still on time.
@@ -414,9 +422,16 @@ impl JobTask {
         })
     }
 
-    /// Claims `due` and runs it, as a run of `kind`.
+    /// Claims `due` and runs it, as a run of `kind`. A run given up counts as run: its due is
+    /// not missed, it is abandoned at the next look (and rerun if the job asks).
     async fn take(&self, due: Timestamp, kind: RunKind) -> Taken {
-        run_due(&self.ctx, &self.registered, due, kind, &self.term_id).await
+        match run_due(&self.ctx, &self.registered, due, kind, &self.term_id).await {
+            Taken::GaveUp => {
+                self.gave_up.store(true, Ordering::Relaxed);
+                Taken::Ran
+            }
+            taken => taken,
+        }
     }
 }
 
@@ -435,8 +450,7 @@ async fn skip_dues(
     let label: Arc<str> = name.into();
     let work = ctx.elector.do_work_named(&label, |term| async move {
         let who = ctx.claimant(&term, term_id);
-        ctx.bounded(async {
-            let mut client = ctx.client().await?;
+        ctx.query(async |client| {
             let tx = client.transaction().await?;
             if term.epoch().is_some() {
                 term.fence(&tx).await.map_err(ScheduleError::Fence)?;
@@ -503,15 +517,9 @@ async fn count_halted(
         };
         let work = ctx.elector.do_work_named(&label, |term| async move {
             let who = ctx.claimant(&term, term_id);
-            ctx.bounded(async {
+            ctx.query(async |client| {
                 ctx.store
-                    .record_skipped(
-                        &*ctx.client().await?,
-                        &ctx.namespace,
-                        name,
-                        &[stretch],
-                        &who,
-                    )
+                    .record_skipped(client, &ctx.namespace, name, &[stretch], &who)
                     .await
             })
             .await

@@ -10,6 +10,23 @@ use crate::{Elector, LockKey};
 /// `0..count`.
 pub(crate) const MEMBER_OBJECT: i32 = -1;
 
+/// The object of a member's live mark, a second shared lock of the group's class that a
+/// member takes once its first check passed: only members holding it count in the
+/// assignment, once they have been seen to start another statement after it. Its object
+/// tells the member's shard count, so that members running different counts see it: −2 for
+/// one shard, down to −1 − 16 384.
+pub(crate) fn live_object(count: u32) -> i32 {
+    -1 - count as i32
+}
+
+/// The shard count a live mark's `object` tells ([`live_object`]); `None` for an object that
+/// is no live mark.
+pub(crate) fn count_of_live(object: i32) -> Option<u32> {
+    u32::try_from(-1i64 - i64::from(object))
+        .ok()
+        .filter(|&c| c > 0)
+}
+
 /// One shard of a group: its index (`0..count`) and its lock key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShardId {
@@ -53,7 +70,8 @@ impl std::fmt::Display for ShardId {
 pub struct Ownership {
     /// The shards this replica owns, in index order.
     pub owned: Vec<ShardId>,
-    /// How many members the last check saw (0 while this replica is not a member).
+    /// How many members count in the last check's assignment (0 while this replica is not a
+    /// member, and in the half interval after it joins, before it counts itself).
     pub members: usize,
     /// How many times the owned set changed since the group was built.
     pub changes: u64,
@@ -93,5 +111,21 @@ impl Inner {
             now.members = members;
             changed
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_mark_tells_its_count_and_is_no_shard_nor_the_member_key() {
+        for count in [1, 2, 48, crate::shards::assign::MAX_SHARDS] {
+            let object = live_object(count);
+            assert!(object < MEMBER_OBJECT, "{count}: {object}");
+            assert_eq!(count_of_live(object), Some(count));
+        }
+        assert_eq!(count_of_live(MEMBER_OBJECT), None);
+        assert_eq!(count_of_live(0), None);
     }
 }

@@ -8,6 +8,11 @@
 //!
 //! - **Members** are the replicas whose lock session holds the group's shared lock, as the
 //!   server's `pg_locks` shows it: no table, no heartbeat rows. Identities need not be unique.
+//!   A member counts in the assignment only once it has shown that it hears the server: its
+//!   first check passed, it took a second shared lock of the group (its live mark), and the
+//!   others have seen it start another statement since (its next check, half an interval
+//!   later). So a join cut off right after its grant, or right after its mark, moves no shard
+//!   (see the README for servers that hide other sessions' activity).
 //! - **Assignment**: every member computes the same target owner for every shard from the same
 //!   member list (rendezvous hashing with a quota of ⌊S/N⌋ or ⌈S/N⌉ shards per member).
 //! - **Ownership is the lock**: a member owns a shard while its session holds the shard's
@@ -49,7 +54,7 @@
 //! **Bounds**, in check intervals I: a killed replica's shards are owned again within 1·I of
 //! the server freeing them; a replica that leaves gracefully drains and unlocks, and the others
 //! own its shards within 1·I of the unlock; a joining replica reaches its share within
-//! 2·I plus the moved shards' drain; a partitioned replica ends all its terms within 2·I, before
+//! 2.5·I plus the moved shards' drain; a partitioned replica ends all its terms within 2·I, before
 //! the server can free its locks (4·I); a replica whose lock session ends under it steps down
 //! within milliseconds, and a shard it held starts its next term 5 ms after the grant.
 //!
@@ -83,7 +88,11 @@
 //!   try every interval, so a leader meets such a try before its next check. A member that has
 //!   joined tries no more through the pool, so the try that gives it away comes only from a
 //!   replica still joining, which may be one interval later. Either way, no shard ever has two
-//!   owners.
+//!   owners. The pooler would keep the server session that holds the member's locks open
+//!   after the member lets go, so a member found out ends that server session (known from a
+//!   check that proved it its own): its shards and its live mark do not outlive it there. A
+//!   member found out before any check passed holds only the group's shared lock there, which
+//!   counts for nothing, until the pooler closes that server session.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -117,7 +126,9 @@ pub struct Shards {
 
 impl Shards {
     /// Starts configuring a group of `count` shards named `group`, competed for with
-    /// connections from `pool`. Every replica of the group must use the same name and count.
+    /// connections from `pool`. Every replica of the group must use the same name and count:
+    /// members that see another count among the members say so at ERROR, and each count's
+    /// members share the shards among themselves only (see the README on changing the count).
     ///
     /// The group's keys are derived from its name: class from
     /// [`LockKey::from_name`]`("pg_elector/shards/<group>")`, object the shard's index (and −1
@@ -158,7 +169,9 @@ impl Shards {
     /// [`LeaderTicker`](crate::background::LeaderTicker) or
     /// [`WhileLeader`](crate::background::WhileLeader)), a [`Schedule`](crate::schedule::Schedule),
     /// or code that takes an `Elector`. Its [`run`](Elector::run) returns
-    /// [`Error::ShardRunByGroup`]: the group's [`run`](Self::run) runs every shard. Its
+    /// [`Error::RunOnShard`]: the group's [`run`](Self::run) runs every shard; handed to
+    /// [`Supervisor::election`](crate::background::Supervisor::election), its worker waits for
+    /// shutdown instead. Its
     /// [`resign`](Elector::resign) does nothing and returns `false`. `None` for a shard of
     /// another group.
     pub fn elector(&self, shard: ShardId) -> Option<&Elector> {
@@ -187,7 +200,7 @@ impl Shards {
 
     /// The shard's current term: live while this replica owns it, ended with
     /// [`TermEnd::NotLeader`](crate::TermEnd::NotLeader) otherwise. A shard moved to another
-    /// member ends its term with [`TermEnd::Resigned`](crate::TermEnd::Resigned).
+    /// member ends its term with [`TermEnd::Moved`](crate::TermEnd::Moved).
     pub fn term(&self, shard: ShardId) -> Term {
         match self.elector(shard) {
             Some(elector) => elector.term(),
@@ -238,7 +251,8 @@ impl Shards {
     /// Takes part in the group until `shutdown` is cancelled: joins it (one lock session),
     /// checks that session every interval, takes the shards assigned to this replica and
     /// gives up those assigned elsewhere. At shutdown every shard's term ends, their work
-    /// drains (up to the drain timeout), and every lock is unlocked at once.
+    /// drains (up to the drain timeout), and every lock of the group is unlocked at once (the
+    /// group's alone: other advisory locks of the session stay).
     ///
     /// Database failures are not errors here: they are logged, the shards' terms end, and
     /// the replica joins again at the next interval.

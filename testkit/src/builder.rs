@@ -1,21 +1,23 @@
-//! [`GroupBuilder`]: the one builder of a [`Group`], for [`Replicas`](crate::Replicas)
-//! ([`ReplicasBuilder`](crate::ReplicasBuilder)) and [`ShardMembers`](crate::ShardMembers)
-//! ([`ShardMembersBuilder`](crate::ShardMembersBuilder)). What differs between the two (the
-//! key, or the group and its shards; how a member's election is built) is the [`Role`]'s.
+//! [`MembersBuilder`]: the one builder of a [`Members`], for [`Replicas`](crate::Replicas)
+//! ([`ReplicasBuilder`](crate::replicas::ReplicasBuilder)) and
+//! [`ShardMembers`](crate::ShardMembers)
+//! ([`ShardMembersBuilder`](crate::replicas::ShardMembersBuilder)). What differs between the
+//! two (the key, or the group and its shards; how a member's election is built) is the
+//! [`Member`]'s.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::group::{Common, Group, Member, Role, Service};
+use crate::members::{Common, Member, Members, Service, Slot};
 use crate::{KitError, TestDb};
 
 type Configure<B> = Arc<dyn Fn(usize, B) -> B + Send + Sync>;
 
-/// Builds a [`Group`]; from [`Replicas::builder`](Group::builder) or
-/// [`ShardMembers::builder`](Group::builder).
+/// Builds a [`Members`]; from [`Replicas::builder`](Members::builder) or
+/// [`ShardMembers::builder`](Members::builder).
 #[must_use = "a builder does nothing until `start` is called"]
-pub struct GroupBuilder<'a, R: Role> {
+pub struct MembersBuilder<'a, R: Member> {
     pub(crate) db: &'a TestDb,
     pub(crate) spec: R::Spec,
     pub(crate) count: usize,
@@ -24,9 +26,9 @@ pub struct GroupBuilder<'a, R: Role> {
     service: Option<Service<R>>,
 }
 
-impl<R: Role> std::fmt::Debug for GroupBuilder<'_, R> {
+impl<R: Member> std::fmt::Debug for MembersBuilder<'_, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GroupBuilder")
+        f.debug_struct("MembersBuilder")
             .field("spec", &self.spec)
             .field("count", &self.count)
             .field("common", &self.common)
@@ -34,8 +36,8 @@ impl<R: Role> std::fmt::Debug for GroupBuilder<'_, R> {
     }
 }
 
-impl<'a, R: Role> GroupBuilder<'a, R> {
-    /// Three members of `spec` in `db`, at [`TEST_INTERVAL`](crate::TEST_INTERVAL).
+impl<'a, R: Member> MembersBuilder<'a, R> {
+    /// Three members of `spec` in `db`, at [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL).
     pub(crate) fn new(db: &'a TestDb, spec: R::Spec) -> Self {
         Self {
             db,
@@ -47,20 +49,23 @@ impl<'a, R: Role> GroupBuilder<'a, R> {
         }
     }
 
-    /// Every member's check interval (default [`TEST_INTERVAL`](crate::TEST_INTERVAL)).
+    /// Every member's check interval (default
+    /// [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL)).
     pub fn check_interval(mut self, every: Duration) -> Self {
         self.common.interval = every;
         self
     }
 
-    /// Connections in each member's pool (default [`TEST_POOL_SIZE`](crate::TEST_POOL_SIZE)).
+    /// Connections in each member's pool (default
+    /// [`TEST_POOL_SIZE`](crate::replicas::TEST_POOL_SIZE)).
     pub fn pool_size(mut self, size: usize) -> Self {
         self.common.pool_size = size;
         self
     }
 
     /// The `idle_in_transaction_session_timeout` of every member's pool (default
-    /// [`TEST_IDLE_IN_TRANSACTION`](crate::TEST_IDLE_IN_TRANSACTION); `None`: the server's).
+    /// [`TEST_IDLE_IN_TRANSACTION`](crate::replicas::TEST_IDLE_IN_TRANSACTION); `None`: the
+    /// server's).
     /// A leader partitioned or frozen in the middle of a fenced transaction leaves it open,
     /// holding the epoch row that the next term must take: as in production, the server's
     /// timeout is what ends it.
@@ -103,14 +108,14 @@ impl<'a, R: Role> GroupBuilder<'a, R> {
     /// [`KitError::Io`] when a proxy cannot listen, [`KitError::Elector`] when the settings
     /// are refused (an interval below the crate's minimum, say), or a group of shards has no
     /// member.
-    pub async fn start(self) -> Result<Group<R>, KitError> {
+    pub async fn start(self) -> Result<Members<R>, KitError> {
         let mut members = Vec::with_capacity(self.count);
         for index in 0..self.count {
             members.push(self.member(index).await?);
         }
         let first = members.first().map(|m| &m.role);
         let (keys, lanes) = R::keys(&self.spec, first)?;
-        Ok(Group::launch_all(
+        Ok(Members::launch_all(
             self.db,
             keys,
             lanes,
@@ -120,12 +125,12 @@ impl<'a, R: Role> GroupBuilder<'a, R> {
         ))
     }
 
-    async fn member(&self, index: usize) -> Result<Member<R>, KitError> {
+    async fn member(&self, index: usize) -> Result<Slot<R>, KitError> {
         let (proxy, pool) = self.common.proxy_and_pool(self.db).await?;
         let mut builder = R::builder(&self.spec, pool.clone(), self.common.interval, index);
         if let Some(configure) = &self.configure {
             builder = configure(index, builder);
         }
-        Ok(Member::new(proxy, R::build(builder, index, pool)?))
+        Ok(Slot::new(proxy, R::build(builder, index, pool)?))
     }
 }

@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use tokio_postgres::config::TargetSessionAttrs;
 
-use crate::{FaultProxy, KitError, PgServer, ShutdownMode, TestDb, pool_from_config};
+use crate::database::pool_from_config;
+use crate::{FaultProxy, KitError, PgServer, ShutdownMode, TestDb};
 
 /// How long a promoted standby may take to accept writes, as clients see it.
 const WRITABLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How clients find the primary across a failover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Follow {
     /// A multi-host connection string, the primary first:
     /// `host=primary,standby target_session_attrs=read-write`.

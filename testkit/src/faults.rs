@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Object, Timeouts};
 
 use crate::database::connect_config;
-use crate::group::{Group, Role, server_name};
 use crate::locks::{lock_sessions, terminate};
+use crate::members::{Member, Members, server_name};
 use crate::{KitError, PgServer, ShutdownMode};
 
 /// Which replica a fault acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Who {
     /// The one replica that leads when the fault is put in place (an error when none does, or
     /// more than one). Of [`Replicas`](crate::Replicas) only: shard members have one owner per
@@ -29,7 +30,7 @@ impl From<usize> for Who {
     }
 }
 
-/// Connections borrowed from a member's pool by [`Group::exhaust_pool`]; they go back when
+/// Connections borrowed from a member's pool by [`Members::exhaust_pool`]; they go back when
 /// this is dropped.
 #[must_use = "the pool gets its connections back as soon as this is dropped"]
 #[derive(Debug)]
@@ -54,7 +55,7 @@ impl PoolHold {
 /// How long a fault waits for the server or a proxy to show it in place.
 const IN_PLACE_WITHIN: Duration = Duration::from_secs(5);
 
-impl<C: Role> Group<C> {
+impl<C: Member> Members<C> {
     /// The replica `who` names.
     ///
     /// # Errors

@@ -14,7 +14,9 @@ pub struct LockSession {
 }
 
 /// Every session of the client's database that holds or waits for `key` (the elector's
-/// two-int4 form), holders first.
+/// two-int4 form) as an elector's lock session does, holders first: exclusively, or shared for a
+/// group of shards' member key (object −1). A standby's try asks with a shared lock that lasts
+/// one statement; it is not one of them.
 pub async fn lock_sessions(
     client: &tokio_postgres::Client,
     key: LockKey,
@@ -23,7 +25,9 @@ pub async fn lock_sessions(
         .query(
             "SELECT l.pid, coalesce(a.application_name, ''), l.granted FROM pg_catalog.pg_locks l \
              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
+             WHERE l.locktype = 'advisory' \
+             AND (l.mode = 'ExclusiveLock' OR l.objid = 4294967295) \
+             AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
              AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
              ORDER BY l.granted DESC, l.pid",
             &[&(key.class() as u32), &(key.object() as u32)],
@@ -39,8 +43,10 @@ pub async fn lock_sessions(
         .collect())
 }
 
-/// Every advisory lock held in the client's database in the elector's two-int4 form, with the
-/// holder's `application_name`: one query for many keys (a group's shards).
+/// Every advisory lock held as an elector's lock session holds it (exclusively, as a leader or a
+/// shard's owner; or a group of shards' member key, object −1, shared) in the client's
+/// database in the elector's two-int4 form, with the holder's `application_name`: one query for
+/// many keys (a group's shards).
 pub async fn advisory_holders(
     client: &tokio_postgres::Client,
 ) -> Result<Vec<(LockKey, String)>, tokio_postgres::Error> {
@@ -48,7 +54,8 @@ pub async fn advisory_holders(
         .query(
             "SELECT l.classid, l.objid, coalesce(a.application_name, '') FROM pg_catalog.pg_locks l \
              LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+             WHERE l.locktype = 'advisory' AND l.granted \
+             AND (l.mode = 'ExclusiveLock' OR l.objid = 4294967295) AND l.objsubid = 2 \
              AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())",
             &[],
         )

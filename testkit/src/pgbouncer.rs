@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 
-use crate::private::{RunAs, free_port, make_temp_root};
+use crate::host::{RunAs, free_port, make_temp_root};
 use crate::watchdog::Watchdog;
 use crate::{KitError, PgServer, TestDb};
 
@@ -60,7 +60,8 @@ impl PoolMode {
 /// `/usr/sbin/pgbouncer` (Debian's package `pgbouncer`).
 ///
 /// ```no_run
-/// use pg_elector_testkit::{PgServer, Pgbouncer, PoolMode};
+/// use pg_elector_testkit::PgServer;
+/// use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let server = PgServer::shared()?;

@@ -1,5 +1,7 @@
-//! [`Replicas`]: a test's replicas of one service, in this process, each electing on one key
-//! through a fault proxy of its own.
+//! What [`Replicas`](crate::Replicas) and [`ShardMembers`](crate::ShardMembers) are made of:
+//! the members in this process ([`Members`]), what each member's service is handed
+//! ([`Replica`], [`ShardMember`]), their builders, the defaults they start with, and what the
+//! waiting helpers and faults return ([`Leading`], [`PoolHold`]).
 
 use std::time::Duration;
 
@@ -7,24 +9,21 @@ use deadpool_postgres::Pool;
 use pg_elector::{Elector, ElectorBuilder, LockKey};
 use tokio_util::sync::CancellationToken;
 
-use crate::builder::GroupBuilder;
-use crate::group::{BoxFuture, Group, Leading, Role, identity, member_parts};
+use crate::members::sealed::Sealed;
+use crate::members::{BoxFuture, member_parts};
 use crate::{KitError, TestDb};
 
-/// A test's replicas of one service: in this process, one elector each on one key, each with a
-/// pool of its own through a [`FaultProxy`](crate::FaultProxy) of its own, each running the
-/// service the test gave ([`ReplicasBuilder::service`]). The faults
-/// ([`kill_session`](Group::kill_session), [`partition`](Group::partition), ...) act on one
-/// replica, or on whoever leads; the waiting helpers say when a leader leads;
-/// [`seen`](Group::seen) tells who led when, and whether two ever overlapped.
-///
-/// Dropping it aborts every replica (as a crash would) without waiting.
-pub type Replicas = Group<Replica>;
+pub use crate::builder::MembersBuilder;
+pub use crate::faults::PoolHold;
+pub use crate::members::{
+    Leading, Member, Members, TEST_IDLE_IN_TRANSACTION, TEST_INTERVAL, TEST_POOL_SIZE, identity,
+};
+pub use crate::shard_members::{ShardMember, ShardMembersBuilder};
 
 /// What a replica's service is handed: what a replica's `main` would build for itself.
 #[derive(Clone, Debug)]
 pub struct Replica {
-    /// Its index among the [`Replicas`].
+    /// Its index among the [`Replicas`](crate::Replicas).
     pub index: usize,
     /// Its elector (identity `replica-<index>`), not yet running.
     pub elector: Elector,
@@ -42,9 +41,14 @@ pub struct ReplicaSpec {
     fast: bool,
 }
 
-impl Role for Replica {
-    type Spec = ReplicaSpec;
+impl Member for Replica {
     type Builder = ElectorBuilder;
+
+    member_parts!();
+}
+
+impl Sealed for Replica {
+    type Spec = ReplicaSpec;
 
     fn builder(spec: &ReplicaSpec, pool: Pool, interval: Duration, index: usize) -> ElectorBuilder {
         Elector::builder(pool, spec.key)
@@ -69,7 +73,9 @@ impl Role for Replica {
         Ok((vec![spec.key], 1))
     }
 
-    member_parts!();
+    fn renew_shutdown(&mut self) {
+        self.shutdown = CancellationToken::new();
+    }
 
     fn lanes(&self) -> Vec<Elector> {
         vec![self.elector.clone()]
@@ -88,8 +94,8 @@ impl Role for Replica {
     }
 }
 
-/// Builds [`Replicas`]; from [`Replicas::builder`](Group::builder).
-pub type ReplicasBuilder<'a> = GroupBuilder<'a, Replica>;
+/// Builds [`Replicas`](crate::Replicas); from [`Replicas::builder`](Members::builder).
+pub type ReplicasBuilder<'a> = MembersBuilder<'a, Replica>;
 
 impl ReplicasBuilder<'_> {
     /// How many replicas (default 3).
@@ -105,11 +111,11 @@ impl ReplicasBuilder<'_> {
     }
 }
 
-impl Group<Replica> {
+impl Members<Replica> {
     /// Replicas electing on `key` in `db`: 3 by default, at
-    /// [`TEST_INTERVAL`](crate::TEST_INTERVAL).
+    /// [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL).
     pub fn builder(db: &TestDb, key: LockKey) -> ReplicasBuilder<'_> {
-        GroupBuilder::new(db, ReplicaSpec { key, fast: false })
+        MembersBuilder::new(db, ReplicaSpec { key, fast: false })
     }
 
     /// The key they elect on.
@@ -137,7 +143,7 @@ impl Group<Replica> {
     }
 
     /// Waits until exactly one replica leads (right after a fault this can still be the old
-    /// leader, which has not noticed yet: see [`wait_for_next_leader`](Self::wait_for_next_leader)).
+    /// leader, which has not noticed yet: see [`wait_for_next_term`](Self::wait_for_next_term)).
     ///
     /// # Errors
     ///
@@ -151,12 +157,27 @@ impl Group<Replica> {
     /// # Errors
     ///
     /// [`KitError::Timeout`] when none did within `limit`.
-    pub async fn wait_for_new_leader(
+    pub async fn wait_for_other_leader(
         &self,
         old: usize,
         limit: Duration,
     ) -> Result<Leading, KitError> {
         self.wait_lane(0, Some(old), limit).await
+    }
+
+    /// The old name of [`wait_for_other_leader`](Self::wait_for_other_leader), which read
+    /// almost as `wait_for_next_leader` (now [`wait_for_next_term`](Self::wait_for_next_term)).
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_for_other_leader`](Self::wait_for_other_leader).
+    #[deprecated(note = "renamed to `wait_for_other_leader`: a leader other than `old`")]
+    pub async fn wait_for_new_leader(
+        &self,
+        old: usize,
+        limit: Duration,
+    ) -> Result<Leading, KitError> {
+        self.wait_for_other_leader(old, limit).await
     }
 
     /// Waits for the next term: until exactly one replica leads in a term that began after
@@ -168,8 +189,22 @@ impl Group<Replica> {
     /// # Errors
     ///
     /// [`KitError::Timeout`] when no term began within `limit`.
-    pub async fn wait_for_next_leader(&self, limit: Duration) -> Result<Leading, KitError> {
+    pub async fn wait_for_next_term(&self, limit: Duration) -> Result<Leading, KitError> {
         self.wait_lane_next(0, limit).await
+    }
+
+    /// The old name of [`wait_for_next_term`](Self::wait_for_next_term), which read almost as
+    /// `wait_for_new_leader` (now [`wait_for_other_leader`](Self::wait_for_other_leader)).
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_for_next_term`](Self::wait_for_next_term).
+    #[deprecated(
+        note = "renamed to `wait_for_next_term`: a term that began after the last fault, of the \
+                old leader or another"
+    )]
+    pub async fn wait_for_next_leader(&self, limit: Duration) -> Result<Leading, KitError> {
+        self.wait_for_next_term(limit).await
     }
 
     /// Waits until no replica leads; how long that took.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::config::Host;
 
-use crate::private::PrivateServer;
+use crate::private_server::PrivateServer;
 use crate::{KitError, runtime};
 
 /// The connect timeout put on every configuration the harness hands out.

@@ -51,7 +51,7 @@ async fn one_leader_after_another_is_no_overlap() {
         control_b.demote();
     }
     let seen = timeline.finish();
-    assert!(seen.overlaps().is_empty(), "{:?}", seen.overlaps());
+    seen.assert_no_two_leaders();
     // A sampler thread descheduled for longer than a term misses it; it must see both lead.
     let order = seen.leader_order();
     assert!(
@@ -88,11 +88,7 @@ async fn fenced_writes_tell_when_two_terms_interleaved() {
     insert(1, "b").await;
     insert(2, "c").await;
     let writes = FencedWrites::read(&admin).await.unwrap();
-    assert!(
-        writes.interleavings().is_empty(),
-        "{:?}",
-        writes.interleavings()
-    );
+    writes.assert_not_interleaved();
     assert_eq!(writes.terms(), vec![1, 2]);
 
     // A write of term 1 after term 2 wrote: the deposed leader's write landed late.

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_elector::LockKey;
-use pg_elector_testkit::{PgServer, Replicas, TestDb, Who, lock_sessions, serial};
+use pg_elector_testkit::replicas::{ReplicasBuilder, identity};
+use pg_elector_testkit::sql::lock_sessions;
+use pg_elector_testkit::{PgServer, Replicas, TestDb, Who, serial};
 
 const I: Duration = Duration::from_millis(200);
 
@@ -37,12 +39,7 @@ async fn leading(db: &TestDb, count: usize) -> (Replicas, usize) {
 }
 
 async fn no_overlap(replicas: Replicas) {
-    let seen = replicas.finish().await;
-    assert!(
-        seen.overlaps().is_empty(),
-        "two leaders at once: {:?}",
-        seen.overlaps()
-    );
+    replicas.finish().await.assert_no_two_leaders();
 }
 
 #[tokio::test]
@@ -55,14 +52,13 @@ async fn kill_session_moves_the_lead_within_one_interval() {
     let admin = db.connect().await.unwrap();
     let left = lock_sessions(&admin, replicas.key()).await.unwrap();
     assert!(
-        left.iter()
-            .all(|s| s.name != pg_elector_testkit::identity(old) || !s.granted),
+        left.iter().all(|s| s.name != identity(old) || !s.granted),
         "the killed session still holds the lock: {left:?}"
     );
     // The old leader hears its closed connection at once; the next try (its own or a
     // standby's) begins the next term.
     let next = replicas
-        .wait_for_next_leader(3 * I)
+        .wait_for_next_term(3 * I)
         .await
         .expect("a term ≤ 3·I");
     assert!(next.took <= 3 * I, "the next term after {:?}", next.took);
@@ -116,7 +112,7 @@ async fn partition_demotes_the_leader_before_another_leads() {
     if version >= 140_000 {
         // The server ends the silent session at 4·I; the next try then wins.
         let next = replicas
-            .wait_for_new_leader(old, 8 * I)
+            .wait_for_other_leader(old, 8 * I)
             .await
             .expect("a new leader ≤ 8·I");
         assert_ne!(next.replica, old);
@@ -221,7 +217,7 @@ async fn crash_frees_the_lock_for_the_next_try() {
     let (mut replicas, old) = leading(&db, 3).await;
     replicas.crash(old).await;
     let next = replicas
-        .wait_for_new_leader(old, 3 * I)
+        .wait_for_other_leader(old, 3 * I)
         .await
         .expect("a leader ≤ 3·I");
     assert!(next.took <= 3 * I, "a new leader after {:?}", next.took);
@@ -239,7 +235,7 @@ async fn stop_hands_over_gracefully() {
     let (mut replicas, old) = leading(&db, 2).await;
     replicas.stop(old).await;
     let next = replicas
-        .wait_for_new_leader(old, 2 * I)
+        .wait_for_other_leader(old, 2 * I)
         .await
         .expect("a leader ≤ 2·I");
     assert_eq!(next.replica, 1 - old);
@@ -300,11 +296,7 @@ async fn an_interval_the_crate_refuses_is_a_typed_error() {
 
 /// A service whose every tick holds a fenced transaction open, idle, for 2 s: a leader cut off
 /// in the middle of it leaves the transaction open on the server, holding the epoch row.
-fn stuck_in_transaction(
-    db: &TestDb,
-    key: LockKey,
-    idle: Option<Duration>,
-) -> pg_elector_testkit::ReplicasBuilder<'_> {
+fn stuck_in_transaction(db: &TestDb, key: LockKey, idle: Option<Duration>) -> ReplicasBuilder<'_> {
     use pg_elector::background::{LeaderTicker, Supervisor};
     Replicas::builder(db, key)
         .count(2)
@@ -369,7 +361,7 @@ async fn cut_off_mid_transaction_holds_the_next_term_back() {
         replicas.partition(old).unwrap();
         // The server frees the lock at 4·I; with the timeout the transaction ends 1 s after its
         // fence, and the next term begins at the standby's next try.
-        let next = replicas.wait_for_new_leader(old, 12 * I).await;
+        let next = replicas.wait_for_other_leader(old, 12 * I).await;
         assert_eq!(
             next.is_ok(),
             next_leads,
@@ -405,7 +397,7 @@ async fn kill_session_finds_a_replica_by_the_identity_it_was_given() {
         .expect("the leader's lock session is found by its own identity");
     assert_eq!(killed, old);
     replicas
-        .wait_for_next_leader(3 * I)
+        .wait_for_next_term(3 * I)
         .await
         .expect("a term ≤ 3·I");
     no_overlap(replicas).await;

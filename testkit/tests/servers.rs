@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
 use pg_elector_testkit::{
-    FaultProxy, KitError, PgServer, Pgbouncer, PoolMode, SerialGuard, ShutdownMode, TestDb, serial,
+    FaultProxy, KitError, PgServer, SerialGuard, ShutdownMode, TestDb, serial,
 };
 use tokio::time::timeout;
 

@@ -294,7 +294,7 @@ pub async fn one_leader(replicas: &[Replica], limit: Duration) -> usize {
 /// The backends that hold `key` (two-int4 form) in this database, per `pg_locks` (the kit's
 /// reader).
 pub async fn holders(client: &tokio_postgres::Client, key: LockKey) -> Vec<i32> {
-    pg_elector_testkit::holders(client, key)
+    pg_elector_testkit::sql::holders(client, key)
         .await
         .expect("pg_locks query")
 }
@@ -326,7 +326,9 @@ pub async fn terminate_holder(db: &TestDb, key: LockKey) {
     let admin = db.connect().await.unwrap();
     let pid = holders(&admin, key).await[0];
     assert!(
-        pg_elector_testkit::terminate(&admin, pid).await.unwrap(),
+        pg_elector_testkit::sql::terminate(&admin, pid)
+            .await
+            .unwrap(),
         "backend {pid} outlived pg_terminate_backend"
     );
 }
@@ -365,7 +367,7 @@ pub fn gauge(registry: &prometheus::Registry, name: &str) -> Option<i64> {
 
 /// The backends waiting for `key` in this database: (pid, application_name).
 pub async fn waiting(client: &tokio_postgres::Client, key: LockKey) -> Vec<(i32, String)> {
-    pg_elector_testkit::lock_sessions(client, key)
+    pg_elector_testkit::sql::lock_sessions(client, key)
         .await
         .expect("pg_locks query")
         .into_iter()

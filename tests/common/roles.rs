@@ -2,7 +2,8 @@
 //! role that may only connect, a pool that logs in as a role, and the role's drop.
 
 use deadpool_postgres::Pool;
-use pg_elector_testkit::{TestDb, pool_from_config};
+use pg_elector_testkit::TestDb;
+use pg_elector_testkit::config::pool_from_config;
 
 /// A role named `{prefix}_{database}` that may connect to `db` and nothing else (no CREATE on
 /// `public`), made by `admin`; dropped by [`drop_role`].

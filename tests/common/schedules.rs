@@ -1,20 +1,21 @@
-//! Helpers of the schedule tests (`schedule`, `schedule_failover`, `schedule_hardening`): the
-//! type of a boxed job body, a schedule on a manual elector as its own task, a first run cut
-//! off at the end of its term, and the stored runs of a job.
+//! Helpers of the schedule tests (`schedule`, `schedule_failover`, `schedule_hardening`,
+//! `schedule_partial`): the type of a boxed job body, a body that records its starts, a
+//! schedule on a manual elector as its own task, a first run cut off at the end of its term,
+//! slow claim commits, and the stored runs of a job.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use pg_elector::schedule::{JobRun, Schedule, ScheduleError};
+use pg_elector::schedule::{Job, JobRun, RunKind, Schedule, ScheduleError};
 use pg_elector::{Elector, ManualControl};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
 
 use super::capture::Capture;
-use super::wait_for;
+use super::{TestDb, wait_for};
 
 /// What a job body returns: one run, boxed.
 pub type BoxedRun = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
@@ -142,3 +143,123 @@ pub async fn stored_runs(
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
         .collect()
 }
+
+/// One run as its body saw it: the replica, the due, the attempt, the kind, when it started.
+pub type Started = (&'static str, SystemTime, u32, RunKind, Instant);
+
+/// The runs started so far, in order.
+pub type Starts = Arc<Mutex<Vec<Started>>>;
+
+/// A job body that says when it starts and then works for `lasts(n)`, `n` counting the runs
+/// started so far on every replica.
+pub fn working(
+    replica: &'static str,
+    starts: &Starts,
+    lasts: impl Fn(usize) -> Duration + Send + Sync + 'static,
+) -> Body {
+    let starts = starts.clone();
+    Arc::new(move |run: JobRun| {
+        let n = {
+            let mut starts = starts.lock().unwrap();
+            starts.push((replica, run.due, run.attempt, run.kind, Instant::now()));
+            starts.len() - 1
+        };
+        let lasts = lasts(n);
+        Box::pin(async move {
+            tokio::time::sleep(lasts).await;
+            Ok(())
+        })
+    })
+}
+
+/// `(replica, attempt, kind)` of every run of `due` started so far, in order.
+pub fn started_for(starts: &Starts, due: SystemTime) -> Vec<(&'static str, u32, RunKind)> {
+    starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.1 == due)
+        .map(|s| (s.0, s.2, s.3))
+        .collect()
+}
+
+/// A schedule of one job on a manual elector (not leading yet), polling every `poll`, as its
+/// own task, its events in `capture`.
+pub fn schedule(
+    pool: deadpool_postgres::Pool,
+    poll: Duration,
+    job: Job,
+    body: Body,
+    capture: &Capture,
+) -> ManualSchedule {
+    let (elector, control) = Elector::manual();
+    let schedule = Schedule::new(&elector, pool)
+        .poll_interval(poll)
+        .job(job, move |run| body(run));
+    ManualSchedule::spawn_captured(control, schedule, capture)
+}
+
+/// A schedule of `job` on `pool` as [`schedule`] makes it, polling every 50 ms, on an elector
+/// it promotes at once, whose runs (on replica `m`) take `lasts` each: the runs it starts, its
+/// events, and the schedule.
+pub fn leading_schedule(
+    pool: deadpool_postgres::Pool,
+    job: Job,
+    lasts: Duration,
+) -> (Starts, Capture, ManualSchedule) {
+    let starts: Starts = Arc::default();
+    let capture = Capture::default();
+    let sched = schedule(
+        pool,
+        Duration::from_millis(50),
+        job,
+        working("m", &starts, move |_| lasts),
+        &capture,
+    );
+    sched.control.promote();
+    (starts, capture, sched)
+}
+
+/// Makes the job tables from `ddl()` and a deferred trigger that, once armed, makes the next
+/// claim's COMMIT take `secs` (a synchronous standby or an fsync stall, as the client sees
+/// it): the claim's transaction sleeps at its commit, then commits. The due whose claim it
+/// slowed is kept in `slow_commit`.
+pub async fn slow_commits(db: &TestDb, admin: &tokio_postgres::Client, secs: f64) {
+    let ddl = Schedule::new(&Elector::manual().0, db.pool(1))
+        .ddl()
+        .unwrap();
+    admin.batch_execute(&ddl).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE slow_commit (armed boolean NOT NULL, due timestamptz); \
+             INSERT INTO slow_commit VALUES (false, NULL); \
+             CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             DECLARE n int; \
+             BEGIN \
+               UPDATE slow_commit SET armed = false, due = NEW.due WHERE armed; \
+               GET DIAGNOSTICS n = ROW_COUNT; \
+               IF n > 0 THEN PERFORM pg_sleep({secs}); END IF; \
+               RETURN NULL; \
+             END $$; \
+             CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON pg_elector_job_runs \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.outcome = 'running') \
+             EXECUTE FUNCTION slow_commit()"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The job tables as the version before the heartbeat period made them.
+pub const OLD_DDL: &str = "CREATE TABLE pg_elector_jobs (namespace text NOT NULL, job text NOT NULL, \
+ schedule text NOT NULL, registered text NOT NULL, last_due timestamptz, \
+ claimed_by text, claimed_term text, claimed_epoch bigint, \
+ started_at timestamptz, finished_at timestamptz, outcome text, error text, \
+ trigger_requested timestamptz, PRIMARY KEY (namespace, job)); \
+ CREATE TABLE pg_elector_job_runs (namespace text NOT NULL, job text NOT NULL, \
+ due timestamptz NOT NULL, attempt int4 NOT NULL, kind text NOT NULL, \
+ claimed_by text NOT NULL, claimed_term text NOT NULL, epoch bigint, \
+ started_at timestamptz NOT NULL, heartbeat_at timestamptz, \
+ finished_at timestamptz, outcome text NOT NULL, error text, \
+ PRIMARY KEY (namespace, job, due, attempt)); \
+ CREATE INDEX pg_elector_job_runs_running ON pg_elector_job_runs (namespace, job) \
+ WHERE outcome = 'running'";

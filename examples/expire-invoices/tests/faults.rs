@@ -64,11 +64,7 @@ async fn every_invoice_sent_once(db: &TestDb, replicas: Replicas) {
     }
     let seen = replicas.finish().await;
     assert_eq!(left, 0, "invoices never sent; leaders: {:?}", seen.leaders);
-    assert!(
-        seen.overlaps().is_empty(),
-        "two leaders at once: {:?}",
-        seen.overlaps()
-    );
+    seen.assert_no_two_leaders();
 
     let twice: Vec<i64> = client
         .query(
@@ -88,11 +84,7 @@ async fn every_invoice_sent_once(db: &TestDb, replicas: Replicas) {
     .await
     .unwrap();
     assert_eq!(sends.writes.len() as i64, INVOICES);
-    assert!(
-        sends.interleavings().is_empty(),
-        "{:?}",
-        sends.interleavings()
-    );
+    sends.assert_not_interleaved();
 }
 
 #[tokio::test]
@@ -104,7 +96,7 @@ async fn the_leaders_session_is_killed() {
     replicas.kill_session(Who::Leader).await.unwrap();
     // The next term (the old leader may win it again), within an interval and a bit.
     let next = replicas
-        .wait_for_next_leader(Duration::from_secs(1))
+        .wait_for_next_term(Duration::from_secs(1))
         .await
         .unwrap();
     println!(

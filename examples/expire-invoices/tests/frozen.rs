@@ -3,14 +3,14 @@
 //! runs again its stale sweep must not send anything.
 //!
 //! Each replica is this test binary run again as the ignored test `replica_child`, which runs
-//! the service through `replica::child_with`.
+//! the service through `processes::child_with`.
 #![cfg(unix)]
 
 use std::time::Duration;
 
 use expire_invoices::{SCHEMA, serve};
 use pg_elector::LockKey;
-use pg_elector_testkit::replica::{self, Fleet};
+use pg_elector_testkit::processes::{self, Fleet};
 use pg_elector_testkit::{FencedWrites, PgServer, serial};
 
 const CHILD: &[&str] = &["replica_child", "--exact", "--ignored", "--nocapture"];
@@ -20,8 +20,8 @@ const INVOICES: i64 = 150;
 #[test]
 #[ignore = "a replica process that the tests of this file start; does nothing on its own"]
 fn replica_child() {
-    if std::env::var(replica::ENV_URL).is_ok() {
-        replica::child_with(|r| serve(r.elector, r.pool, r.shutdown, Duration::from_millis(50)));
+    if processes::is_child() {
+        processes::child_with(|r| serve(r.elector, r.pool, r.shutdown, Duration::from_millis(50)));
     }
 }
 
@@ -45,8 +45,9 @@ async fn a_frozen_leader_sends_nothing_when_it_runs_again() {
         .unwrap()
         .get(0);
 
-    let mut fleet = Fleet::new(CHILD, db.url(), LockKey::new(7, 2), I);
-    fleet.fenced = true;
+    let mut fleet = Fleet::builder(CHILD, db.url(), LockKey::new(7, 2), I)
+        .fenced(true)
+        .build();
     for _ in 0..3 {
         fleet.spawn(None);
     }
@@ -59,7 +60,7 @@ async fn a_frozen_leader_sends_nothing_when_it_runs_again() {
     fleet.freeze(old).await.unwrap();
     if version >= 140_000 {
         // The server ends the frozen leader's silent session at 4·I; a standby then leads.
-        let next = fleet.wait_for_new_leader(old, 10 * I).await.unwrap();
+        let next = fleet.wait_for_other_leader(old, 10 * I).await.unwrap();
         println!(
             "replica {} leads {:?} after the freeze",
             next.replica, next.took
@@ -99,11 +100,7 @@ async fn a_frozen_leader_sends_nothing_when_it_runs_again() {
     )
     .await
     .unwrap();
-    assert!(
-        sends.interleavings().is_empty(),
-        "{:?}",
-        sends.interleavings()
-    );
+    sends.assert_not_interleaved();
     if version >= 140_000 {
         assert!(
             sends.terms().len() >= 2,
@@ -111,7 +108,7 @@ async fn a_frozen_leader_sends_nothing_when_it_runs_again() {
             sends.terms()
         );
     }
-    for replica in 0..fleet.procs.len() {
-        fleet.stop(replica).await.unwrap();
+    for replica in 0..fleet.len() {
+        fleet.stop(replica).await;
     }
 }

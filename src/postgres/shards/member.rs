@@ -9,7 +9,8 @@
 //!   that no longer lists it, or when the session is lost.
 //! - No try asks for a shard this session holds: every try follows, in the same round and with
 //!   nothing in between, a check that listed what the session holds.
-//! - Only this loop promotes and demotes the shards' states, so `owned` is what they say.
+//! - Only this loop promotes and demotes the shards' states, so the ledger's owned shards
+//!   ([`super::ledger`]) are what they say.
 //! - Every statement on the session ends by 2·I after the last check that proved it, and runs
 //!   beside a watch of the connection and the lease: a partition or a closed connection ends
 //!   every term within the single elector's bounds, whatever statement it meets.
@@ -24,7 +25,9 @@ use tokio::time::{Interval, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::drains::{Drained, Drains};
-use super::sql::{self, View};
+use super::ledger::Ledger;
+use super::marks::Marks;
+use super::sql::{self, Unlocked, View};
 use crate::in_flight::InFlight;
 use crate::lease::{deadline_after, now_ms};
 use crate::metrics::Change;
@@ -32,13 +35,13 @@ use crate::postgres::give_back::drain_checked;
 use crate::postgres::lead::{renew, watch};
 use crate::postgres::lease_length;
 use crate::postgres::lock_table;
-use crate::postgres::loss::{Loss, proven};
+use crate::postgres::loss::{Loss, POOLER, Statement, proven};
 use crate::postgres::repeats::{Repeats, loud_or_debug};
-use crate::postgres::session::{LockSession, SessionError};
+use crate::postgres::session::{Check, LockSession, SessionError};
 use crate::postgres::settings::{PgSettings, RELEASE_BOUND};
 use crate::postgres::standby::SETTLE;
 use crate::shards::assign::assign;
-use crate::shards::group::{Inner, MEMBER_OBJECT};
+use crate::shards::group::{Inner, MEMBER_OBJECT, count_of_live, live_object};
 use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 
@@ -58,6 +61,15 @@ enum Event {
     Tick,
 }
 
+/// What a round did.
+enum Round {
+    /// It took the live mark: the next check, which proves to the others that this member
+    /// heard the mark's answer, comes half an interval later.
+    Marked,
+    /// It checked, and did what the check called for.
+    Checked,
+}
+
 /// A member on its lock session. Dropped with the session still held (`run` dropped or
 /// panicking), it ends every term and closes the session without an unlock.
 pub(super) struct Member<'a> {
@@ -69,14 +81,16 @@ pub(super) struct Member<'a> {
     /// every statement ends by 2·I after it, so that a partition ends the terms within 2·I
     /// whatever statement it hits.
     proved_at: u64,
-    /// The shards whose terms are live.
-    owned: Vec<bool>,
-    /// The shards whose terms ended because they moved, draining before their unlock.
-    draining: Vec<bool>,
+    /// The backend of the lock session, once a check proved it ours alone.
+    pid: Option<i32>,
+    /// The other members' live marks heard: those that count.
+    marks: Marks,
+    /// Each shard: owned, draining before its unlock, or free; and whether the members of
+    /// the last check make it this member's.
+    ledger: Ledger,
     drains: Drains,
-    /// The members of the last check, sorted, and the shards they make this member's.
+    /// The members of the last check, sorted.
     members: Vec<i32>,
-    mine: Vec<bool>,
     /// The member's complaints (a full lock table, a failed bump), across its sessions.
     repeats: &'a mut Repeats,
 }
@@ -95,11 +109,11 @@ impl<'a> Member<'a> {
             pg,
             session: Some(Arc::from(session)),
             proved_at: joined_at,
-            owned: vec![false; count],
-            draining: vec![false; count],
+            pid: None,
+            marks: Marks::default(),
+            ledger: Ledger::new(count),
             drains: Drains::default(),
             members: Vec::new(),
-            mine: vec![false; count],
             repeats,
         }
     }
@@ -122,12 +136,18 @@ impl<'a> Member<'a> {
         self.member()
             .promote(|lease| lease.hold_until(deadline), None, None);
         tracing::info!(key = %self.pg.key, "joined the group");
-        // The first round at once: a joining member takes its shards without waiting for I.
+        // The first round at once: a joining member takes its live mark without waiting for I
+        // (and its shards from the next round, half an interval later).
         ticks.reset();
         loop {
-            if let Err(loss) = self.round().await {
-                self.lose_all(&loss);
-                return Served::Lost;
+            match self.round().await {
+                // The check that proves the mark heard comes half an interval after it.
+                Ok(Round::Marked) => ticks.reset_after(self.pg.interval / 2),
+                Ok(Round::Checked) => {}
+                Err(loss) => {
+                    self.lose_all_then_end_pooled(&loss).await;
+                    return Served::Lost;
+                }
             }
             self.inner.publish(self.members.len());
             loop {
@@ -157,7 +177,7 @@ impl<'a> Member<'a> {
                         }
                         let unlocked = self.watched(|m| Box::pin(m.unlock_moved(shards))).await;
                         if let Err(loss) = unlocked {
-                            self.lose_all(&loss);
+                            self.lose_all_then_end_pooled(&loss).await;
                             return Served::Lost;
                         }
                         self.inner.publish(self.members.len());
@@ -182,7 +202,7 @@ impl<'a> Member<'a> {
     }
 
     /// One check, and what it calls for.
-    async fn round(&mut self) -> Result<(), Loss> {
+    async fn round(&mut self) -> Result<Round, Loss> {
         let interval = self.pg.interval;
         let Some(session) = self.session.clone() else {
             return Err(Loss::of(LossCause::Abandoned));
@@ -196,12 +216,36 @@ impl<'a> Member<'a> {
             view = sql::check(&session, self.inner.class, MEMBER_OBJECT, bound) => view,
         };
         let view = proves_membership(view, self.pg)?;
+        self.pid = Some(view.pid);
         let deadline = renew(lease, sent_at, self.pg)?;
         self.proved_at = sent_at;
-        self.follow(&view);
+        // The round that takes the mark moves nothing: the others count this member only once
+        // it has started a statement after its mark (see `marks`), its next round's check half
+        // an interval later, so a join cut off before that never counts.
+        let marking = !view.is_live(self.live_object());
+        let round = if marking && self.watched(|m| Box::pin(m.mark_live())).await? {
+            Round::Marked
+        } else {
+            Round::Checked
+        };
+        self.warn_other_counts(&view);
+        if !marking {
+            let object = self.live_object();
+            let ask = self
+                .marks
+                .unheard(view.pid, object, &view.marks, &view.members);
+            if !ask.is_empty() {
+                self.watched(|m| Box::pin(m.ask_heard(ask))).await?;
+            }
+            let live = self
+                .marks
+                .counted(view.pid, object, &view.marks, &view.members);
+            self.follow(live);
+        }
         let held = self.renew_or_lose(&view, deadline);
         self.release_moved();
-        self.watched(|m| Box::pin(m.act(held, sent_at))).await
+        self.watched(|m| Box::pin(m.act(held, sent_at))).await?;
+        Ok(round)
     }
 
     /// What a check calls for: the strays settled, the targets tried, the gained shards'
@@ -209,20 +253,25 @@ impl<'a> Member<'a> {
     async fn act(&mut self, held: Vec<bool>, sent_at: u64) -> Result<(), Loss> {
         let mut gained = self.settle_strays(&held).await?;
         gained.extend(self.try_targets(&held).await?);
-        if !gained.is_empty() {
-            self.start(gained, sent_at).await;
+        let unowned = if gained.is_empty() {
+            0
+        } else {
+            self.start(gained, sent_at).await
+        };
+        if let Some(metrics) = &self.inner.metrics {
+            metrics.set_held_unowned(unowned);
         }
         Ok(())
     }
 
     /// Runs `step` (statements on the session) beside a watch of the session: a connection
     /// that closes or a lease that runs out ends it at once, as between rounds.
-    async fn watched<F>(&mut self, step: F) -> Result<(), Loss>
+    async fn watched<T, F>(&mut self, step: F) -> Result<T, Loss>
     where
         F: for<'m> FnOnce(
             &'m mut Self,
         )
-            -> std::pin::Pin<Box<dyn Future<Output = Result<(), Loss>> + Send + 'm>>,
+            -> std::pin::Pin<Box<dyn Future<Output = Result<T, Loss>> + Send + 'm>>,
     {
         let Some(session) = self.session.clone() else {
             return Err(Loss::of(LossCause::Abandoned));
@@ -243,11 +292,82 @@ impl<'a> Member<'a> {
         at_most.min(Duration::from_millis(cutoff.saturating_sub(now_ms())))
     }
 
-    /// The member list of `view`, and the shards it makes this member's.
-    fn follow(&mut self, view: &View) {
-        let mut members = view.members.clone();
-        members.sort_unstable();
-        members.dedup();
+    /// This member's live mark: the object tells its shard count.
+    fn live_object(&self) -> i32 {
+        live_object(self.inner.shards.len() as u32)
+    }
+
+    /// Takes this member's live mark, after its first passed check; whether it did. The others
+    /// count it in the assignment once it has started a statement after the mark (its next
+    /// round's check), so a join cut off before that, even right after the mark's grant, moves
+    /// no shard.
+    async fn mark_live(&mut self) -> Result<bool, Loss> {
+        let Some(session) = self.session.clone() else {
+            return Err(Loss::of(LossCause::Abandoned));
+        };
+        let bound = self.bound(self.pg.interval);
+        let e = match sql::mark_live(&session, self.inner.class, self.live_object(), bound).await {
+            Ok(true) => return Ok(true),
+            Ok(false) => return proven(Ok(Check::SharedSession), self.pg.key).map(|()| false),
+            Err(e) => e,
+        };
+        // The member stays in the group, not yet counted, and takes its mark at a later check.
+        let Some(raise) = lock_table::full(&e) else {
+            return Err(Loss::failed(Statement::LiveMark, e));
+        };
+        let loud = self.repeats.loud("lock table");
+        loud_or_debug!(loud, error, key = %self.pg.key, error = %e, "the server's shared lock table is full, so this member cannot take its live mark and owns no shard yet; {raise}");
+        Ok(false)
+    }
+
+    /// Reads whether the holders `pids` of live marks not yet heard have spoken since they took
+    /// their marks: those that have count from now on. A read refused for a full lock table
+    /// (it may look role memberships up in a shared catalog) counts nobody new, ends nothing,
+    /// and is tried again next round; a read refused for good (no right to
+    /// `pg_stat_get_activity`, say) counts them all, as activity the server hides does; a
+    /// read with no answer in time ends the session, as every statement on it does.
+    async fn ask_heard(&mut self, pids: Vec<i32>) -> Result<(), Loss> {
+        let Some(session) = self.session.clone() else {
+            return Err(Loss::of(LossCause::Abandoned));
+        };
+        let bound = self.bound(self.pg.interval);
+        match sql::heard(&session, &pids, bound).await {
+            Ok(answers) => self.marks.hear(&answers),
+            Err(e) if lock_table::full(&e).is_some() => {
+                let loud = self.repeats.loud("activity");
+                loud_or_debug!(loud, warn, key = %self.pg.key, error = %e, "the server's shared lock table is full, so this member cannot read whether members that just took their live mark hear the server; they do not count here until it can");
+            }
+            Err(SessionError::Query(e)) if e.as_db_error().is_some() => {
+                let loud = self.repeats.loud("activity");
+                loud_or_debug!(loud, warn, key = %self.pg.key, error = %e, "cannot read whether members that just took their live mark hear the server; they count at once, so a join cut off right after its mark can leave shards unowned until the server ends its session");
+                let hidden: Vec<(i32, Option<bool>)> =
+                    pids.iter().map(|&pid| (pid, None)).collect();
+                self.marks.hear(&hidden);
+            }
+            Err(e) => return Err(Loss::failed(Statement::Heard, e)),
+        }
+        Ok(())
+    }
+
+    /// Says at ERROR (once a minute) that members of the group run other shard counts: each
+    /// count's members assign the shards among themselves alone, by other rules.
+    fn warn_other_counts(&mut self, view: &View) {
+        let other: Vec<u32> = view
+            .other_marks(self.live_object())
+            .into_iter()
+            .filter_map(count_of_live)
+            .collect();
+        if other.is_empty() {
+            return;
+        }
+        let loud = self.repeats.loud("shard count");
+        let count = self.inner.shards.len();
+        loud_or_debug!(loud, error, key = %self.pg.key, "members of this group run another shard count ({other:?}) than this member's {count}; each count's members share the shards among themselves only, so the shards below both counts go to whichever takes them first and the load is uneven until every member runs one count (see the README on changing the count)");
+    }
+
+    /// The members that count (`members`, sorted, this one's pid among them once it is live),
+    /// and the shards they make this member's. A member not yet live owns nothing.
+    fn follow(&mut self, members: Vec<i32>) {
         if members == self.members {
             return;
         }
@@ -256,12 +376,14 @@ impl<'a> Member<'a> {
             self.inner.shards.len() as u32,
             &members,
         );
-        let me = members.iter().position(|&pid| pid == view.pid);
-        self.mine = owner.iter().map(|&m| Some(m) == me).collect();
+        let me = self
+            .pid
+            .and_then(|me| members.iter().position(|&pid| pid == me));
+        let share = self.ledger.retarget(owner.iter().map(|&m| Some(m) == me));
         tracing::debug!(
             key = %self.pg.key,
             members = members.len(),
-            share = self.mine.iter().filter(|&&m| m).count(),
+            share,
             "the member list changed"
         );
         self.members = members;
@@ -270,26 +392,16 @@ impl<'a> Member<'a> {
     /// Renews the lease of every owned shard the check lists, and ends the term of one it no
     /// longer lists. Returns which shards the session holds.
     fn renew_or_lose(&mut self, view: &View, deadline: u64) -> Vec<bool> {
-        let mut held = vec![false; self.owned.len()];
-        for &s in &view.held {
-            if let Some(h) = held.get_mut(s as usize) {
-                *h = true;
-            }
+        let held = self.ledger.held(&view.held);
+        let renewal = self.ledger.renew_or_lose(&held);
+        for &i in &renewal.renew {
+            self.shard(i).lease().hold_until(deadline);
         }
-        let mut lost = 0;
-        for (i, &holds) in held.iter().enumerate() {
-            if !self.owned[i] {
-                continue;
-            }
-            if holds {
-                self.shard(i).lease().hold_until(deadline);
-            } else {
-                self.shard(i)
-                    .demote(TermEnd::LeadershipLost, Change::Lost(LossCause::LockGone));
-                self.owned[i] = false;
-                lost += 1;
-            }
+        for &i in &renewal.lost {
+            self.shard(i)
+                .demote(TermEnd::LeadershipLost, Change::Lost(LossCause::LockGone));
         }
+        let lost = renewal.lost.len();
         if lost > 0 {
             tracing::warn!(key = %self.pg.key, shards = lost, "the session no longer holds some shards; their terms ended");
             self.count_moves(LossCause::LockGone.as_str(), lost);
@@ -300,17 +412,11 @@ impl<'a> Member<'a> {
     /// Ends the term of every owned shard that is no longer this member's, and drains it
     /// before its unlock.
     fn release_moved(&mut self) {
-        let mut moved = 0;
-        for i in 0..self.owned.len() {
-            if !self.owned[i] || self.mine[i] {
-                continue;
-            }
+        let moved = self.ledger.start_draining();
+        for &i in &moved {
             let grace = self
                 .shard(i)
-                .demote_to_drain(TermEnd::Resigned, Change::Resigned);
-            self.owned[i] = false;
-            self.draining[i] = true;
-            moved += 1;
+                .demote_to_drain(TermEnd::Moved, Change::Resigned);
             let shared: Arc<Shared> = self.inner.shards[i].shared.clone();
             let (drain, key) = (self.pg.drain_timeout, self.pg.key);
             let index = i as u32;
@@ -322,35 +428,22 @@ impl<'a> Member<'a> {
                 drop(grace);
             });
         }
-        if moved > 0 {
-            tracing::debug!(key = %self.pg.key, shards = moved, "shards moved to other members; draining before their unlock");
+        if !moved.is_empty() {
+            tracing::debug!(key = %self.pg.key, shards = moved.len(), "shards moved to other members; draining before their unlock");
         }
     }
 
     /// Locks the session holds without a term (a try whose statement failed part way):
     /// this member's become terms, the others are unlocked.
     async fn settle_strays(&mut self, held: &[bool]) -> Result<Vec<u32>, Loss> {
-        let (mut adopted, mut strays) = (Vec::new(), Vec::new());
-        for (i, &holds) in held.iter().enumerate() {
-            if !holds || self.owned[i] || self.draining[i] {
-                continue;
-            }
-            if self.mine[i] {
-                adopted.push(i as u32);
-            } else {
-                strays.push(i as u32);
-            }
-        }
-        self.unlock(&strays).await?;
-        Ok(adopted)
+        let strays = self.ledger.strays(held);
+        self.unlock(&strays.unlock).await?;
+        Ok(strays.adopt)
     }
 
     /// Tries every shard this member should own and does not hold.
     async fn try_targets(&mut self, held: &[bool]) -> Result<Vec<u32>, Loss> {
-        let want: Vec<i32> = (0..held.len())
-            .filter(|&i| self.mine[i] && !held[i] && !self.draining[i])
-            .map(|i| i as i32)
-            .collect();
+        let want = self.ledger.to_try(held);
         let Some(session) = self.session.as_deref() else {
             return Err(Loss::of(LossCause::Abandoned));
         };
@@ -364,7 +457,7 @@ impl<'a> Member<'a> {
         };
         // The session goes on with what it holds: the shards that do not fit stay unowned.
         let Some(raise) = lock_table::full(&e) else {
-            return Err(Loss::from_check(Err(e)));
+            return Err(Loss::failed(Statement::Try, e));
         };
         let loud = self.repeats.loud("lock table");
         loud_or_debug!(loud, error, key = %self.pg.key, error = %e, "the server's shared lock table is full, so shards this member should own stay unowned; {raise}");
@@ -375,31 +468,35 @@ impl<'a> Member<'a> {
     /// settle wait and, with fencing, the epoch bump of each. A shard whose bump did not
     /// happen (its row held by an old term's fenced transaction, the statement failed, the
     /// lease too short by then) stays locked without a term: the next round adopts it and
-    /// bumps it again.
-    async fn start(&mut self, gained: Vec<u32>, sent_at: u64) {
+    /// bumps it again. Returns how many of `gained` stay locked without a term.
+    async fn start(&mut self, gained: Vec<u32>, sent_at: u64) -> usize {
         // A lock freed by a session that ended under its owner: that owner steps down within
         // the watch's poll; this gives it the single elector's settle to do so.
         tokio::time::sleep(SETTLE).await;
         let deadline = deadline_after(sent_at, lease_length(self.pg.interval));
         let epochs = self.bump(&gained).await;
         if now_ms() >= deadline {
-            return;
+            return gained.len();
         }
+        let count = gained.len();
         let mut started = 0;
         for (shard, epoch) in gained.into_iter().zip(epochs) {
             let Some(epoch) = epoch else { continue };
+            if !self.ledger.gain(shard as usize) {
+                continue;
+            }
             let elector = &self.inner.shards[shard as usize];
             let fence = elector.pg().and_then(PgSettings::fence_target);
             elector
                 .shared
                 .promote(|lease| lease.hold_until(deadline), epoch, fence);
-            self.owned[shard as usize] = true;
             started += 1;
         }
         if started > 0 {
             tracing::debug!(key = %self.pg.key, shards = started, "shards gained");
             self.count_moves("gained", started);
         }
+        count - started
     }
 
     /// Each shard's new epoch with fencing, in one statement (`Some(None)` each without
@@ -426,17 +523,28 @@ impl<'a> Member<'a> {
         let bumped = match bumped {
             Ok(Ok(bumped)) => bumped,
             Ok(Err(e)) => {
-                let loud = self.repeats.loud("bump");
-                loud_or_debug!(loud, warn, key = %self.pg.key, table = table.name(), error = %e, "cannot bump the gained shards' fencing epochs; they are tried again at the next check");
-                Vec::new()
+                // Each on its own clock, as the elector's: a missing table right after a busy
+                // row's WARN is still said at ERROR.
+                let operator = e.needs_an_operator();
+                let loud = self
+                    .repeats
+                    .loud(if operator { "bump: no table" } else { "bump" });
+                if operator {
+                    loud_or_debug!(loud, error, key = %self.pg.key, table = table.name(), error = %e, "cannot bump the gained shards' fencing epochs; they are tried again at the next check");
+                } else {
+                    loud_or_debug!(loud, warn, key = %self.pg.key, table = table.name(), error = %e, "cannot bump the gained shards' fencing epochs; they are tried again at the next check");
+                }
+                return vec![None; gained.len()];
             }
             Err(_) => {
                 tracing::warn!(key = %self.pg.key, table = table.name(), ?bound, "the gained shards' fencing epoch bump got no answer in time; they are tried again at the next check");
-                Vec::new()
+                return vec![None; gained.len()];
             }
         };
         if bumped.len() < gained.len() {
-            tracing::debug!(key = %self.pg.key, busy = gained.len() - bumped.len(), "some gained shards' epoch rows are held by an older term's fenced transactions; their terms wait for the next check");
+            let busy = gained.len() - bumped.len();
+            let loud = self.repeats.loud("busy epoch rows");
+            loud_or_debug!(loud, warn, key = %self.pg.key, table = table.name(), "{busy} gained shards stay locked but unowned: an older term's fenced transaction still holds their epoch rows (idle in transaction?); set idle_in_transaction_session_timeout on the application's pool. Tried again at every check");
         }
         let bumped: std::collections::HashMap<i32, u64> = bumped.into_iter().collect();
         gained
@@ -445,7 +553,8 @@ impl<'a> Member<'a> {
             .collect()
     }
 
-    /// Unlocks shards this member holds without a term, in one statement.
+    /// Unlocks shards this member holds without a term, in one statement, on a session proven
+    /// ours in that statement: one a transaction pooler shares is lost, nothing unlocked.
     async fn unlock(&mut self, shards: &[u32]) -> Result<(), Loss> {
         if shards.is_empty() {
             return Ok(());
@@ -455,23 +564,52 @@ impl<'a> Member<'a> {
         };
         let bound = self.bound(RELEASE_BOUND);
         match sql::unlock(session, self.inner.class, shards, bound).await {
-            Ok(not_held) if not_held.is_empty() => Ok(()),
-            Ok(not_held) => {
+            Ok(Unlocked::Done(not_held)) if not_held.is_empty() => Ok(()),
+            Ok(Unlocked::Done(not_held)) => {
                 tracing::warn!(key = %self.pg.key, shards = ?not_held, "the unlock found shards not held");
                 Ok(())
             }
-            Err(e) => Err(Loss::from_check(Err(e))),
+            Ok(Unlocked::NotOurs) => proven(Ok(Check::SharedSession), self.pg.key),
+            Err(e) => Err(Loss::failed(Statement::Unlock, e)),
         }
     }
 
-    /// The unlock of moved shards whose work has drained.
+    /// The unlock of moved shards whose work has drained. They stay draining until the unlock
+    /// answered, so that a session lost meanwhile counts them with the rest.
     async fn unlock_moved(&mut self, shards: Vec<u32>) -> Result<(), Loss> {
-        for &shard in &shards {
-            self.draining[shard as usize] = false;
-        }
         self.unlock(&shards).await?;
-        self.count_moves("moved", shards.len());
+        let moved = shards
+            .iter()
+            .filter(|&&shard| self.ledger.unlocked(shard as usize))
+            .count();
+        self.count_moves("moved", moved);
         Ok(())
+    }
+
+    /// Ends every term, then, when the loss was a transaction pooler found sharing the
+    /// session, ends the server session of this member's locks (which the pooler would keep
+    /// open, locks and all, until its `server_lifetime`). The terms end first: once that
+    /// server session is gone another member may take the shards at once, and this member's
+    /// terms must be over by then.
+    async fn lose_all_then_end_pooled(&mut self, loss: &Loss) {
+        let pooled = match (loss.cause, self.pid, self.session.clone()) {
+            (LossCause::Pooler, Some(pid), Some(session)) => Some((pid, session)),
+            _ => None,
+        };
+        self.lose_all(loss);
+        let Some((pid, session)) = pooled else {
+            return;
+        };
+        let bound = self.pg.interval.min(RELEASE_BOUND);
+        match sql::end_backend(&session, self.inner.class, MEMBER_OBJECT, pid, bound).await {
+            Ok(true) => {
+                tracing::warn!(key = %self.pg.key, pid, "ended the server session of this member's locks, which the transaction pooler would have kept open")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(key = %self.pg.key, pid, error = %e, "cannot end the server session of this member's locks behind the transaction pooler; they stay held until the pooler closes it (server_lifetime)")
+            }
+        }
     }
 
     /// Ends every term, closes the session without an unlock (the server frees every lock
@@ -490,28 +628,22 @@ impl<'a> Member<'a> {
     /// many shards this member thus gave up (the moved ones still draining included, so that
     /// the moves counter adds up to the owned gauge).
     fn end_all(&mut self, end: TermEnd, change: Change) -> usize {
-        let mut ended = 0;
-        for i in 0..self.owned.len() {
-            if std::mem::take(&mut self.owned[i]) {
-                self.inner.shards[i].shared.demote(end, change);
-                ended += 1;
-            }
-            if std::mem::take(&mut self.draining[i]) {
-                ended += 1;
-            }
+        let ended = self.ledger.end_all();
+        for &i in &ended.owned {
+            self.inner.shards[i].shared.demote(end, change);
         }
         self.drains.abort_all();
-        ended
+        ended.count()
     }
 
     /// Shutdown: every term ends, the work on every shard drains (up to the drain timeout),
     /// then every lock is unlocked in one statement.
     async fn leave(&mut self) {
-        let had: Vec<usize> = (0..self.owned.len())
-            .filter(|&i| self.owned[i] || self.draining[i])
-            .collect();
-        let graces: Vec<_> = (0..self.owned.len())
-            .filter(|&i| std::mem::take(&mut self.owned[i]))
+        let had = self.ledger.owned_or_draining();
+        let graces: Vec<_> = self
+            .ledger
+            .lose_owned()
+            .into_iter()
             .map(|i| {
                 self.inner.shards[i]
                     .shared
@@ -543,9 +675,13 @@ impl<'a> Member<'a> {
             self.session = None;
         }
         if let Some(session) = self.session.take() {
-            match timeout(RELEASE_BOUND, sql::unlock_all(&session, RELEASE_BOUND)).await {
-                Ok(Ok(())) => {
+            let unlocked = sql::unlock_group(&session, self.inner.class, RELEASE_BOUND);
+            match timeout(RELEASE_BOUND, unlocked).await {
+                Ok(Ok(Unlocked::Done(_))) => {
                     tracing::info!(key = %self.pg.key, shards = released, "left the group; every shard unlocked")
+                }
+                Ok(Ok(Unlocked::NotOurs)) => {
+                    tracing::error!(key = %self.pg.key, "{POOLER}: the unlock at shutdown ran on a server session that is not the lock session, so it unlocked nothing")
                 }
                 _ => {
                     tracing::warn!(key = %self.pg.key, "the unlock at shutdown failed or timed out; closing the session frees every lock")

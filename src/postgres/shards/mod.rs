@@ -14,6 +14,8 @@ use crate::error::Error;
 use crate::shards::group::Inner;
 
 mod drains;
+mod ledger;
+mod marks;
 mod member;
 mod sql;
 

@@ -156,6 +156,11 @@ pub(crate) struct Store {
     reschedule: String,
 }
 
+/// How long creating or upgrading the tables waits for a lock on them (another session's
+/// query, a long report over the runs) before it gives up until the next poll: while it waits,
+/// every claim waits behind it.
+const UPGRADE_LOCK_WAIT_MS: u64 = 200;
+
 impl Store {
     /// The tables `<prefix>jobs` and `<prefix>job_runs` in `schema` (or the `search_path`).
     pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Result<Self, ScheduleError> {
@@ -203,7 +208,11 @@ impl Store {
             }
             Err(e) => return Err(ScheduleError::Database(e)),
         };
-        match client.batch_execute(statements).await {
+        // One implicit transaction (a simple query of several statements), whose lock wait is
+        // bounded: an `ALTER TABLE` queued behind a long query on the tables would make every
+        // claim queue behind it. It fails instead, and is tried again at the next poll.
+        let bounded = format!("SET LOCAL lock_timeout = '{UPGRADE_LOCK_WAIT_MS}ms'; {statements}");
+        match client.batch_execute(&bounded).await {
             Ok(()) => Ok(made),
             // Two replicas creating them at once: the other one won.
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => Ok(Ensured::Ready),

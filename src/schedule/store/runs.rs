@@ -60,17 +60,18 @@ impl Store {
             .collect()
     }
 
-    /// Says that a run is still going.
+    /// Says that a run is still going; `false` when it is not `running` any more (another
+    /// term called it abandoned).
     pub(crate) async fn heartbeat(
         &self,
         client: &tokio_postgres::Client,
         run: RunRef<'_>,
-    ) -> Result<(), ScheduleError> {
+    ) -> Result<bool, ScheduleError> {
         let attempt = run.attempt as i32;
-        client
+        let beats = client
             .execute_typed(&self.heartbeat, &run.params(&attempt))
             .await?;
-        Ok(())
+        Ok(beats > 0)
     }
 
     /// Claims one run in `tx` (compare-and-set on the job's row) and returns its attempt
@@ -164,7 +165,8 @@ impl Store {
         })
     }
 
-    /// Records how a run ended.
+    /// Records how a run ended; `false` when another term had called it abandoned (its record
+    /// stays so) or the record is gone.
     pub(crate) async fn finish(
         &self,
         client: &tokio_postgres::Client,
@@ -172,7 +174,7 @@ impl Store {
         term_id: &str,
         outcome: Outcome,
         error: Option<&str>,
-    ) -> Result<(), ScheduleError> {
+    ) -> Result<bool, ScheduleError> {
         let attempt = run.attempt as i32;
         let outcome = outcome.as_str();
         let params = [
@@ -184,8 +186,14 @@ impl Store {
             ],
         ]
         .concat();
-        client.execute_typed(&self.finish, &params).await?;
-        Ok(())
+        let row = client.query_typed(&self.finish, &params).await?;
+        let (ended, before): (i64, Option<String>) = match row.first() {
+            Some(row) => (row.try_get(0)?, row.try_get(1)?),
+            None => (0, None),
+        };
+        // Not ended now, and not by an earlier try of this runner (which would read `failed`
+        // or `succeeded`): abandoned by another term, now or before, or gone.
+        Ok(ended > 0 || before.is_some_and(|b| b != "running" && b != Outcome::Abandoned.as_str()))
     }
 
     /// Counts the dues after `last` up to `through` as handled without running them, and

@@ -204,8 +204,9 @@ impl Tables {
         )
     }
 
-    /// Runs of other terms still `running` whose runner is known to be gone: a term of this
-    /// process that has ended ($4), or stale (its leader died, or was deposed and stopped it).
+    /// Runs still `running` whose runner is known to be gone: of a term named in $4 (terms of
+    /// this process that have ended, or this term when its runner gave the run up), or of
+    /// another term and stale (its leader died, or was deposed and stopped it).
     /// The job's row follows when it holds that claim, and keeps the dues to rerun ($6: the
     /// job asks for reruns; a triggered run is never rerun), so that the decision to rerun
     /// survives whatever happens to this leader after this statement; a due not to be rerun
@@ -215,8 +216,8 @@ impl Tables {
         let stale = stale();
         format!(
             "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
-               WHERE {KEY} AND outcome = 'running' AND claimed_term <> $3 \
-               AND (claimed_term = ANY($4) OR {stale}) \
+               WHERE {KEY} AND outcome = 'running' \
+               AND (claimed_term = ANY($4) OR (claimed_term <> $3 AND {stale})) \
                RETURNING due, attempt, kind, claimed_by, claimed_term, \
                          ($6 AND kind <> 'triggered') AS rerun), \
              j AS (UPDATE {jobs} AS j SET \
@@ -319,14 +320,21 @@ impl Tables {
     }
 
     /// One statement for both rows: the job's row never says `running` for a run whose own
-    /// row has ended.
+    /// row has ended. Only a `running` record is ended: one that another term called
+    /// abandoned stays so. Answers whether it ended it, and the run's outcome in the
+    /// statement's snapshot (the statements of a `WITH` share one), which is this runner's own
+    /// outcome when an earlier try of the same record committed but lost its answer.
     pub(super) fn finish(&self) -> String {
         let Self { jobs, runs, .. } = self;
         format!(
             "WITH r AS (UPDATE {runs} SET finished_at = clock_timestamp(), outcome = $5, \
-               error = $6 WHERE {KEY} AND due = $3 AND attempt = $4) \
-             UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
-             WHERE {KEY} AND last_due = $3 AND claimed_term = $7"
+               error = $6 WHERE {KEY} AND due = $3 AND attempt = $4 AND outcome = 'running' \
+               RETURNING 1), \
+             j AS (UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
+               WHERE {KEY} AND last_due = $3 AND claimed_term = $7 AND outcome = 'running' \
+               AND EXISTS (SELECT 1 FROM r)) \
+             SELECT (SELECT count(*) FROM r), \
+                    (SELECT outcome FROM {runs} WHERE {KEY} AND due = $3 AND attempt = $4)"
         )
     }
 

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_elector_testkit::replica::{Event, What, leaders, unix_us, us};
+use pg_elector_testkit::processes::{Event, What};
+use pg_elector_testkit::replica::{leaders, unix_us, us};
 use pg_elector_testkit::{PgServer, ShutdownMode, TestDb};
 use pg_elector_tools::Mode;
 use pg_elector_tools::rng::xorshift;
@@ -82,7 +83,7 @@ impl Bench {
         self.admin
             .query_opt(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                 AND classid = $1 AND objid = $2 AND objsubid = 2 \
+                 AND mode = 'ExclusiveLock' AND classid = $1 AND objid = $2 AND objsubid = 2 \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 &[&(KEY.class() as u32), &(KEY.object() as u32)],
             )
@@ -103,7 +104,7 @@ impl Bench {
         tokio::time::sleep(phase).await;
         let (t0, restart) = self.strike(scenario, old, slot).await?;
         // Before the undo, which may start a fresh replica.
-        let n = self.fleet.replicas.procs.len();
+        let n = self.fleet.replicas.len();
         let settled = self.settle(scenario, old, t0).await;
         let accepting = self.undo(scenario, old, slot, restart).await?;
         let (old_end, new) = settled.ok_or_else(|| {
@@ -139,7 +140,7 @@ impl Bench {
                 let at = unix_us();
                 self.fleet
                     .replicas
-                    .stop(old)
+                    .try_stop(old)
                     .await
                     .map_err(|e| e.to_string())?;
                 at
@@ -210,7 +211,7 @@ impl Bench {
 
     /// Waits for the old leader's end and a new single leader after a fault at `t0`.
     async fn settle(&self, scenario: Scenario, old: usize, t0: u64) -> Option<(Event, Event)> {
-        let n = self.fleet.replicas.procs.len();
+        let n = self.fleet.replicas.len();
         self.fleet
             .replicas
             .wait(scenario.limit(self.interval), |events| {
@@ -288,7 +289,7 @@ impl Bench {
             .await;
         // Whatever happened, the old leader runs again. The process is stopped, so every event
         // it sends from here on arrives after this index.
-        let index = replicas.board.events.lock().unwrap().len();
+        let index = replicas.board().events.lock().unwrap().len();
         let resumed = replicas
             .try_signal(old, Signal::CONT)
             .map_err(|e| e.to_string())?;
@@ -310,7 +311,7 @@ impl Bench {
         tokio::time::sleep(interval).await;
         let until = unix_us();
         let events = replicas.events();
-        let n = self.fleet.replicas.procs.len();
+        let n = self.fleet.replicas.len();
         let freeze = Freeze {
             old,
             index,

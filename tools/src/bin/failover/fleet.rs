@@ -2,16 +2,17 @@
 
 use std::time::Duration;
 
-use pg_elector_testkit::replica::{Event, What, leaders, transitions, unix_us, us};
-use pg_elector_testkit::{FaultProxy, PgServer, TestDb, replica};
+use pg_elector_testkit::processes::{self, Event, What};
+use pg_elector_testkit::replica::{leaders, transitions, unix_us, us};
+use pg_elector_testkit::{FaultProxy, PgServer, TestDb};
 use pg_elector_tools::Mode;
 use pg_elector_tools::rng::xorshift;
 
 use crate::{CHILD, KEY, SLOTS};
 
-/// The replica processes (see `pg_elector_testkit::replica`), one live per slot.
+/// The replica processes (see `pg_elector_testkit::processes`), one live per slot.
 pub(crate) struct Fleet {
-    pub(crate) replicas: replica::Fleet,
+    pub(crate) replicas: processes::Fleet,
     /// The slot of each replica.
     pub(crate) slots: Vec<usize>,
     /// The live replica of each slot.
@@ -32,11 +33,12 @@ impl Fleet {
         for _ in 0..SLOTS {
             proxies.push(FaultProxy::start(server.addr()).await.expect("a proxy"));
         }
-        let mut replicas = replica::Fleet::new(CHILD, db.url(), KEY, interval);
         // FAILOVER_NO_FENCING=1: the replicas neither fence nor write, so a takeover has no
         // epoch bump (whose commit waits for a WAL flush) in it.
-        replicas.fenced = std::env::var_os("FAILOVER_NO_FENCING").is_none();
-        replicas.fast = mode == Mode::Fast;
+        let replicas = processes::Fleet::builder(CHILD, db.url(), KEY, interval)
+            .fenced(std::env::var_os("FAILOVER_NO_FENCING").is_none())
+            .fast_takeover(mode == Mode::Fast)
+            .build();
         let mut fleet = Fleet {
             replicas,
             slots: Vec::new(),
@@ -64,7 +66,7 @@ impl Fleet {
     /// after the last start (every standby is on its periodic tries). Returns the leader.
     pub(crate) async fn steady(&self) -> Result<usize, String> {
         let live = self.live;
-        let n = self.replicas.procs.len();
+        let n = self.replicas.len();
         let interval = self.interval;
         self.replicas
             .wait(Duration::from_secs(60) + 4 * interval, |events| {

@@ -93,7 +93,7 @@ mod report;
 mod scenario;
 
 use pg_elector::LockKey;
-use pg_elector_testkit::replica;
+use pg_elector_testkit::processes;
 use pg_elector_tools::args::or_exit;
 use pg_elector_tools::block_on;
 
@@ -115,7 +115,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |flag: &str| args.iter().any(|a| a == flag);
     if has("--replica") {
-        replica::child();
+        processes::child();
         return;
     }
     let options = or_exit(Options::parse(&args), "failover", USAGE);

@@ -129,7 +129,7 @@ async fn run_scenario(
             mode.name(),
             scenario.name()
         );
-        let logs_at = bench.fleet.replicas.board.logs.lock().unwrap().len();
+        let logs_at = bench.fleet.replicas.board().logs.lock().unwrap().len();
         let events_at = bench.fleet.replicas.events().len();
         let outcome = bench.run_once(scenario).await;
         if let Some(trace) = trace {
@@ -143,7 +143,7 @@ async fn run_scenario(
             Err(e) => {
                 eprintln!("{tag}: FAILED: {e}");
                 {
-                    let logs = bench.fleet.replicas.board.logs.lock().unwrap();
+                    let logs = bench.fleet.replicas.board().logs.lock().unwrap();
                     for line in &logs[logs.len().saturating_sub(20)..] {
                         eprintln!("  {line}");
                     }
@@ -227,7 +227,7 @@ impl Trace {
         for e in bench.fleet.replicas.events().iter().skip(events_at) {
             eprintln!("  event: {} {} {:?}", e.at, e.replica, e.what);
         }
-        let logs = bench.fleet.replicas.board.logs.lock().unwrap();
+        let logs = bench.fleet.replicas.board().logs.lock().unwrap();
         for line in logs.iter().skip(logs_at) {
             eprintln!("  {line}");
         }

@@ -77,6 +77,16 @@ fn plans(options: &Options) -> Vec<Plan> {
                     mode,
                     electors,
                     per_proc: options.per_proc,
+                    bare: false,
+                });
+            }
+            if options.bare_try {
+                plans.push(Plan {
+                    shape,
+                    mode: pg_elector_tools::Mode::Poll,
+                    electors,
+                    per_proc: options.per_proc,
+                    bare: true,
                 });
             }
         }
@@ -104,6 +114,7 @@ async fn sweep(
                     mode,
                     electors,
                     per_proc: options.per_proc,
+                    bare: false,
                 };
                 let outcome = run_plan(server, options, ticks_per_s, idle, plan).await;
                 let stop = match &outcome {
@@ -143,7 +154,7 @@ pub(crate) async fn run_plan(
     eprintln!(
         "fleet: {} / {} / {} electors in {} processes …",
         plan.shape.name(),
-        plan.mode.name(),
+        plan.mode_name(),
         plan.electors,
         plan.procs()
     );

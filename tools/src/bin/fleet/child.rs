@@ -5,15 +5,17 @@ use std::io::Write;
 use std::time::Duration;
 
 use pg_elector::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, Elector, LockKey};
+use pg_elector_testkit::config::pool_from_config;
+use pg_elector_testkit::replica;
 use pg_elector_testkit::replica::{log_to_stderr, on_current_thread, setting};
-use pg_elector_testkit::{pool_from_config, replica};
 use pg_elector_tools::rng::xorshift;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::options::Shape;
 use crate::{
-    CLASS, ENV_ELECTORS, ENV_FAST, ENV_INDEX, ENV_INTERVAL_MS, ENV_POOL, ENV_SHAPE, ENV_URL, MARK,
+    BARE_TRY, CLASS, ENV_BARE, ENV_ELECTORS, ENV_FAST, ENV_INDEX, ENV_INTERVAL_MS, ENV_POOL,
+    ENV_PREPARED, ENV_SHAPE, ENV_URL, MARK,
 };
 
 pub(super) fn main() {
@@ -28,6 +30,8 @@ async fn run() {
     let one_key = setting(ENV_SHAPE) == Shape::OneKey.name();
     let interval = Duration::from_millis(number(ENV_INTERVAL_MS));
     let fast = std::env::var(ENV_FAST).is_ok();
+    let bare = std::env::var(ENV_BARE).is_ok();
+    let prepared = std::env::var(ENV_PREPARED).is_ok();
     let config: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
     let pool = pool_from_config(config, number(ENV_POOL) as usize);
     let registry = Registry::new();
@@ -36,14 +40,20 @@ async fn run() {
     let mut seed = replica::unix_us() ^ (index << 32) ^ u64::from(std::process::id()) | 1;
     for i in 0..electors {
         let key = LockKey::new(CLASS, if one_key { 0 } else { i });
+        let delay = Duration::from_micros(xorshift(&mut seed) % replica::us(interval));
+        // A bare run: the leaders of process 0 are electors, every other one a bare try.
+        if bare && !(index == 0 && (i == 0 || !one_key)) {
+            tokio::spawn(bare_try(pool.clone(), key, interval, delay));
+            continue;
+        }
         let elector = Elector::builder(pool.clone(), key)
             .check_interval(interval)
             .identity(format!("fleet-{index}-{i}"))
             .fast_takeover(fast)
+            .prepared_statements(prepared)
             .registry(&registry)
             .build()
             .expect("a valid elector");
-        let delay = Duration::from_micros(xorshift(&mut seed) % replica::us(interval));
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
@@ -72,6 +82,44 @@ async fn run() {
     tokio::time::sleep(interval + Duration::from_millis(50)).await;
     println!("{MARK}ready");
     std::future::pending::<()>().await;
+}
+
+/// A standby of a bare run: every `interval` from `delay` on, a connection of `pool` sends
+/// [`BARE_TRY`] on `key`, prepared once per connection; a grant is unlocked at once.
+async fn bare_try(
+    pool: deadpool_postgres::Pool,
+    key: LockKey,
+    interval: Duration,
+    delay: Duration,
+) {
+    use tokio_postgres::types::Type;
+    tokio::time::sleep(delay).await;
+    let mut every = tokio::time::interval(interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Ok(Ok(client)) = tokio::time::timeout(interval, pool.get()).await else {
+            continue;
+        };
+        let Ok(statement) = client
+            .prepare_typed_cached(BARE_TRY, &[Type::INT4, Type::INT4])
+            .await
+        else {
+            continue;
+        };
+        let granted = client
+            .query_one(&statement, &[&key.class(), &key.object()])
+            .await
+            .is_ok_and(|row| row.get::<_, bool>(0));
+        if granted {
+            let _ = client
+                .execute(
+                    "SELECT pg_catalog.pg_advisory_unlock($1::int4, $2::int4)",
+                    &[&key.class(), &key.object()],
+                )
+                .await;
+        }
+    }
 }
 
 /// The process's metrics on one line: `leaders acquired lost count sum b1:c1,b2:c2,…`,

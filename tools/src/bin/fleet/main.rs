@@ -14,7 +14,9 @@
 //! 20), `--pool P` pool size per process (default 4), `--duration S` (default 60),
 //! `--warmup S` (default 5), `--baseline S` idle measurement (default 10), `--interval-ms`
 //! (default 1000), `--no-statements` (no `pg_stat_statements`), `--sweep` and `--sweep-max N`
-//! (default 16000), `--set name=value` (a server setting, repeatable), `--quick`.
+//! (default 16000), `--set name=value` (a server setting, repeatable), `--quick`, `--bare-try`
+//! (after each shape's runs, one more whose standbys are bare tries, see below),
+//! `--prepared` (the electors with `ElectorBuilder::prepared_statements(true)`).
 //!
 //! The fleet is made of replica processes (this binary run again with `--fleet-child`), each
 //! running `--per-proc` electors on one current-thread tokio runtime, all sharing one
@@ -36,6 +38,12 @@
 //!   standbys.
 //! - mode `fast`: `ElectorBuilder::fast_takeover(true)`, which keeps one waiting session per
 //!   standby on the server.
+//! - `bare-try` (with `--bare-try`): the yardstick of a standby's cost. Process 0 runs electors
+//!   as in `poll` (they lead); every other elector of the plan is replaced by a task that, every
+//!   I from a random start, borrows a connection of the same pool and sends a bare
+//!   `pg_try_advisory_lock` on the same key, prepared once per connection (deadpool's statement
+//!   cache), and unlocks at once in the rare case it is granted. Its server CPU beside the
+//!   `poll` row of the same run is the ratio of a refused try to a bare prepared one.
 //!
 //! The server is a private PostgreSQL started by the harness (never `DATABASE_URL`: its CPU is
 //! read from /proc). The harness has no setting for `max_connections` (it writes 300) or
@@ -109,6 +117,12 @@ const ENV_SHAPE: &str = "PG_ELECTOR_FLEET_SHAPE";
 const ENV_INTERVAL_MS: &str = "PG_ELECTOR_FLEET_INTERVAL_MS";
 const ENV_POOL: &str = "PG_ELECTOR_FLEET_POOL";
 const ENV_FAST: &str = "PG_ELECTOR_FLEET_FAST";
+const ENV_BARE: &str = "PG_ELECTOR_FLEET_BARE";
+const ENV_PREPARED: &str = "PG_ELECTOR_FLEET_PREPARED";
+/// The standby of a `--bare-try` run: a bare `pg_try_advisory_lock`, prepared once per pool
+/// connection, tagged for `pg_stat_statements`.
+const BARE_TRY: &str =
+    "/* fleet bare try */ SELECT pg_catalog.pg_try_advisory_lock($1::int4, $2::int4)";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -38,7 +38,7 @@ impl Monitor {
     pub(crate) async fn leaders(&self) -> i64 {
         self.query(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-             AND objsubid = 2 \
+             AND mode = 'ExclusiveLock' AND objsubid = 2 \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .await
@@ -97,8 +97,10 @@ impl Monitor {
 
 /// The try, as `pg_stat_statements` shows it (the waiting session's statement of fast
 /// takeover also starts with `SELECT answer,`, but does not try).
-pub(crate) const TRY: &str =
-    "query LIKE 'SELECT answer,%' AND query LIKE '%pg_try_advisory_lock(%'";
+/// The bare try of `--bare-try` ([`crate::BARE_TRY`]) counts as a try too, and so does the
+/// question a standby asks before its try (whether the lock is free).
+pub(crate) const TRY: &str = "(query LIKE 'SELECT answer,%' AND query LIKE '%pg_try_advisory_lock(%' \
+     OR query LIKE '/* fleet bare try */%' OR query LIKE 'SELECT CASE WHEN pg_catalog.current_setting(%pg_try_advisory_xact_lock_shared(%')";
 /// The leader's check, as `pg_stat_statements` shows it (its `SELECT 1` becomes `SELECT $4`).
 pub(crate) const CHECK: &str = "query LIKE 'SELECT EXISTS (SELECT % FROM pg_catalog.pg_locks%'";
 

@@ -35,6 +35,10 @@ pub(crate) struct Options {
     pub(crate) statements: bool,
     pub(crate) sweep: bool,
     pub(crate) sweep_max: usize,
+    /// `--bare-try`: after each shape's runs, one with bare prepared tries as the standbys.
+    pub(crate) bare_try: bool,
+    /// `--prepared`: the electors send their tries and checks as prepared statements.
+    pub(crate) prepared: bool,
     /// Server settings (`name=value`) applied with `ALTER SYSTEM` before the first run.
     pub(crate) settings: Vec<String>,
 }
@@ -92,6 +96,8 @@ impl Options {
             statements: !has("--no-statements"),
             sweep: has("--sweep"),
             sweep_max: number("--sweep-max").unwrap_or(16_000) as usize,
+            bare_try: has("--bare-try"),
+            prepared: has("--prepared"),
             settings: args
                 .iter()
                 .enumerate()

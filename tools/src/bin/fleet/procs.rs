@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use crate::options::Options;
 use crate::snapshot::{Plan, Proc};
 use crate::{
-    CHILD_FLAG, ENV_ELECTORS, ENV_FAST, ENV_INDEX, ENV_INTERVAL_MS, ENV_POOL, ENV_SHAPE, ENV_URL,
-    MARK,
+    CHILD_FLAG, ENV_BARE, ENV_ELECTORS, ENV_FAST, ENV_INDEX, ENV_INTERVAL_MS, ENV_POOL,
+    ENV_PREPARED, ENV_SHAPE, ENV_URL, MARK,
 };
 
 /// The fleet's WARN and ERROR lines counted by their message and `error` field (a tracing line
@@ -77,6 +77,16 @@ pub(crate) fn spawn_child(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    if plan.bare {
+        command.env(ENV_BARE, "1");
+    } else {
+        command.env_remove(ENV_BARE);
+    }
+    if options.prepared {
+        command.env(ENV_PREPARED, "1");
+    } else {
+        command.env_remove(ENV_PREPARED);
+    }
     if plan.mode == Mode::Fast {
         command.env(ENV_FAST, "1");
     } else {

@@ -79,7 +79,7 @@ fn print_server_table(results: &[(Plan, Outcome)]) {
                 println!(
                     "| {} | {} | {} | {} | {:.0} | {:.3} | {:.1} | {:.0} / {} | {} | {} ({} → {}) | {} | {:.1} | {} / {} | {} |",
                     plan.shape.name(),
-                    plan.mode.name(),
+                    plan.mode_name(),
                     plan.label(),
                     row.max_connections,
                     row.leaders,
@@ -101,7 +101,7 @@ fn print_server_table(results: &[(Plan, Outcome)]) {
             Err((e, _)) => println!(
                 "| {} | {} | {} | FAILED: {} ||||||||||||",
                 plan.shape.name(),
-                plan.mode.name(),
+                plan.mode_name(),
                 plan.label(),
                 e.replace('|', "/")
             ),
@@ -132,7 +132,7 @@ fn print_client_table(results: &[(Plan, Outcome)]) {
         println!(
             "| {} | {} | {} | {} | {:.2} | {} / {} | {} | {} / {} / {} | {:.0} | {:.3} | {:.1} | {:.0} ({:.0}) / {:.1} | {:.2} | {} ({}) |",
             plan.shape.name(),
-            plan.mode.name(),
+            plan.mode_name(),
             plan.electors,
             row.check_count,
             row.check_mean_ms,
@@ -179,7 +179,7 @@ fn print_scale(options: &Options, idle: f64, floor: f64, results: &[(Plan, Outco
              {:.3} backends per standby{}; a {cores}-core server's CPU would be used up at ≈ {:.0} \
              standbys (extrapolated from this run, the server alone on the machine){}",
             plan.shape.name(),
-            plan.mode.name(),
+            plan.mode_name(),
             plan.electors,
             per_standby * 1e6,
             opt(per_query, 1),
@@ -225,7 +225,7 @@ fn print_logs(results: &[(Plan, Outcome)]) {
             println!(
                 "Fleet log, {} / {} / {} electors, {when} ({count} WARN or ERROR lines):",
                 plan.shape.name(),
-                plan.mode.name(),
+                plan.mode_name(),
                 plan.electors,
             );
             for (kind, count) in kinds.iter().take(5) {

@@ -16,9 +16,21 @@ pub(crate) struct Plan {
     pub(crate) mode: Mode,
     pub(crate) electors: usize,
     pub(crate) per_proc: usize,
+    /// `--bare-try`: the standbys are bare prepared tries on the same pools (see
+    /// [`crate::BARE_TRY`]); the leaders are electors.
+    pub(crate) bare: bool,
 }
 
 impl Plan {
+    /// The mode as the tables name it: `poll`, `fast`, or `bare-try`.
+    pub(crate) fn mode_name(&self) -> &'static str {
+        if self.bare {
+            "bare-try"
+        } else {
+            self.mode.name()
+        }
+    }
+
     pub(crate) fn procs(&self) -> usize {
         self.electors.div_ceil(self.per_proc)
     }

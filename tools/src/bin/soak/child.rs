@@ -19,20 +19,24 @@
 //! - `resigned <t> <0|1>`: `resign` returned (1: it led);
 //! - `exhausted <t> <n>`, `released <t>`: the dummy borrowers got `n` connections of the
 //!   elector's pool, and gave them back;
-//! - `exited <t>`: a graceful shutdown is over.
+//! - `exited <t>`: a graceful shutdown is over;
+//! - `run`, `ran`, `pool`: the schedule's runs and the probes of the application's pool (see
+//!   `soak/app.rs`).
 //!
 //! Commands on stdin: `stop` (graceful shutdown), `resign <ms>` (resign with that cooldown),
-//! `exhaust <ms>` (borrow every connection of the elector's pool for that long). The process
+//! `exhaust <ms>` (borrow every connection of the elector's pool for that long), `probe <id>
+//! [idle]` (ask every connection of the application's pool `SELECT 1`), `long <ms>` (the
+//! schedule's runs that start within that time run long). The process
 //! exits when its stdin closes (the parent is gone).
 
 use std::time::Duration;
 
 use pg_elector::Elector;
+use pg_elector_testkit::config::{config_with_addr, pool_from_config};
 pub(crate) use pg_elector_testkit::replica::unix_us;
 use pg_elector_testkit::replica::{
     key_setting, log_to_stderr, ms_setting, on_current_thread, setting,
 };
-use pg_elector_testkit::{config_with_addr, pool_from_config};
 use tokio_util::sync::CancellationToken;
 
 /// The argument that makes the soak binary a replica.
@@ -52,14 +56,21 @@ pub(crate) const ENV_IDENTITY: &str = "PG_ELECTOR_SOAK_IDENTITY";
 pub(crate) const ENV_FAST: &str = "PG_ELECTOR_SOAK_FAST";
 /// Shard mode: `<group>,<count>` (unset: key mode).
 pub(crate) const ENV_SHARDS: &str = "PG_ELECTOR_SOAK_SHARDS";
-/// The size of the elector's pool, and of the ticker's own pool.
+/// Set (key mode): run a leader schedule on the application's pool; its value is the run's
+/// seed, which fixes how long each due runs.
+pub(crate) const ENV_SCHEDULE: &str = "PG_ELECTOR_SOAK_SCHEDULE";
+/// The size of the elector's pool.
 pub(crate) const POOL_SIZE: usize = 2;
+/// The size of the application's pool: the ticker's, which the schedule shares; one beyond
+/// what the ticker and the schedule's own statements hold at once, so that a probe can borrow
+/// a connection they gave back.
+pub(crate) const APP_POOL_SIZE: usize = 3;
 /// The prefix of every line meant for the parent.
 pub(crate) const MARK: &str = "@soak ";
 /// A gap between two reads of the watcher after which it says `woke`.
 pub(crate) const WOKE_GAP_US: u64 = 100_000;
 
-fn say(what: &str) {
+pub(crate) fn say(what: &str) {
     println!("{MARK}{what}");
 }
 
@@ -81,12 +92,18 @@ impl Runs {
     /// From the environment: the elector, or the group in shard mode.
     fn build(pool: &deadpool_postgres::Pool, identity: &str, interval: Duration) -> Self {
         let Ok(shards) = std::env::var(ENV_SHARDS) else {
+            // With a schedule, the drain timeout is above its longest run (README).
+            let drain = if std::env::var(ENV_SCHEDULE).is_ok() {
+                crate::app::DRAIN
+            } else {
+                interval
+            };
             let elector = Elector::builder(pool.clone(), key_setting(ENV_KEY))
                 .check_interval(interval)
                 .identity(identity)
                 .fencing(true)
                 .fast_takeover(std::env::var(ENV_FAST).is_ok())
-                .drain_timeout(interval)
+                .drain_timeout(drain)
                 .build()
                 .expect("a valid elector");
             return Runs::Key(elector);
@@ -145,6 +162,8 @@ enum Command {
     Stop,
     Resign(Duration),
     Exhaust(Duration),
+    Probe(u64, bool),
+    Long(Duration),
 }
 
 async fn replica() {
@@ -160,7 +179,7 @@ async fn replica() {
         c
     };
     let pool = pool_from_config(named("pool"), POOL_SIZE);
-    let app = pool_from_config(named("app"), POOL_SIZE);
+    let app = pool_from_config(named("app"), APP_POOL_SIZE);
     let runs = Runs::build(&pool, &identity, interval);
     let lanes = runs.lanes();
     tracing::info!(%identity, pid = std::process::id(), "soak replica starts");
@@ -172,6 +191,19 @@ async fn replica() {
         move || watch(&lanes)
     });
     let shutdown = CancellationToken::new();
+    let schedule = match (&runs, std::env::var(ENV_SCHEDULE)) {
+        (Runs::Key(elector), Ok(seed)) => {
+            let seed = seed.parse().expect("a seed");
+            let schedule = crate::app::schedule(elector, &app, seed);
+            let shutdown = shutdown.clone();
+            Some(tokio::spawn(async move {
+                if let Err(e) = schedule.run(shutdown).await {
+                    tracing::error!(error = %e, "the schedule failed");
+                }
+            }))
+        }
+        _ => None,
+    };
     let mut ticks = tick_every_lane(&lanes, &app, &identity, interval);
     tokio::select! {
         result = runs.run(shutdown.clone()) => {
@@ -179,9 +211,13 @@ async fn replica() {
                 tracing::error!(error = %e, "run failed");
             }
         }
-        () = obey(received, &lanes[0].elector, &pool, &shutdown) => {}
+        () = obey(received, &lanes[0].elector, [&pool, &app], &shutdown) => {}
     }
     ticks.abort_all();
+    if let Some(schedule) = schedule {
+        // Its runs were drained with the elector's; whatever is left is cut off.
+        let _ = tokio::time::timeout(Duration::from_secs(1), schedule).await;
+    }
     // Let the watcher report the demotions before saying goodbye.
     let deadline = unix_us() + 200_000;
     while lanes.iter().any(|l| l.elector.is_leader()) && unix_us() < deadline {
@@ -206,6 +242,11 @@ fn read_commands() -> tokio::sync::mpsc::UnboundedReceiver<Command> {
                 Some("stop") => Command::Stop,
                 Some("resign") => Command::Resign(ms(words.next())),
                 Some("exhaust") => Command::Exhaust(ms(words.next())),
+                Some("long") => Command::Long(ms(words.next())),
+                Some("probe") => Command::Probe(
+                    words.next().and_then(|w| w.parse().ok()).unwrap_or(0),
+                    words.next() == Some("idle"),
+                ),
                 _ => continue,
             };
             if commands.send(command).is_err() {
@@ -349,7 +390,7 @@ async fn tick(
 async fn obey(
     mut received: tokio::sync::mpsc::UnboundedReceiver<Command>,
     elector: &Elector,
-    pool: &deadpool_postgres::Pool,
+    [pool, app]: [&deadpool_postgres::Pool; 2],
     shutdown: &CancellationToken,
 ) {
     while let Some(command) = received.recv().await {
@@ -364,6 +405,10 @@ async fn obey(
             }
             Command::Exhaust(hold) => {
                 tokio::spawn(exhaust(pool.clone(), hold));
+            }
+            Command::Long(window) => crate::app::long_runs(window),
+            Command::Probe(id, idle) => {
+                tokio::spawn(crate::app::probe(app.clone(), id, idle));
             }
         }
     }

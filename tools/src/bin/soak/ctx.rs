@@ -39,12 +39,25 @@ pub(crate) struct Ctx {
     pub(crate) runtime_violations: Mutex<Vec<Violation>>,
     /// The backends at quiet moments.
     pub(crate) checkpoints: Mutex<Vec<Checkpoint>>,
+    /// The probes of the application pools sent so far.
+    pub(crate) probes: Mutex<Vec<crate::probes::Sent>>,
 }
 
 impl Ctx {
     /// Whether some fault is still running (not healed, or its slot not respawned).
     pub(crate) fn any_active(&self) -> bool {
         self.faults.lock().unwrap().iter().any(|f| !f.done)
+    }
+
+    /// Whether a synchronous standby that never confirms is in effect: every COMMIT waits,
+    /// the replicas' fenced ticks and schedule claims among them, so a drain may take up to
+    /// the drain timeout.
+    pub(crate) fn commits_wait(&self) -> bool {
+        self.faults
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|f| !f.done && f.kind == crate::faults::Kind::SyncStandby)
     }
 
     /// When the latest fault healed.

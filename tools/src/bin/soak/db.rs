@@ -142,7 +142,8 @@ pub(crate) async fn sample(
     let query = "SELECT (extract(epoch FROM pg_catalog.clock_timestamp()) * 1e6)::int8, \
          (SELECT a.application_name FROM pg_catalog.pg_locks l \
             JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-          WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = k.objid \
+          WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+            AND l.classid = $1 AND l.objid = k.objid \
             AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_catalog.pg_database \
                                                  WHERE datname = pg_catalog.current_database()) \
           LIMIT 1), \

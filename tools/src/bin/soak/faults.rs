@@ -30,7 +30,22 @@ pub(crate) enum Kind {
     Graceful,
     /// `Elector::resign` with a random cooldown.
     Resign,
+    /// Key mode: blackhole the leader's proxy for longer than the schedule's stale threshold,
+    /// most often while a long run of its job goes on.
+    LongPartition,
+    /// Shard mode: a replica restarted, its proxy blackholed right after its member lock (or
+    /// its live mark) shows granted in `pg_locks` (a join cut off at its grant).
+    JoinPartition,
+    /// `synchronous_standby_names` naming a standby that never connects, for a while: every
+    /// COMMIT waits until it is cleared.
+    SyncStandby,
 }
+
+/// The stale threshold of the soak's schedules (three heartbeat periods of I, at least 3 s):
+/// a long partition lasts from this + 500 ms ...
+pub(crate) const STALE: Duration = Duration::from_secs(3);
+/// ... to this.
+pub(crate) const LONG_PARTITION_MAX: Duration = Duration::from_millis(4_500);
 
 /// When a leader must be back, and how long two may lead, after one fault (README, "Guarantees,
 /// in multiples of I"). Every time gets the run's slack on top.
@@ -61,7 +76,7 @@ pub(crate) const SCHEDULING: Duration = Duration::from_millis(20);
 
 impl Kind {
     /// Every kind, in the report's order.
-    pub(crate) const ALL: [Kind; 11] = [
+    pub(crate) const ALL: [Kind; 14] = [
         Kind::Kill,
         Kind::Stop,
         Kind::TerminateLock,
@@ -73,7 +88,28 @@ impl Kind {
         Kind::Exhaust,
         Kind::Graceful,
         Kind::Resign,
+        Kind::LongPartition,
+        Kind::JoinPartition,
+        Kind::SyncStandby,
     ];
+
+    /// The kinds of a run with `shards` shards (0: key mode): shards have no resign and no
+    /// schedule; a join is shard mode's.
+    pub(crate) fn of_mode(self, shards: usize) -> bool {
+        match self {
+            Kind::Resign | Kind::LongPartition => shards == 0,
+            Kind::JoinPartition => shards > 0,
+            _ => true,
+        }
+    }
+
+    /// Whether it blackholes a replica's proxy for a while.
+    pub(crate) fn partitions(self) -> bool {
+        matches!(
+            self,
+            Kind::Partition | Kind::LongPartition | Kind::JoinPartition
+        )
+    }
 
     /// The kinds a name on the command line stands for.
     pub(crate) fn by_name(name: &str) -> Result<Vec<Kind>, String> {
@@ -107,6 +143,9 @@ impl Kind {
             Kind::Exhaust => "exhaust",
             Kind::Graceful => "graceful",
             Kind::Resign => "resign",
+            Kind::LongPartition => "long-partition",
+            Kind::JoinPartition => "join-partition",
+            Kind::SyncStandby => "sync-standby",
         }
     }
 
@@ -124,14 +163,20 @@ impl Kind {
             Kind::Exhaust => "pool exhausted",
             Kind::Graceful => "graceful restart",
             Kind::Resign => "resign",
+            Kind::LongPartition => "partition > stale, long runs",
+            Kind::JoinPartition => "partition at a join's grant",
+            Kind::SyncStandby => "sync standby silent",
         }
     }
 
-    /// How often it is drawn, relative to the others (a server restart hits every replica and
-    /// takes a while: half as often).
+    /// How often it is drawn, relative to the others (a server restart or a synchronous standby
+    /// hits every replica and takes a while, a long partition takes 5 to 9 s: half as often).
     pub(crate) fn weight(self) -> u64 {
         match self {
-            Kind::RestartFast | Kind::RestartImmediate => 1,
+            Kind::RestartFast
+            | Kind::RestartImmediate
+            | Kind::SyncStandby
+            | Kind::LongPartition => 1,
             _ => 2,
         }
     }
@@ -143,12 +188,12 @@ impl Kind {
 
     /// Whether it needs a private server (it restarts it).
     pub(crate) fn needs_private(self) -> bool {
-        self.server_wide()
+        self.server_wide() || self == Kind::SyncStandby
     }
 
     /// Whether it ends the process, so that it cannot hit the slot kept alive.
     pub(crate) fn ends_process(self) -> bool {
-        matches!(self, Kind::Kill | Kind::Graceful)
+        matches!(self, Kind::Kill | Kind::Graceful | Kind::JoinPartition)
     }
 
     /// Whether it hits one replica's slot (and so claims it while it lasts).
@@ -159,6 +204,7 @@ impl Kind {
                 | Kind::TerminateRandom
                 | Kind::RestartFast
                 | Kind::RestartImmediate
+                | Kind::SyncStandby
         )
     }
 
@@ -186,7 +232,13 @@ impl Kind {
             }
             // Old demoted ≤ 2·I, new leader ≤ 5·I, never two; after the heal the old session's
             // close reaches the server, and the next try comes within I.
-            Kind::Partition => b(i * 5, i, zero, Some(i * 2)),
+            Kind::Partition | Kind::LongPartition => b(i * 5, i, zero, Some(i * 2)),
+            // Nobody left: the joiner's partition may cost a shard 1·I, no more (checked apart:
+            // a gap that begins during it is not allowed a move's 2·I).
+            Kind::JoinPartition => b(i, zero, zero, None),
+            // The lock sessions go on; a new term's epoch waits for its COMMIT: a leader
+            // within I of the end.
+            Kind::SyncStandby => b(zero, i, zero, None),
             // All demote at once; a new leader ≤ 1·I after the server accepts again; never two.
             Kind::RestartFast | Kind::RestartImmediate => b(zero, i, zero, Some(SESSION_ENDED)),
             // A standby that cannot borrow does not try: only a leader within I of the end.
@@ -204,7 +256,9 @@ impl Kind {
             Kind::TerminateLock | Kind::TerminateRandom | Kind::Reset => {
                 "≤ 1·I / scheduling (≤ 20 ms)"
             }
-            Kind::Partition => "≤ 5·I, heal + 1·I / never",
+            Kind::Partition | Kind::LongPartition => "≤ 5·I, heal + 1·I / never",
+            Kind::JoinPartition => "≤ 1·I / never",
+            Kind::SyncStandby => "end + 1·I / never",
             Kind::RestartFast | Kind::RestartImmediate => "accepting + 1·I / never",
             Kind::Exhaust => "end + 1·I / never",
             Kind::Graceful | Kind::Resign => "≤ 2·I (drain + 1·I) / never",
@@ -244,6 +298,32 @@ pub(crate) struct Fault {
     pub(crate) note: String,
 }
 
+#[cfg(test)]
+impl Fault {
+    /// A fault of the checks' unit tests: instantaneous (healed at `inject`), over, alone.
+    pub(crate) fn instant(
+        kind: Kind,
+        replica: Option<usize>,
+        on_leader: bool,
+        inject: u64,
+    ) -> Self {
+        Fault {
+            id: 0,
+            kind,
+            replica,
+            on_leader,
+            epoch: None,
+            param: std::time::Duration::ZERO,
+            inject,
+            lag: 0,
+            heal: inject,
+            done: true,
+            overlapped: false,
+            note: String::new(),
+        }
+    }
+}
+
 /// What the injector drew for one fault (all from the seed).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Plan {
@@ -280,6 +360,12 @@ pub(crate) fn draw_param(kind: Kind, i: Duration, rng: &mut Rng) -> Duration {
         Kind::Stop => between(rng, (i / 2).max(Duration::from_millis(150)), i * 6),
         // From shorter than the old leader's 2·I to longer than the server's 4·I.
         Kind::Partition => between(rng, i / 2, i * 8),
+        // Past the server's 4·I, so that a joiner taken for live would leave shards unowned.
+        Kind::JoinPartition => between(rng, i * 4, i * 8),
+        Kind::LongPartition => between(rng, STALE + Duration::from_millis(500), LONG_PARTITION_MAX),
+        // Longer than a claim's bound (2 s) and a due's period (2 s), so that a claim's
+        // COMMIT outlives its bound before the probe just before the heal.
+        Kind::SyncStandby => between(rng, Duration::from_secs(4), Duration::from_millis(5_500)),
         Kind::Exhaust => between(rng, i, i * 4),
         Kind::Resign => between(rng, Duration::ZERO, i * 4),
         _ => {

@@ -62,6 +62,20 @@ pub(crate) enum What {
     Released,
     /// A graceful shutdown ended.
     Exited,
+    /// A run of the schedule's job started.
+    Run {
+        /// Its due instant (ms since the UNIX epoch).
+        due: u64,
+        /// 1, or 2 for a rerun.
+        attempt: u32,
+    },
+    /// A run ended (returned or cut off).
+    Ran {
+        /// Its due instant (ms since the UNIX epoch).
+        due: u64,
+    },
+    /// The answer to a probe of the application's pool.
+    Pool(crate::check::pool::Answer),
     /// The parent SIGKILLed it (stamped just before the signal).
     Killed,
     /// The parent SIGSTOPped it (stamped just before the signal).
@@ -157,6 +171,18 @@ pub(crate) fn parse(replica: usize, line: &str) -> Option<Event> {
         },
         "released" => What::Released,
         "exited" => What::Exited,
+        "run" => What::Run {
+            due: number()?,
+            attempt: number()? as u32,
+        },
+        "ran" => What::Ran { due: number()? },
+        "pool" => What::Pool(crate::check::pool::Answer {
+            probe: number()? as usize,
+            answered: number()? as u32,
+            stuck: number()? as u32,
+            failed: number()? as u32,
+            unborrowed: number()? as u32,
+        }),
         _ => return None,
     };
     Some(Event {
@@ -182,6 +208,10 @@ pub(crate) struct State {
     pub(crate) ended: bool,
     /// Its latest `resigned` line (a counter, to wait for the next one).
     pub(crate) resigned: u64,
+    /// Runs of the schedule's job in progress.
+    pub(crate) running: u32,
+    /// Runs of the schedule's job started.
+    pub(crate) runs: u64,
 }
 
 impl State {
@@ -233,7 +263,13 @@ impl Board {
                 What::Stopped => state.stopped = true,
                 What::Continued => state.stopped = false,
                 What::Resigned { .. } => state.resigned += 1,
+                What::Run { .. } => {
+                    state.running += 1;
+                    state.runs += 1;
+                }
+                What::Ran { .. } => state.running = state.running.saturating_sub(1),
                 What::Woke { .. }
+                | What::Pool(_)
                 | What::Fenced { .. }
                 | What::Exhausted { .. }
                 | What::Released => {}
@@ -359,6 +395,8 @@ pub(crate) struct Fleet {
     pub(crate) split_key: bool,
     /// Shard mode: each process runs a group of this many shards (0: key mode).
     pub(crate) shards: usize,
+    /// Key mode: each process runs a leader schedule whose run lengths this seed fixes.
+    pub(crate) schedule: Option<u64>,
 }
 
 impl Fleet {
@@ -386,6 +424,7 @@ impl Fleet {
             interval,
             split_key: false,
             shards: 0,
+            schedule: None,
         }
     }
 
@@ -423,6 +462,10 @@ impl Fleet {
             };
             command.env(child::ENV_SHARDS, format!("{group},{}", self.shards));
         }
+        match self.schedule {
+            Some(seed) if self.shards == 0 => command.env(child::ENV_SCHEDULE, seed.to_string()),
+            _ => command.env_remove(child::ENV_SCHEDULE),
+        };
         if fast {
             command.env(child::ENV_FAST, "1");
         } else {

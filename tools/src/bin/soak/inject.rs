@@ -19,8 +19,10 @@ use crate::fleet::Fleet;
 /// Injects one fault as planned: picks its target, does the instantaneous part, and spawns a
 /// task for the rest (the wait, the heal, the respawn). Returns `None` when it has no target
 /// now (no leader's lock session to terminate, every slot busy, the server unreachable).
-pub(crate) async fn inject(ctx: &Arc<Ctx>, plan: Plan, overlapped: bool) -> Option<usize> {
+pub(crate) async fn inject(ctx: &Arc<Ctx>, mut plan: Plan, overlapped: bool) -> Option<usize> {
     let kind = plan.kind;
+    // A long partition is the leader's: its runs must not go on beside the next leader's.
+    plan.at_leader |= kind == Kind::LongPartition;
     let fault = Fault {
         id: 0,
         kind,
@@ -35,12 +37,16 @@ pub(crate) async fn inject(ctx: &Arc<Ctx>, plan: Plan, overlapped: bool) -> Opti
         overlapped,
         note: String::new(),
     };
+    if kind == Kind::JoinPartition {
+        return crate::join::inject(ctx, plan, fault).await;
+    }
     if kind.per_slot() {
         return inject_slot(ctx, plan, fault).await;
     }
     match kind {
         Kind::TerminateLock | Kind::TerminateRandom => inject_terminate(ctx, plan, fault).await,
         Kind::RestartFast | Kind::RestartImmediate => inject_restart(ctx, kind, fault).await,
+        Kind::SyncStandby => crate::sync::inject(ctx, fault).await,
         _ => unreachable!("per-slot faults are handled above"),
     }
 }
@@ -78,8 +84,11 @@ async fn act<'a>(
     match plan.kind {
         Kind::Kill => (fleet.signal(replica, Signal::KILL), fleet),
         Kind::Stop => (fleet.signal(replica, Signal::STOP), fleet),
-        Kind::Partition => {
+        Kind::Partition | Kind::LongPartition => {
             let proxy = fleet.proxies[slot].clone();
+            if plan.kind == Kind::LongPartition {
+                fleet = crate::app::long_run_begun(ctx, fleet, replica, fault).await;
+            }
             drop(fleet);
             let asked = unix_us();
             proxy.blackhole();
@@ -115,7 +124,7 @@ async fn act<'a>(
 }
 
 /// `pg_terminate_backend` on the lock session, or on a random backend of a replica.
-async fn inject_terminate(ctx: &Ctx, plan: Plan, mut fault: Fault) -> Option<usize> {
+async fn inject_terminate(ctx: &Arc<Ctx>, plan: Plan, mut fault: Fault) -> Option<usize> {
     let kind = plan.kind;
     let client = db::connect(&ctx.db).await.ok()?;
     let (at, pid, name, holder) = if kind == Kind::TerminateLock {
@@ -135,7 +144,9 @@ async fn inject_terminate(ctx: &Ctx, plan: Plan, mut fault: Fault) -> Option<usi
         if holder { ", the lock session" } else { "" }
     );
     fault.done = true;
-    Some(record(ctx, fault))
+    let id = record(ctx, fault);
+    crate::probes::after(ctx, id, at);
+    Some(id)
 }
 
 /// Terminates the lock session: when, its pid and name, and that it held the lock.
@@ -149,8 +160,8 @@ async fn terminate_lock(
             "SELECT l.pid, coalesce(a.application_name, ''), \
                     pg_catalog.pg_terminate_backend(l.pid) \
              FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 \
-               AND l.objid = $2 AND l.objsubid = 2 \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+               AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 \
                AND l.database = (SELECT oid FROM pg_catalog.pg_database \
                                  WHERE datname = pg_catalog.current_database())",
             &[&(key.class() as u32), &(key.object() as u32)],
@@ -187,8 +198,8 @@ async fn terminate_random(
     let row = client
         .query_one(
             "SELECT EXISTS (SELECT FROM pg_catalog.pg_locks WHERE pid = $1 \
-               AND locktype = 'advisory' AND granted AND classid = $2 AND objid = ANY($3) \
-               AND objsubid = 2), pg_catalog.pg_terminate_backend($1)",
+               AND locktype = 'advisory' AND granted AND mode = 'ExclusiveLock' \
+               AND classid = $2 AND objid = ANY($3) AND objsubid = 2), pg_catalog.pg_terminate_backend($1)",
             &[&pid, &(ctx.keys[0].class() as u32), &objects(&ctx.keys)],
         )
         .await
@@ -235,13 +246,14 @@ async fn inject_restart(ctx: &Arc<Ctx>, kind: Kind, mut fault: Fault) -> Option<
             f.done = true;
         });
         ctx.claims.lock().unwrap().server = false;
+        crate::probes::after(&ctx, id, heal);
     });
     Some(id)
 }
 
 /// Claims a slot for a fault: the leader's if the plan aims at it and it is free, else a
 /// random free one (never slot 0 for a fault that ends the process, when it is kept alive).
-fn claim_slot(ctx: &Ctx, kind: Kind, plan: Plan) -> Option<usize> {
+pub(crate) fn claim_slot(ctx: &Ctx, kind: Kind, plan: Plan) -> Option<usize> {
     let leaders = ctx.board.leaders(lane_of(ctx, plan.pick));
     let live = ctx.live.lock().unwrap().clone();
     let mut claims = ctx.claims.lock().unwrap();
@@ -262,18 +274,18 @@ fn claim_slot(ctx: &Ctx, kind: Kind, plan: Plan) -> Option<usize> {
 }
 
 /// The lane a fault aimed at a leader aims at: the one key, or a shard `pick` chooses.
-fn lane_of(ctx: &Ctx, pick: u64) -> usize {
+pub(crate) fn lane_of(ctx: &Ctx, pick: u64) -> usize {
     (pick % ctx.keys.len() as u64) as usize
 }
 
-fn record(ctx: &Ctx, mut fault: Fault) -> usize {
+pub(crate) fn record(ctx: &Ctx, mut fault: Fault) -> usize {
     let mut faults = ctx.faults.lock().unwrap();
     fault.id = faults.len();
     faults.push(fault);
     faults.len() - 1
 }
 
-fn update(ctx: &Ctx, id: usize, f: impl FnOnce(&mut Fault)) {
+pub(crate) fn update(ctx: &Ctx, id: usize, f: impl FnOnce(&mut Fault)) {
     f(&mut ctx.faults.lock().unwrap()[id]);
 }
 
@@ -287,7 +299,7 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
             let at = ctx.fleet.lock().await.signal(replica, Signal::CONT);
             update(&ctx, id, |f| f.heal = at);
         }
-        Kind::Partition => {
+        Kind::Partition | Kind::LongPartition => {
             tokio::time::sleep(plan.param).await;
             let proxy = ctx.fleet.lock().await.proxies[slot].clone();
             proxy.pass();
@@ -302,18 +314,25 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
         Kind::Resign => {
             let before = ctx.board.state(replica).resigned;
             let board = ctx.board.clone();
-            // The handover is over when `resign` returns: at most the drain, two intervals
-            // and the unlock's 2 s.
+            // The handover is over when `resign` returns: at most the drain (a run of the
+            // schedule's, up to the drain timeout), two intervals and the unlock's 2 s.
             board
-                .wait(i * 3 + Duration::from_secs(3), |b| {
+                .wait(i * 3 + crate::app::DRAIN + Duration::from_secs(3), |b| {
                     b.state(replica).resigned > before
                 })
                 .await;
         }
         Kind::Kill | Kind::Graceful => {
-            // A graceful shutdown: the drain (≤ I), the unlock (≤ 2 s), the exit.
+            // A graceful shutdown: the drain (≤ I; with a run of the schedule's in progress,
+            // or while every COMMIT waits for a silent synchronous standby, so that a tick's
+            // or a claim's may hold it, ≤ the drain timeout), the unlock (≤ 2 s), the exit.
+            let drain = if ctx.board.state(replica).running > 0 || ctx.commits_wait() {
+                crate::app::DRAIN
+            } else {
+                i
+            };
             let limit = if plan.kind == Kind::Graceful {
-                i + Duration::from_secs(2) + slack + Duration::from_secs(1)
+                drain + Duration::from_secs(2) + slack + Duration::from_secs(1)
             } else {
                 Duration::from_secs(5)
             };
@@ -329,7 +348,8 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
                             at,
                             what: format!(
                                 "replica-{replica} had not exited {} ms after `stop` (drain ≤ I, \
-                                 unlock ≤ 2 s, + slack): SIGKILLed",
+                                 or the drain timeout with a run in progress or commits \
+                                 waiting, unlock ≤ 2 s, + slack): SIGKILLed",
                                 limit.as_millis()
                             ),
                             lane: 0,
@@ -363,13 +383,15 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
     }
     update(&ctx, id, |f| f.done = true);
     ctx.claims.lock().unwrap().slots[slot] = false;
+    let heal = ctx.faults.lock().unwrap()[id].heal;
+    crate::probes::after(&ctx, id, heal);
 }
 
 /// When a change of a proxy's mode has taken effect, as near as this process can tell: the
 /// proxies' connection tasks run on this process's runtime, which on a starved machine runs
 /// them (and so blackholes or heals) well after the call. This stamps the moment a task
 /// spawned after the change runs, after the woken connection tasks had their turn.
-async fn proxy_acted() -> u64 {
+pub(crate) async fn proxy_acted() -> u64 {
     tokio::task::yield_now().await;
     tokio::spawn(async {
         tokio::task::yield_now().await;

@@ -91,7 +91,7 @@ fn say(ctx: &Ctx, kind: Kind, injected: Option<usize>, overlapped: bool, injecti
     };
     let f = ctx.faults.lock().unwrap()[id].clone();
     eprintln!(
-        "soak: +{:.3} s #{id} {}{} {}{}{}",
+        "soak: +{:.3} s #{id} {}{} {}{}{}{}",
         (f.inject.saturating_sub(injection_start)) as f64 / 1e6,
         kind.name(),
         f.replica.map_or(String::new(), |r| format!(" replica-{r}")),
@@ -102,5 +102,10 @@ fn say(ctx: &Ctx, kind: Kind, injected: Option<usize>, overlapped: bool, injecti
             format!(" {} ms", f.param.as_millis())
         },
         if overlapped { " overlapping" } else { "" },
+        if f.note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", f.note)
+        },
     );
 }

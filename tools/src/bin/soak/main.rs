@@ -25,11 +25,12 @@
 //! server, and no restarts), one database, one [`FaultProxy`] per replica slot, and N replica
 //! processes (this binary again, with `--soak-replica`; see `soak/child.rs`), each connected
 //! through its slot's proxy. Each runs one elector on one key with fencing, identity
-//! `replica-<n>` (n counts every process spawned), I, a drain timeout of I, and fast takeover
+//! `replica-<n>` (n counts every process spawned), I, a drain timeout of I (7 s in key mode,
+//! where a leader schedule runs beside it, above its longest run), and fast takeover
 //! per `--mode`: `mixed` draws it from the seed at every spawn, so both kinds stand by side by
-//! side and a slot changes kind over the run. Its elector's pool and the ticker's own pool
-//! have two connections each. The ticker calls `do_work` every I/10 and writes one row
-//! inside a transaction after `Term::fence`: replica, epoch, the server's `clock_timestamp()`.
+//! side and a slot changes kind over the run. Its elector's pool has two connections, the
+//! application's pool (the ticker's, which the schedule shares) three. The ticker calls
+//! `do_work` every I/10 and writes one row inside a transaction after `Term::fence`: replica, epoch, the server's `clock_timestamp()`.
 //! The database has `idle_in_transaction_session_timeout` = 2·I, as the README asks of a
 //! fencing application. Slot 0 is never killed nor restarted (`--no-keep-one` lifts that), so
 //! one process lives through the run and its memory is measured over all of it.
@@ -57,6 +58,12 @@
 //! | `exhaust` | dummy borrowers hold the elector's pool for [I, 4·I] | the end + 1·I | never | — |
 //! | `graceful` | `stop` on stdin (drain, unlock, exit); respawn after [0, I] | 2·I (drain ≤ I, then 1·I) | never | ≤ 100 ms |
 //! | `resign` | `resign` with a cooldown in [0, 4·I] | 2·I | never | ≤ 100 ms |
+//! | `long-partition` (key mode) | the leader's proxy blackholed for [3.5 s, 4.5 s], past the schedule's stale threshold, a second into a long run | 5·I, or heal + 1·I | never | ≤ 2·I |
+//! | `join-partition` (shard mode) | a replica killed, started again once the others own every shard, its proxy blackholed as soon as its member lock (or, half of the time, its live mark) shows granted, for [4·I, 8·I] | 1·I (a gap begun during it: 1·I) | never | — |
+//! | `sync-standby` | `synchronous_standby_names = '*'` and synchronous commits, no standby, for [4 s, 5.5 s] | the end + 1·I | never | — |
+//!
+//! A graceful restart or a resign of a leader with a run of its schedule in progress drains up
+//! to that run's end (at most the drain timeout, 7 s): its bounds get that time.
 //!
 //! "≤ 100 ms" stands for the README's "≤ 20 ms + scheduling". A graceful shutdown that has
 //! not exited after I + 2 s + slack + 1 s is a violation too.
@@ -121,8 +128,20 @@
 //!   `application_name` (each replica's pools name their connections `replica-<n>/pool` and
 //!   `/app`; the elector names its lock and waiting sessions `replica-<n>`): none may belong
 //!   to a process that has ended, and no live replica may have more than its two pools and one
-//!   lock or waiting session (5). A leak persists, so a checkpoint every 20 s sees every leak
+//!   lock or waiting session (6). A leak persists, so a checkpoint every 20 s sees every leak
 //!   of the faults before it.
+//! - **Runs of one due at once** (key mode; `soak/app.rs`, `check/runs.rs`). Each replica runs a
+//!   leader schedule on its application's pool (the ticker's): one job due every 2 s, with
+//!   `rerun_abandoned`, under a drain timeout of 7 s; before a `long-partition` every replica's
+//!   runs that start within 3.5 s are made 5–6.5 s long (the parent's `long` command), and the
+//!   leader is cut off a second into its next run. Each run says when
+//!   it starts and ends (a dropped run too; a killed process ends its runs); two runs of one due
+//!   at once are a violation, unless a runner was SIGSTOPped during its run (listed apart).
+//! - **Pool connections stuck** (`soak/probes.rs`, `check/pool.rs`). One interval after each
+//!   fault healed, with no fault in effect, every live replica borrows every connection of its
+//!   application's pool and asks each `SELECT 1`; one that does not answer within 1 s is stuck
+//!   (and closed). During `sync-standby`, the connections idle in the pool are probed every
+//!   interval too.
 //! - **Memory.** Each replica's RSS (`/proc/<pid>/status`) every 2 s; for each process that
 //!   lived 30 s or more, the growth from its first sample at 10 s of age to its last is a
 //!   violation beyond 16 MiB and 50 %.
@@ -167,6 +186,7 @@
 //! [`PgServer::spawn`]: pg_elector_testkit::PgServer::spawn
 //! [`FaultProxy`]: pg_elector_testkit::FaultProxy
 
+mod app;
 mod check;
 mod child;
 mod ctx;
@@ -176,9 +196,12 @@ mod faults;
 mod fleet;
 mod inject;
 mod injector;
+mod join;
 mod options;
+mod probes;
 mod report;
 mod stalls;
+mod sync;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -310,6 +333,7 @@ async fn start_fleet(
     let mut fleet = Fleet::new(options.replicas, server.addr(), database.url(), KEY, i).await;
     fleet.split_key = options.split_key;
     fleet.shards = options.shards;
+    fleet.schedule = Some(options.seed);
     let start = unix_us();
     for slot in 0..options.replicas {
         let fast = match options.mode {
@@ -335,6 +359,7 @@ async fn start_fleet(
         db: database.config(),
         runtime_violations: Mutex::new(Vec::new()),
         checkpoints: Mutex::new(Vec::new()),
+        probes: Mutex::new(Vec::new()),
         options: options.clone(),
     });
     (ctx, start)
@@ -374,6 +399,8 @@ struct Collected {
     runtime_stalls: Vec<(u64, u64)>,
     /// When the checks end (µs).
     end: u64,
+    /// The probes of the application pools.
+    probes: Vec<probes::Sent>,
 }
 
 impl Started {
@@ -453,6 +480,7 @@ impl Started {
         let faults = ctx.faults.lock().unwrap().clone();
         let runs = self.samples.runs.lock().unwrap().clone();
         let checkpoints = ctx.checkpoints.lock().unwrap().clone();
+        let probes = ctx.probes.lock().unwrap().clone();
         let (stalls, runtime_stalls) = self.stalls.stop().await;
         Collected {
             rows,
@@ -464,6 +492,7 @@ impl Started {
             stalls,
             runtime_stalls,
             end,
+            probes,
         }
     }
 
@@ -483,6 +512,7 @@ impl Started {
             offset: self.offset,
             checkpoints: &c.checkpoints,
             stalls: &c.stalls,
+            probes: &c.probes,
         };
         let mut analysis = if options.shards == 0 {
             check::analyse(&input)

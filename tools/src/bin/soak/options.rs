@@ -72,7 +72,8 @@ pub(crate) const USAGE: &str =
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
 [--overlap 0.25] [--shards N] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
-restart-fast, restart-immediate (restart: both), exhaust, graceful, resign";
+restart-fast, restart-immediate (restart: both), exhaust, graceful, resign, long-partition \
+(key mode), join-partition (shard mode), sync-standby";
 
 impl Options {
     /// Parses the arguments after `--` (a `--bench`, which `cargo bench` used to add, is ignored).
@@ -160,8 +161,12 @@ impl Options {
                 _ => args.other()?,
             }
         }
+        let shards = options.shards;
+        options.faults.retain(|k| k.of_mode(shards));
         if options.shards > 0 {
             options.shard_mode(mode_given)?;
+        } else if options.faults.is_empty() {
+            return Err("--faults: join-partition is a fault of shard mode; name another".into());
         }
         Ok(options)
     }
@@ -173,9 +178,10 @@ impl Options {
             return Err("--shards runs in poll mode only (shards have no fast takeover)".into());
         }
         self.mode = Mode::Poll;
-        self.faults.retain(|&k| k != Kind::Resign);
         if self.faults.is_empty() {
-            return Err("--shards: resign is not a fault of shards; name another".into());
+            return Err(
+                "--shards: resign and long-partition are not faults of shards; name another".into(),
+            );
         }
         Ok(())
     }
@@ -200,7 +206,11 @@ impl Options {
             self.interval.as_millis(),
             self.mode.name()
         );
-        if self.faults != Kind::ALL {
+        let defaults: Vec<Kind> = Kind::ALL
+            .into_iter()
+            .filter(|k| k.of_mode(self.shards))
+            .collect();
+        if self.faults != defaults {
             let names: Vec<&str> = self.faults.iter().map(|k| k.name()).collect();
             args.push_str(&format!(" --faults {}", names.join(",")));
         }

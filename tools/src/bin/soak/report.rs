@@ -31,6 +31,15 @@ pub(crate) struct Facts {
     pub(crate) runtime_stalls: (usize, u64, u64),
 }
 
+/// A count that must be 0, in bold when it is not.
+fn bold(n: u64) -> String {
+    if n == 0 {
+        "0".into()
+    } else {
+        format!("**{n}**")
+    }
+}
+
 fn ms(us: u64) -> String {
     if us == 0 {
         "0".into()
@@ -146,9 +155,9 @@ impl Render<'_> {
         } = *self;
         let _ = writeln!(
             out,
-            "| fault | injected | hit the leader | overlapping | leaderless p50 / p99 / max | two leaders, max | bound: new leader / two leaders | violations |"
+            "| fault | injected | hit the leader | overlapping | leaderless p50 / p99 / max | two leaders, max | runs of one due at once | pool connections stuck | bound: new leader / two leaders | violations |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
         let mut all_leaderless = Vec::new();
         let mut all_two = 0;
         for kind in Kind::ALL {
@@ -166,15 +175,19 @@ impl Render<'_> {
                 .iter()
                 .filter(|v| v.fault.is_some_and(|id| faults[id].kind == kind))
                 .count();
+            let sum = |per: &[u64]| of.iter().map(|f| per.get(f.id).copied().unwrap_or(0)).sum();
+            let (due, stuck): (u64, u64) = (sum(&a.due_overlaps), sum(&a.pool_stuck));
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 kind.label(),
                 of.len(),
                 hit.len(),
                 of.iter().filter(|f| f.overlapped).count(),
                 summary(leaderless, ms),
                 ms(two),
+                bold(due),
+                bold(stuck),
                 kind.bound_text(),
                 if violations > 0 {
                     format!("**{violations}**")
@@ -185,12 +198,14 @@ impl Render<'_> {
         }
         let _ = writeln!(
             out,
-            "| **all** | {} | {} | {} | {} | {} | | {} |",
+            "| **all** | {} | {} | {} | {} | {} | {} | {} | | {} |",
             faults.len(),
             faults.iter().filter(|f| f.on_leader).count(),
             faults.iter().filter(|f| f.overlapped).count(),
             summary(all_leaderless, ms),
             ms(all_two),
+            bold(a.due_overlaps.iter().sum()),
+            bold(a.pool_stuck.iter().sum()),
             if a.violations.is_empty() {
                 "0".into()
             } else {
@@ -207,7 +222,7 @@ impl Render<'_> {
         } = *self;
         let mut lags: Vec<u64> = faults
             .iter()
-            .filter(|f| matches!(f.kind, Kind::Partition | Kind::Reset))
+            .filter(|f| f.kind.partitions() || f.kind == Kind::Reset)
             .map(|f| f.lag)
             .collect();
         lags.sort_unstable();
@@ -260,18 +275,60 @@ impl Render<'_> {
                 ms(unprovoked_max)
             )
         };
+        if self.options.shards == 0 {
+            let _ = writeln!(
+                out,
+                "- The schedule (job `{}` due every {} s; before a long partition its runs are \
+                 made {}–{} s long, past the 3 s after which a silent run is taken for \
+                 abandoned; the drain timeout {} s; reruns of abandoned dues): {} runs, {} of \
+                 them longer than 3 s, {} reruns; runs of one due at once (from the replicas' \
+                 own reports of each run's start and end): {}, and {} more where a runner had \
+                 frozen (the README's exception).",
+                crate::app::JOB,
+                crate::app::JOB_PERIOD.as_secs(),
+                crate::app::LONG_RUN_MIN.as_secs_f64(),
+                crate::app::LONG_RUN_MAX.as_secs_f64(),
+                crate::app::DRAIN.as_secs(),
+                a.job_runs,
+                a.long_runs,
+                a.reruns,
+                a.due_overlaps.iter().sum::<u64>(),
+                a.due_overlaps_frozen,
+            );
+        }
+        let p = &a.probes;
+        let _ = writeln!(
+            out,
+            "- Application pools (each replica's ticker pool{}) probed after the faults: {} \
+             probes, {} answered ({} made moot by a fault injected meanwhile); connections that \
+             answered SELECT 1 within 1 s: {}, stuck: {}, broken (an error): {}, not borrowed \
+             within 1 s: {}.",
+            if self.options.shards == 0 {
+                ", which the schedule shares"
+            } else {
+                ""
+            },
+            p.sent,
+            p.answered,
+            p.moot,
+            p.connections,
+            a.pool_stuck.iter().sum::<u64>(),
+            p.failed,
+            p.unborrowed,
+        );
         let backends = &a.backends;
         let _ = writeln!(
             out,
             "- Backends at {} quiet checkpoints: baseline {}, max {}, final {} (bound: {} per live \
-             replica, its two pools of {} and one lock or waiting session; max seen {}); none of a \
-             dead replica.",
+             replica, its elector's pool of {}, its application's pool of {} and one lock or \
+             waiting session; max seen {}); none of a dead replica.",
             backends.len(),
             backends.first().map_or("-".into(), |b| b.to_string()),
             backends.iter().max().map_or("-".into(), |b| b.to_string()),
             backends.last().map_or("-".into(), |b| b.to_string()),
-            2 * crate::child::POOL_SIZE + 1,
+            crate::child::POOL_SIZE + crate::child::APP_POOL_SIZE + 1,
             crate::child::POOL_SIZE,
+            crate::child::APP_POOL_SIZE,
             a.backends_per_replica_max,
         );
     }

@@ -4,9 +4,23 @@
 use std::time::Duration;
 
 use super::intervals::{Iv, extend, normalize};
+use super::runs::RunIv;
 use super::{Input, us};
-use crate::faults::{Kind, SCHEDULING, SESSION_ENDED};
+use crate::faults::{Fault, Kind, SCHEDULING, SESSION_ENDED};
 use crate::fleet::What;
+
+/// How much longer than I a graceful handover by fault `f` may drain: the rest of a run of
+/// the schedule's in progress on its replica then, up to the drain timeout.
+pub(super) fn drain(f: &Fault, runs: &[RunIv]) -> u64 {
+    if !matches!(f.kind, Kind::Graceful | Kind::Resign) {
+        return 0;
+    }
+    runs.iter()
+        .filter(|r| Some(r.replica) == f.replica && r.span.0 <= f.inject && f.inject < r.span.1)
+        .map(|r| r.span.1.min(f.inject + us(crate::app::DRAIN)) - f.inject)
+        .max()
+        .unwrap_or(0)
+}
 
 /// The spans the faults excuse, and the stalls.
 #[derive(Debug)]
@@ -40,11 +54,13 @@ impl Excuses {
         }
         let stalled: Vec<Vec<Iv>> = stalled.into_iter().map(normalize).collect();
         let stalls_of = |p: Option<usize>| p.and_then(|p| stalled.get(p)).unwrap_or(&machine);
+        let runs = super::runs::runs(input.events, input.end);
         let windows: Vec<(Iv, usize)> = faults
             .iter()
             .map(|f| {
                 let b = f.kind.bound(i);
                 let end = (f.inject + us(b.from_inject)).max(f.heal + us(b.after_heal)) + slack;
+                let end = end + drain(f, &runs);
                 (extend((f.inject, end), &machine), f.id)
             })
             .collect();
@@ -70,7 +86,7 @@ impl Excuses {
             let Some(p) = f.replica else { continue };
             let until = match f.kind {
                 Kind::Stop => f.heal + us(SESSION_ENDED),
-                Kind::Partition => (f.inject + us(i * 2)).min(f.heal + us(SESSION_ENDED)),
+                k if k.partitions() => (f.inject + us(i * 2)).min(f.heal + us(SESSION_ENDED)),
                 _ => continue,
             } + slack;
             for g in faults
@@ -113,5 +129,42 @@ impl Excuses {
             overlap_excused,
             deaf: deaf_overlaps,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(kind: Kind, inject: u64) -> Fault {
+        Fault::instant(kind, Some(2), true, inject)
+    }
+
+    fn run(replica: usize, span: Iv) -> RunIv {
+        RunIv {
+            replica,
+            due: 1,
+            span,
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn a_graceful_handover_drains_the_rest_of_its_run_up_to_the_drain_timeout() {
+        let runs = [run(2, (100, 5_000)), run(3, (0, 90_000_000))];
+        assert_eq!(drain(&fault(Kind::Graceful, 1_000), &runs), 4_000);
+        assert_eq!(drain(&fault(Kind::Resign, 1_000), &runs), 4_000);
+        assert_eq!(drain(&fault(Kind::Kill, 1_000), &runs), 0, "not a handover");
+        assert_eq!(
+            drain(&fault(Kind::Graceful, 6_000), &runs),
+            0,
+            "no run then"
+        );
+        let long = [run(2, (0, 90_000_000))];
+        assert_eq!(
+            drain(&fault(Kind::Graceful, 1_000), &long),
+            us(crate::app::DRAIN),
+            "at most the drain timeout"
+        );
     }
 }

@@ -131,31 +131,21 @@ fn add(total: &mut Analysis, a: Analysis, lane: usize) {
         total.backends = a.backends;
         total.backends_per_replica_max = a.backends_per_replica_max;
         total.stalls = a.stalls;
+        total.pool_stuck = a.pool_stuck;
+        total.probes = a.probes;
+        total.due_overlaps = a.due_overlaps;
+        total.due_overlaps_frozen = a.due_overlaps_frozen;
+        (total.job_runs, total.reruns, total.long_runs) = (a.job_runs, a.reruns, a.long_runs);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::faults::Kind;
 
     fn fault(kind: Kind, replica: Option<usize>, on_leader: bool, inject: u64) -> Fault {
-        Fault {
-            id: 0,
-            kind,
-            replica,
-            on_leader,
-            epoch: None,
-            param: Duration::ZERO,
-            inject,
-            lag: 0,
-            heal: inject,
-            done: true,
-            overlapped: false,
-            note: String::new(),
-        }
+        Fault::instant(kind, replica, on_leader, inject)
     }
 
     fn leads(replica: usize, lane: usize, at: u64, epoch: u64) -> Event {

@@ -4,7 +4,7 @@
 use super::intervals::{Iv, extend, normalize, subtract, within};
 use super::lead::two_leaders;
 use super::{Analysis, Checker, Violation, ms, names, us};
-use crate::faults::Kind;
+use crate::faults::{Fault, Kind};
 use crate::fleet::What;
 
 impl Checker<'_> {
@@ -43,6 +43,9 @@ impl Checker<'_> {
             (us(i), "a spontaneous demotion, 1·I")
         };
         for &gap in &leaderless {
+            if self.phantom_join(gap, a) {
+                continue;
+            }
             let settled = extend((gap.0, gap.0 + settle + slack), machine).1;
             for piece in subtract(&[gap], leaderless_excused) {
                 let len = piece.1 - piece.0;
@@ -98,6 +101,36 @@ impl Checker<'_> {
             }
         }
         leaderless
+    }
+
+    /// A gap that began while a joiner cut off at its grant was partitioned, with no other
+    /// fault to explain it: nobody left, so no shard may wait for that joiner; allowed 1·I +
+    /// slack (a move the joiner's grant started before it was cut off), not a move's 2·I.
+    /// Whether the gap was judged here.
+    fn phantom_join(&self, gap: Iv, a: &mut Analysis) -> bool {
+        let Some(join) = join_of(gap, self.input.faults, &self.ex.windows) else {
+            return false;
+        };
+        let allowed = us(self.i) + self.slack;
+        let limit = extend((gap.0, gap.0 + allowed), &self.ex.machine).1;
+        if gap.1 > limit {
+            a.violations.push(Violation {
+                at: gap.0,
+                what: format!(
+                    "nobody owned the shard for {} ms, from {} ms after fault #{} \
+                     (join-partition: a joiner cut off right after its grant; nobody left; \
+                     allowed 1·I + slack = {} ms)",
+                    ms(gap.1 - gap.0),
+                    ms(gap.0 - join.inject),
+                    join.id,
+                    ms(allowed)
+                ),
+                lane: 0,
+                fault: Some(join.id),
+                replicas: join.replica.into_iter().collect(),
+            });
+        }
+        true
     }
 
     /// Two lead at once, past what the faults excuse; where they did.
@@ -167,10 +200,10 @@ impl Checker<'_> {
             }
             // A partition healed before the bound proves nothing; a session ended while its
             // leader could not hear it is judged by the partition's or the freeze's bound.
-            if f.kind == Kind::Partition && f.heal < f.inject + us(demote) + slack {
+            if f.kind.partitions() && f.heal < f.inject + us(demote) + slack {
                 continue;
             }
-            if f.kind != Kind::Partition && deaf(p, f.inject) {
+            if !f.kind.partitions() && deaf(p, f.inject) {
                 continue;
             }
             let deadline = extend((f.inject, f.inject + us(demote) + slack), &stalled[p]).1;
@@ -262,5 +295,70 @@ impl Checker<'_> {
                 });
             }
         }
+    }
+}
+/// The join-partition a leaderless gap is judged by: one whose partition the gap began in,
+/// when no other fault's window (`windows`) holds the gap's start.
+pub(super) fn join_of<'a>(
+    gap: Iv,
+    faults: &'a [Fault],
+    windows: &[(Iv, usize)],
+) -> Option<&'a Fault> {
+    let join = faults.iter().find(|f| {
+        f.kind == Kind::JoinPartition && f.inject <= gap.0 && gap.0 <= f.heal.max(f.inject)
+    })?;
+    let other = windows
+        .iter()
+        .any(|&(w, id)| id != join.id && w.0 <= gap.0 && gap.0 < w.1);
+    (!other).then_some(join)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn fault(id: usize, kind: Kind, inject: u64, heal: u64) -> Fault {
+        Fault {
+            id,
+            kind,
+            replica: Some(3),
+            on_leader: false,
+            epoch: None,
+            param: Duration::ZERO,
+            inject,
+            lag: 0,
+            heal,
+            done: true,
+            overlapped: false,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_gap_begun_during_a_join_s_partition_is_the_join_s_unless_another_fault_explains_it() {
+        let faults = [
+            fault(0, Kind::Kill, 100, 100),
+            fault(1, Kind::JoinPartition, 1_000, 2_000),
+        ];
+        let windows = [((100, 600), 0), ((1_000, 1_200), 1)];
+        assert_eq!(
+            join_of((1_300, 2_500), &faults, &windows).map(|f| f.id),
+            Some(1)
+        );
+        assert!(
+            join_of((900, 2_500), &faults, &windows).is_none(),
+            "begun before"
+        );
+        assert!(
+            join_of((2_100, 2_500), &faults, &windows).is_none(),
+            "begun after the heal"
+        );
+        let busy = [((100, 600), 0), ((1_000, 1_200), 1), ((1_250, 1_900), 0)];
+        assert!(
+            join_of((1_300, 2_500), &faults, &busy).is_none(),
+            "another fault's window"
+        );
     }
 }

@@ -8,8 +8,10 @@ mod intervals;
 mod lanes;
 mod lead;
 mod leaders;
+pub(crate) mod pool;
 mod resources;
 mod rows;
+mod runs;
 
 use crate::db::{Row, Run};
 use crate::faults::{Fault, Kind};
@@ -89,6 +91,8 @@ pub(crate) struct Input<'a> {
     pub(crate) checkpoints: &'a [Checkpoint],
     /// When the soak's own 1 ms sleeper ran more than 20 ms late (the machine stalled).
     pub(crate) stalls: &'a [Iv],
+    /// The probes of the application pools.
+    pub(crate) probes: &'a [crate::probes::Sent],
 }
 
 /// What the checks found.
@@ -105,6 +109,18 @@ pub(crate) struct Analysis {
     pub(crate) unprovoked: Vec<Iv>,
     /// The first moment a replica may have led.
     pub(crate) first_leader: Option<u64>,
+    /// Per fault: connections of an application pool stuck when probed after it.
+    pub(crate) pool_stuck: Vec<u64>,
+    /// The probes of the application pools.
+    pub(crate) probes: pool::Probes,
+    /// Per fault: two runs of one due at once attributed to it.
+    pub(crate) due_overlaps: Vec<u64>,
+    /// Two runs of one due at once where a runner had frozen (the README's exception).
+    pub(crate) due_overlaps_frozen: usize,
+    /// The schedule's runs, reruns among them, and runs longer than 3 s.
+    pub(crate) job_runs: usize,
+    pub(crate) reruns: usize,
+    pub(crate) long_runs: usize,
     /// Rows checked, epochs seen, rows written while the sampled holder was another
     /// replica (within an allowance) or nobody.
     pub(crate) rows: usize,
@@ -167,7 +183,7 @@ impl Checker<'_> {
     /// Whether replica `p` could not hear the server at `t` (frozen or partitioned).
     fn deaf(&self, p: usize, t: u64) -> bool {
         self.input.faults.iter().any(|g| {
-            matches!(g.kind, Kind::Stop | Kind::Partition)
+            (g.kind == Kind::Stop || g.kind.partitions())
                 && g.replica == Some(p)
                 && (g.inject..=g.heal).contains(&t)
         })
@@ -213,6 +229,8 @@ fn analyse_lane(input: &Input<'_>, resources: bool) -> Analysis {
     if resources {
         checker.memory(&mut a);
         checker.backends(&mut a);
+        pool::check(input, &mut a);
+        runs::check(input, &mut a);
     }
     a.violations.sort_by_key(|v| v.at);
     a

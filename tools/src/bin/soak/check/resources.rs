@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{Analysis, Checker, Violation};
-use crate::child::POOL_SIZE;
+use crate::child::{APP_POOL_SIZE, POOL_SIZE};
 
 impl Checker<'_> {
     /// Memory: flat over each long life.
@@ -48,7 +48,7 @@ impl Checker<'_> {
         let latest_fault = |t: u64| self.latest_fault(t);
         // Backends at the checkpoints: none of a dead process, at most the pools and one lock or
         // waiting session per live one.
-        let per_replica = (2 * POOL_SIZE + 1) as i64;
+        let per_replica = (POOL_SIZE + APP_POOL_SIZE + 1) as i64;
         for c in input.checkpoints {
             a.backends.push(c.backends.iter().map(|(_, n)| n).sum());
             let mut per: BTreeMap<usize, i64> = BTreeMap::new();

@@ -29,8 +29,7 @@ const TABLE: &str = "pg_elector_testkit_writes";
 /// FencedWrites::record(&tx, &term, "sent invoice 7").await?;
 /// tx.commit().await?;
 /// // ... at the end of the test:
-/// let writes = FencedWrites::read(&admin).await?;
-/// assert!(writes.interleavings().is_empty(), "{:?}", writes.interleavings());
+/// FencedWrites::read(&admin).await?.assert_not_interleaved();
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, Default)]
@@ -127,7 +126,7 @@ impl FencedWrites {
     ///     "SELECT epoch, invoice_id::text, queued_at FROM outbox ORDER BY queued_at",
     /// )
     /// .await?;
-    /// assert!(sends.interleavings().is_empty());
+    /// sends.assert_not_interleaved();
     /// # Ok(()) }
     /// ```
     ///
@@ -170,6 +169,46 @@ impl FencedWrites {
         found
     }
 
+    /// Panics when the writes of two terms interleaved (see
+    /// [`interleavings`](Self::interleavings)), saying, for each write of an earlier term that
+    /// came after one of a later term, both writes and when they were stamped (from the first
+    /// write).
+    ///
+    /// ```no_run
+    /// # async fn demo(admin: &tokio_postgres::Client) -> Result<(), pg_elector_testkit::KitError> {
+    /// use pg_elector_testkit::FencedWrites;
+    /// FencedWrites::read(admin).await?.assert_not_interleaved();
+    /// # Ok(()) }
+    /// ```
+    #[track_caller]
+    pub fn assert_not_interleaved(&self) {
+        let found = self.interleavings();
+        if found.is_empty() {
+            return;
+        }
+        let first = self.writes.first().map_or(SystemTime::UNIX_EPOCH, |w| w.at);
+        let since = |w: &Write| w.at.duration_since(first).unwrap_or_default();
+        let mut message = format!(
+            "writes of two terms interleaved, {} time(s) in {} writes:",
+            found.len(),
+            self.writes.len()
+        );
+        for i in &found {
+            message.push_str(&format!(
+                "\n  epoch {}'s write {:?} came {:?} after epoch {}'s write {:?} (at {:?} and \
+                 {:?} from the first write)",
+                i.earlier.epoch,
+                i.earlier.what,
+                since(&i.earlier).saturating_sub(since(&i.later)),
+                i.later.epoch,
+                i.later.what,
+                since(&i.earlier),
+                since(&i.later)
+            ));
+        }
+        panic!("{message}");
+    }
+
     /// The epochs of the terms that wrote, in the order they first wrote.
     pub fn terms(&self) -> Vec<i64> {
         let mut terms: Vec<i64> = Vec::new();
@@ -184,6 +223,7 @@ impl FencedWrites {
 
 /// Why [`FencedWrites::record`] did not record.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
     /// The term may no longer write: another term has begun, or this one ended.
     #[error(transparent)]
@@ -194,4 +234,42 @@ pub enum RecordError {
     /// The insert failed.
     #[error("recording the write: {0}")]
     Postgres(tokio_postgres::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn write(epoch: i64, what: &str, after_ms: u64) -> Write {
+        Write {
+            epoch,
+            what: what.to_owned(),
+            at: SystemTime::UNIX_EPOCH
+                + Duration::from_secs(1_800_000_000)
+                + Duration::from_millis(after_ms),
+        }
+    }
+
+    #[test]
+    fn terms_one_after_another_pass() {
+        let writes = FencedWrites {
+            writes: vec![write(1, "a", 0), write(1, "b", 5), write(2, "c", 10)],
+        };
+        writes.assert_not_interleaved();
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "writes of two terms interleaved, 1 time(s) in 3 writes:\n  \
+                               epoch 1's write \"c\" came 15ms after epoch 2's write \"b\" \
+                               (at 25ms and 10ms from the first write)"
+    )]
+    fn an_earlier_terms_late_write_says_which_and_when() {
+        let writes = FencedWrites {
+            writes: vec![write(1, "a", 0), write(2, "b", 10), write(1, "c", 25)],
+        };
+        writes.assert_not_interleaved();
+    }
 }

@@ -21,6 +21,7 @@ pub const SERVER_EVERY: Duration = Duration::from_millis(10);
 /// One stretch of time in which one replica said it led (or the server said it held the lock),
 /// in time since the timeline started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Span {
     /// The replica's index.
     pub replica: usize,
@@ -40,6 +41,7 @@ impl Span {
 
 /// A stretch of time in which two replicas both said they led (owned) one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Overlap {
     /// Which key (see [`Span::lane`]).
     pub lane: usize,
@@ -55,6 +57,7 @@ pub struct Overlap {
 
 /// What a [`Timeline`] saw so far.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Seen {
     /// Every stretch of leadership (ownership) as `is_leader()` said it, in order of start.
     pub leaders: Vec<Span>,
@@ -106,6 +109,42 @@ impl Seen {
     pub fn leader_order(&self) -> Vec<usize> {
         self.leaders.iter().map(|s| s.replica).collect()
     }
+
+    /// Panics when two replicas ever both said they led (owned) one key at once (see
+    /// [`overlaps`](Self::overlaps)), saying which replicas, when (since the timeline
+    /// started) and for how long. The kit's promise in one call:
+    ///
+    /// ```no_run
+    /// # async fn demo(replicas: pg_elector_testkit::Replicas) {
+    /// let seen = replicas.finish().await;
+    /// seen.assert_no_two_leaders();
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn assert_no_two_leaders(&self) {
+        let overlaps = self.overlaps();
+        if overlaps.is_empty() {
+            return;
+        }
+        let mut message = format!(
+            "two leaders at once, {} time(s) in the {:?} the timeline ran:",
+            overlaps.len(),
+            self.elapsed
+        );
+        for o in &overlaps {
+            message.push_str(&format!(
+                "\n  replicas {} and {} both led lane {} from {:?} to {:?} after the timeline \
+                 started ({:?})",
+                o.first,
+                o.second,
+                o.lane,
+                o.from,
+                o.from + o.length,
+                o.length
+            ));
+        }
+        panic!("{message}");
+    }
 }
 
 /// Records who leads, from every replica's `is_leader()` (read every [`SAMPLE_EVERY`] on a
@@ -119,33 +158,68 @@ pub struct Timeline {
     server: CancellationToken,
 }
 
+/// Builds a [`Timeline`]; from [`Timeline::builder`].
+#[must_use = "a builder does nothing until `start` is called"]
+#[derive(Debug)]
+pub struct TimelineBuilder {
+    lanes: Vec<Vec<Elector>>,
+    server: Option<ServerView>,
+    every: Duration,
+}
+
+impl TimelineBuilder {
+    /// With `server` (an admin connection's settings to the electors' database, the keys and
+    /// every replica's identity), the server's view is recorded as well; the timeline then
+    /// needs a tokio runtime to start.
+    pub fn server(mut self, view: ServerView) -> Self {
+        self.server = Some(view);
+        self
+    }
+
+    /// Reads `is_leader()` every `every` (default [`SAMPLE_EVERY`]): a shorter period finds
+    /// shorter overlaps and costs a core more of its time.
+    pub fn sample_every(mut self, every: Duration) -> Self {
+        self.every = every;
+        self
+    }
+
+    /// Starts recording.
+    pub fn start(self) -> Timeline {
+        Timeline::start_lanes(&self.lanes, self.server, self.every)
+    }
+}
+
 impl Timeline {
     /// Starts recording `electors` (a replica's index is its place in the slice). With `server`
     /// (an admin connection's settings to the electors' database, the key and every replica's
-    /// identity), the server's view is recorded as well; it needs a tokio runtime.
+    /// identity), the server's view is recorded as well; it needs a tokio runtime. The
+    /// [`builder`](Self::builder) with those and nothing else.
     pub fn start(electors: &[Elector], server: Option<ServerView>) -> Self {
-        Self::start_sampling(electors, server, SAMPLE_EVERY)
+        let builder = Self::builder(electors);
+        match server {
+            Some(view) => builder.server(view).start(),
+            None => builder.start(),
+        }
     }
 
-    /// Like [`start`](Self::start), reading `is_leader()` every `every` instead (a shorter
-    /// period finds shorter overlaps and costs a core more of its time).
-    pub fn start_sampling(
-        electors: &[Elector],
-        server: Option<ServerView>,
-        every: Duration,
-    ) -> Self {
-        let lanes: Vec<Vec<Elector>> = electors.iter().map(|e| vec![e.clone()]).collect();
-        Self::start_lanes(&lanes, server, every)
+    /// A timeline of `electors`, one key each (a replica's index is its place in the slice).
+    pub fn builder(electors: &[Elector]) -> TimelineBuilder {
+        Self::builder_lanes(electors.iter().map(|e| vec![e.clone()]).collect())
     }
 
-    /// Records several keys at once: `electors[replica][lane]` is replica `replica`'s elector
-    /// of key `lane` (a shard's, from `Shards::elector`); an overlap is two replicas leading
-    /// one lane. With `server`, its `keys` are the lanes' keys.
-    pub fn start_lanes(
-        electors: &[Vec<Elector>],
-        server: Option<ServerView>,
-        every: Duration,
-    ) -> Self {
+    /// A timeline of several keys at once: `electors[replica][lane]` is replica `replica`'s
+    /// elector of key `lane` (a shard's, from `Shards::elector`); an overlap is two replicas
+    /// leading one lane. With a [`server`](TimelineBuilder::server), its `keys` are the lanes'
+    /// keys.
+    pub fn builder_lanes(electors: Vec<Vec<Elector>>) -> TimelineBuilder {
+        TimelineBuilder {
+            lanes: electors,
+            server: None,
+            every: SAMPLE_EVERY,
+        }
+    }
+
+    fn start_lanes(electors: &[Vec<Elector>], server: Option<ServerView>, every: Duration) -> Self {
         let start = Instant::now();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -176,6 +250,13 @@ impl Timeline {
     /// Stops recording and returns what was seen.
     pub fn finish(self) -> Seen {
         self.seen()
+    }
+
+    /// Panics when two electors have led one key at once so far (see
+    /// [`Seen::assert_no_two_leaders`], which says which, when and for how long).
+    #[track_caller]
+    pub fn assert_no_two_leaders(&self) {
+        self.seen().assert_no_two_leaders();
     }
 }
 
@@ -288,5 +369,44 @@ async fn sample_server(
             () = tokio::time::sleep(SERVER_EVERY) => {}
             () = stop.cancelled() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(replica: usize, from_ms: u64, to_ms: u64) -> Span {
+        Span {
+            replica,
+            lane: 0,
+            from: Duration::from_millis(from_ms),
+            to: Some(Duration::from_millis(to_ms)),
+        }
+    }
+
+    #[test]
+    fn one_leader_after_another_passes() {
+        let seen = Seen {
+            leaders: vec![span(0, 1000, 2000), span(1, 2000, 3000)],
+            elapsed: Duration::from_secs(4),
+            ..Seen::default()
+        };
+        seen.assert_no_two_leaders();
+    }
+
+    #[test]
+    #[should_panic(
+        expected = "two leaders at once, 1 time(s) in the 4s the timeline ran:\n  \
+                               replicas 0 and 1 both led lane 0 from 1.5s to 2s after the \
+                               timeline started (500ms)"
+    )]
+    fn two_leaders_at_once_say_who_when_and_how_long() {
+        let seen = Seen {
+            leaders: vec![span(0, 1000, 2000), span(1, 1500, 3000)],
+            elapsed: Duration::from_secs(4),
+            ..Seen::default()
+        };
+        seen.assert_no_two_leaders();
     }
 }

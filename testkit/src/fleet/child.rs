@@ -12,7 +12,7 @@ use super::{
     ENV_ADDR, ENV_FAST, ENV_FENCED, ENV_INTERVAL_MS, ENV_JOB_MS, ENV_KEY, ENV_NAME, ENV_URL, MARK,
     WOKE_GAP_US, log_to_stderr, unix_us,
 };
-use crate::{config_with_addr, pool_from_config};
+use crate::database::{config_with_addr, pool_from_config};
 
 /// Runs one replica with its settings in the environment (see [`Fleet::spawn`](super::Fleet::spawn)), on a
 /// current-thread runtime, until its shutdown or the end of its stdin.
@@ -58,7 +58,7 @@ struct ChildSettings {
     fenced: bool,
     name: String,
     /// The pool for the replica's work (the elector has one of its own), with an
-    /// `idle_in_transaction_session_timeout` of [`TEST_IDLE_IN_TRANSACTION`](crate::TEST_IDLE_IN_TRANSACTION).
+    /// `idle_in_transaction_session_timeout` of [`TEST_IDLE_IN_TRANSACTION`](crate::replicas::TEST_IDLE_IN_TRANSACTION).
     app: deadpool_postgres::Pool,
     elector: Elector,
     /// Cancelled by `stop` on stdin.
@@ -82,7 +82,7 @@ fn child_setup() -> ChildSettings {
     app_config.options(format!(
         "{} -c idle_in_transaction_session_timeout={}",
         config.get_options().unwrap_or_default(),
-        crate::TEST_IDLE_IN_TRANSACTION.as_millis()
+        crate::replicas::TEST_IDLE_IN_TRANSACTION.as_millis()
     ));
     let app = pool_from_config(app_config, 2);
     let name = setting(ENV_NAME);
@@ -156,21 +156,23 @@ async fn say_exited(reported: &AtomicBool) {
 }
 
 /// Runs a replica of *your* service in this process, with its settings in the environment
-/// (see [`Fleet::spawn`](super::Fleet::spawn)), on a current-thread runtime: `service` gets the replica's elector
-/// (its identity `replica-<n>`, fenced when the fleet's `fenced` is set), a pool for its work
-/// and a shutdown cancelled by [`Fleet::stop`](super::Fleet::stop), and runs the election itself, as `main` would
-/// (a `Supervisor` with `.election`, say). Every transition is said on stdout as for
-/// [`child`], so the parent's [`Fleet`](super::Fleet) can freeze, thaw and kill the process and see who led.
+/// (see [`Fleet::spawn`](super::Fleet::spawn)), on a current-thread runtime: `service` gets
+/// the replica's elector (its identity `replica-<n>`, fenced when the fleet was built with
+/// [`fenced(true)`](super::FleetBuilder::fenced)), a pool for its work and a shutdown
+/// cancelled by [`Fleet::stop`](super::Fleet::stop), and runs the election itself, as `main`
+/// would (a `Supervisor` with `.election`, say). Every transition is said on stdout as for
+/// [`child`], so the parent's [`Fleet`](super::Fleet) can freeze, thaw and kill the process and
+/// see who led.
 ///
 /// ```no_run
-/// use pg_elector_testkit::replica;
+/// use pg_elector_testkit::processes;
 ///
 /// /// Run again by the fleet as `replica_child --exact --ignored --nocapture`.
 /// #[test]
 /// #[ignore = "a replica process the tests of this file start"]
 /// fn replica_child() {
-///     if std::env::var(replica::ENV_URL).is_ok() {
-///         replica::child_with(|r| async move {
+///     if processes::is_child() {
+///         processes::child_with(|r| async move {
 ///             let _ = r.elector.run(r.shutdown).await; // ... or your service
 ///         });
 ///     }
@@ -178,14 +180,14 @@ async fn say_exited(reported: &AtomicBool) {
 /// ```
 pub fn child_with<F, Fut>(service: F)
 where
-    F: FnOnce(crate::Replica) -> Fut,
+    F: FnOnce(crate::replicas::Replica) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     on_current_thread(async move {
         let child = child_setup();
         let reported = watch_leadership(&child.elector);
         let index = child.name.rsplit('-').next().and_then(|n| n.parse().ok());
-        service(crate::Replica {
+        service(crate::replicas::Replica {
             index: index.unwrap_or_default(),
             elector: child.elector.clone(),
             pool: child.app.clone(),

@@ -102,6 +102,12 @@ where
 
 mod child;
 
+/// Whether this process is a replica that a [`Fleet`] started (its settings are in the
+/// environment): what the ignored test that enters [`child_with`] checks first.
+pub fn is_child() -> bool {
+    std::env::var(ENV_URL).is_ok()
+}
+
 pub use child::{child, child_with, key_setting, ms_setting, on_current_thread, setting};
 
 // ---------------------------------------------------------------------------------------------
@@ -109,6 +115,7 @@ pub use child::{child, child_with, key_setting, ms_setting, on_current_thread, s
 
 /// What a replica said (or the parent did to it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum What {
     /// The process is up, its elector built.
     Started,
@@ -194,45 +201,124 @@ pub struct Proc {
 #[derive(Debug)]
 pub struct Fleet {
     /// The arguments that make the running binary enter [`child`].
-    pub entry: &'static [&'static str],
+    entry: &'static [&'static str],
     /// The connection URL every replica gets.
-    pub url: String,
+    url: String,
     /// The key every replica elects on.
-    pub key: LockKey,
+    key: LockKey,
     /// Every replica's check interval.
-    pub interval: Duration,
+    interval: Duration,
     /// What the replicas said.
-    pub board: Arc<Board>,
+    board: Arc<Board>,
     /// The processes, by index.
-    pub procs: Vec<Proc>,
-    /// Replicas spawned from now on fence and write (see [`ENV_FENCED`]).
-    pub fenced: bool,
-    /// Replicas spawned from now on run a job every this many ms (see [`ENV_JOB_MS`]).
-    pub job_ms: Option<u64>,
-    /// Replicas spawned from now on run with fast takeover (see [`ENV_FAST`]).
-    pub fast: bool,
+    procs: Vec<Proc>,
+    /// Replicas fence and write (see [`ENV_FENCED`]).
+    fenced: bool,
+    /// Replicas run a job every this many ms (see [`ENV_JOB_MS`]).
+    job_ms: Option<u64>,
+    /// Replicas run with fast takeover (see [`ENV_FAST`]).
+    fast: bool,
+}
+
+/// Builds a [`Fleet`]; from [`Fleet::builder`].
+#[must_use = "a builder does nothing until `build` is called"]
+#[derive(Debug)]
+pub struct FleetBuilder {
+    fleet: Fleet,
+}
+
+impl FleetBuilder {
+    /// Whether the replicas' electors fence (default off). The kit's own replica
+    /// ([`child`]) then writes one fenced row a tick into `replica_writes`, which the parent
+    /// creates; a service run by [`child_with`] gets a fenced elector.
+    pub fn fenced(mut self, on: bool) -> Self {
+        self.fleet.fenced = on;
+        self
+    }
+
+    /// Whether the replicas' electors run with fast takeover (default off).
+    pub fn fast_takeover(mut self, on: bool) -> Self {
+        self.fleet.fast = on;
+        self
+    }
+
+    /// The kit's own replica ([`child`]) also runs a schedule with one job every `ms`
+    /// milliseconds (see [`ENV_JOB_MS`]).
+    #[doc(hidden)]
+    pub fn job_ms(mut self, ms: Option<u64>) -> Self {
+        self.fleet.job_ms = ms;
+        self
+    }
+
+    /// The fleet, with no process yet: [`spawn`](Fleet::spawn) starts each.
+    pub fn build(self) -> Fleet {
+        self.fleet
+    }
 }
 
 impl Fleet {
     /// No process yet: replicas of the running binary started with `entry`, electing on `key`
-    /// at `url` every `interval`.
+    /// at `url` every `interval`, neither fenced nor with fast takeover (what
+    /// [`builder`](Self::builder) sets).
     pub fn new(
         entry: &'static [&'static str],
         url: String,
         key: LockKey,
         interval: Duration,
     ) -> Self {
-        Self {
-            entry,
-            url,
-            key,
-            interval,
-            board: Arc::default(),
-            procs: Vec::new(),
-            fenced: false,
-            job_ms: None,
-            fast: false,
+        Self::builder(entry, url, key, interval).build()
+    }
+
+    /// A fleet of replicas of the running binary started with `entry`, electing on `key` at
+    /// `url` every `interval`, with what else the builder sets.
+    ///
+    /// `entry` is what makes the binary enter [`child_with`] (or [`child`]): for a test binary,
+    /// the name of an ignored test and `--exact --ignored --nocapture`.
+    pub fn builder(
+        entry: &'static [&'static str],
+        url: String,
+        key: LockKey,
+        interval: Duration,
+    ) -> FleetBuilder {
+        FleetBuilder {
+            fleet: Self {
+                entry,
+                url,
+                key,
+                interval,
+                board: Arc::default(),
+                procs: Vec::new(),
+                fenced: false,
+                job_ms: None,
+                fast: false,
+            },
         }
+    }
+
+    /// How many replicas were spawned (running or not).
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// The key the replicas elect on.
+    pub fn key(&self) -> LockKey {
+        self.key
+    }
+
+    /// The replicas' check interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// What the replicas said, and their stderr lines.
+    #[doc(hidden)]
+    pub fn board(&self) -> &Board {
+        &self.board
     }
 
     /// Starts a replica, connecting straight to the server, or to `via` (a proxy).
@@ -370,8 +456,19 @@ impl Fleet {
         let _ = self.procs[replica].child.wait().await;
     }
 
-    /// Asks a replica for a graceful shutdown (`stop` on its stdin).
-    pub async fn stop(&mut self, replica: usize) -> std::io::Result<()> {
+    /// Asks a replica for a graceful shutdown (`stop` on its stdin: a leader drains and
+    /// unlocks, as at a deploy), as [`Replicas::stop`](crate::replicas::Members::stop) does for
+    /// a replica in the test's process. Returns once the request is written: the process
+    /// exits on its own ([`reap`](Self::reap) waits for it). A process already gone has
+    /// nothing to stop: use [`try_stop`](Self::try_stop) where a test must know that the
+    /// request reached a live process.
+    pub async fn stop(&mut self, replica: usize) {
+        let _ = self.try_stop(replica).await;
+    }
+
+    /// [`stop`](Self::stop), with the error of writing to a process already gone (a test that
+    /// asserts a graceful stop should use this one: a crashed child fails it).
+    pub async fn try_stop(&mut self, replica: usize) -> std::io::Result<()> {
         let stdin = &mut self.procs[replica].stdin;
         stdin.write_all(b"stop\n").await?;
         stdin.flush().await
@@ -415,7 +512,7 @@ impl Fleet {
     pub async fn wait_for_leader(
         &self,
         limit: Duration,
-    ) -> Result<crate::Leading, crate::KitError> {
+    ) -> Result<crate::replicas::Leading, crate::KitError> {
         let n = self.procs.len();
         let start = std::time::Instant::now();
         self.wait(limit, |events| {
@@ -426,7 +523,7 @@ impl Fleet {
             }
         })
         .await
-        .map(|replica| crate::Leading {
+        .map(|replica| crate::replicas::Leading {
             replica,
             took: start.elapsed(),
         })
@@ -444,11 +541,11 @@ impl Fleet {
     /// # Errors
     ///
     /// [`KitError::Timeout`](crate::KitError::Timeout) when not so within `limit`.
-    pub async fn wait_for_new_leader(
+    pub async fn wait_for_other_leader(
         &self,
         old: usize,
         limit: Duration,
-    ) -> Result<crate::Leading, crate::KitError> {
+    ) -> Result<crate::replicas::Leading, crate::KitError> {
         let n = self.procs.len();
         let start = std::time::Instant::now();
         let found = self
@@ -464,7 +561,7 @@ impl Fleet {
             })
             .await;
         found
-            .map(|replica| crate::Leading {
+            .map(|replica| crate::replicas::Leading {
                 replica,
                 took: start.elapsed(),
             })
@@ -474,6 +571,21 @@ impl Fleet {
                     leaders(&self.events(), n)
                 ))
             })
+    }
+
+    /// The old name of [`wait_for_other_leader`](Self::wait_for_other_leader), as in
+    /// [`Replicas`](crate::Replicas).
+    ///
+    /// # Errors
+    ///
+    /// As [`wait_for_other_leader`](Self::wait_for_other_leader).
+    #[deprecated(note = "renamed to `wait_for_other_leader`: a leader other than `old`")]
+    pub async fn wait_for_new_leader(
+        &self,
+        old: usize,
+        limit: Duration,
+    ) -> Result<crate::replicas::Leading, crate::KitError> {
+        self.wait_for_other_leader(old, limit).await
     }
 }
 

@@ -1,0 +1,170 @@
+//! The check of the application pools: every connection answers `SELECT 1` within 1 s when
+//! the soak probes it after a fault (see `soak/probes.rs`).
+
+use super::{Analysis, Input, Violation};
+use crate::fleet::What;
+use crate::probes::Sent;
+
+/// A replica's answer to one probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Answer {
+    /// The probe's number.
+    pub(crate) probe: usize,
+    /// Connections that answered `SELECT 1` in time.
+    pub(crate) answered: u32,
+    /// Connections borrowed that did not answer within 1 s (closed by the probe).
+    pub(crate) stuck: u32,
+    /// Connections borrowed whose `SELECT 1` failed (a broken connection).
+    pub(crate) failed: u32,
+    /// Connections the probe could not borrow within 1 s.
+    pub(crate) unborrowed: u32,
+}
+
+/// What the probes found.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Probes {
+    /// Probes sent, answered.
+    pub(crate) sent: usize,
+    pub(crate) answered: usize,
+    /// Connections that answered, failed, could not be borrowed, in all.
+    pub(crate) connections: u32,
+    pub(crate) failed: u32,
+    pub(crate) unborrowed: u32,
+    /// Probes a fault injected before the answer made moot.
+    pub(crate) moot: usize,
+}
+
+/// One probe's verdict: the stuck connections it counts (0 when a fault injected between the
+/// probe and its answer makes it moot, or the replica ended or froze before answering).
+pub(crate) fn stuck(
+    sent: &Sent,
+    answer: Option<(u64, &Answer)>,
+    injections: &[u64],
+    gone_by: Option<u64>,
+) -> Option<u32> {
+    let until = answer.map_or(u64::MAX, |(at, _)| at);
+    if injections.iter().any(|&t| t > sent.at && t <= until) {
+        return None;
+    }
+    match answer {
+        Some((_, a)) => Some(a.stuck),
+        // No answer: the whole pool hung, unless the process ended (or froze) first.
+        None if gone_by.is_some() => None,
+        None => Some(crate::child::APP_POOL_SIZE as u32),
+    }
+}
+
+/// Every probe: a stuck connection is a violation, attributed to the fault it follows.
+pub(crate) fn check(input: &Input<'_>, a: &mut Analysis) {
+    let injections: Vec<u64> = input.faults.iter().map(|f| f.inject).collect();
+    a.pool_stuck = vec![0; input.faults.len()];
+    let mut p = Probes {
+        sent: input.probes.len(),
+        ..Probes::default()
+    };
+    for sent in input.probes {
+        let answer = input.events.iter().find_map(|e| match e.what {
+            What::Pool(ans) if e.replica == sent.replica && ans.probe == sent.id => {
+                Some((e.at, ans))
+            }
+            _ => None,
+        });
+        let gone_by = input.events.iter().find_map(|e| {
+            let gone = matches!(e.what, What::Killed | What::Exited | What::Stopped);
+            (gone && e.replica == sent.replica && e.at >= sent.at).then_some(e.at)
+        });
+        if let Some((_, ans)) = &answer {
+            p.answered += 1;
+            p.connections += ans.answered;
+            p.failed += ans.failed;
+            p.unborrowed += ans.unborrowed;
+        }
+        let Some(n) = stuck(
+            sent,
+            answer.as_ref().map(|(t, a)| (*t, a)),
+            &injections,
+            gone_by,
+        ) else {
+            p.moot += 1;
+            continue;
+        };
+        if n == 0 {
+            continue;
+        }
+        a.pool_stuck[sent.fault] += u64::from(n);
+        let f = &input.faults[sent.fault];
+        a.violations.push(Violation {
+            at: sent.at,
+            what: format!(
+                "{n} connection(s) of replica-{}'s application pool did not answer SELECT 1 \
+                 within 1 s, {} fault #{} ({}){}",
+                sent.replica,
+                if sent.during {
+                    "idle in the pool during"
+                } else {
+                    "one interval after the heal of"
+                },
+                f.id,
+                f.kind.name(),
+                if answer.is_none() {
+                    ": the probe got no answer at all"
+                } else {
+                    ""
+                }
+            ),
+            lane: 0,
+            fault: Some(sent.fault),
+            replicas: vec![sent.replica],
+        });
+    }
+    a.probes = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(at: u64) -> Sent {
+        Sent {
+            id: 0,
+            fault: 0,
+            replica: 1,
+            at,
+            during: false,
+        }
+    }
+
+    fn answer(stuck: u32) -> Answer {
+        Answer {
+            probe: 0,
+            answered: 2 - stuck,
+            stuck,
+            failed: 0,
+            unborrowed: 0,
+        }
+    }
+
+    #[test]
+    fn a_stuck_connection_counts_unless_a_later_fault_explains_it() {
+        let a = answer(1);
+        assert_eq!(stuck(&sent(100), Some((900, &a)), &[50], None), Some(1));
+        assert_eq!(
+            stuck(&sent(100), Some((900, &a)), &[50, 500], None),
+            None,
+            "a fault injected while the probe ran"
+        );
+        assert_eq!(
+            stuck(&sent(100), Some((900, &answer(0))), &[], None),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn no_answer_is_the_whole_pool_stuck_unless_the_replica_went_first() {
+        assert_eq!(
+            stuck(&sent(100), None, &[], None),
+            Some(crate::child::APP_POOL_SIZE as u32)
+        );
+        assert_eq!(stuck(&sent(100), None, &[], Some(300)), None);
+    }
+}
