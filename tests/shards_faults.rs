@@ -712,10 +712,10 @@ mod f3 {
             .expect("b owns the shards whose rows are free");
         let mut membership = b.shards.subscribe();
         let watched = Instant::now();
-        let mut lost = 0;
+        let mut lost = Vec::new();
         while watched.elapsed() < 8 * I {
             if !b.shards.is_member() || !free.iter().all(|&s| b.shards.is_owner(s)) {
-                lost += 1;
+                lost.push((watched.elapsed(), b.shards.is_member(), b.shards.owned()));
             }
             assert!(
                 busy.iter().all(|&s| !b.shards.is_owner(s)),
@@ -723,9 +723,10 @@ mod f3 {
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        assert_eq!(
-            lost, 0,
-            "b kept its membership and the free shards while the busy rows stayed held"
+        assert!(
+            lost.is_empty(),
+            "b kept its membership and the free shards while the busy rows stayed held; lost (since the watch began, member, owned): {:?}",
+            &lost[..lost.len().min(5)]
         );
         assert!(
             !membership.has_changed().unwrap(),
@@ -733,16 +734,18 @@ mod f3 {
             *membership.borrow_and_update()
         );
         admin.batch_execute("ROLLBACK").await.unwrap();
-        let ended = Instant::now();
-        wait_for(5 * I, || b.shards.owned().len() == 8)
+        let all_owned = wait_for(5 * I, || b.shards.owned().len() == 8)
             .await
             .expect("b owns the held shards once the transaction ended");
+        // The next check (at most 1·I away) takes them; a loaded 2-core machine may run that
+        // check late, by up to another 1·I.
         assert!(
-            ended.elapsed() <= I + I / 2,
-            "within 1·I (+ slack) of the transaction's end: {:?}",
-            ended.elapsed()
+            all_owned <= 2 * I,
+            "at b's next check after the transaction's end: {all_owned:?}"
         );
-        eprintln!("busy rows: free shards owned after {owned_free:?}");
+        eprintln!(
+            "busy rows: free shards owned after {owned_free:?}, the held ones {all_owned:?} after the transaction's end"
+        );
         b.stop().await.unwrap();
     }
 
