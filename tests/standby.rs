@@ -115,13 +115,18 @@ mod e3 {
             .get(0)
     }
 
-    /// E3: with prepared statements on, a refused try is a statement prepared once on its pool
-    /// connection, not one parsed and planned again at every try.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_refused_try_is_prepared_once_per_connection() {
-        let _serial = serial();
-        let db = fresh_db().await;
-        let key = LockKey::new(3, 2_000);
+    /// A replica leading `key` on a pool of its own, and beside it a standby with prepared
+    /// statements on, whose log is captured, on a one-connection pool (returned for
+    /// [`prepared_tries`]).
+    async fn prepared_standby_beside_a_leader(
+        db: &TestDb,
+        key: LockKey,
+    ) -> (
+        Replica,
+        Replica,
+        deadpool_postgres::Pool,
+        common::capture::Capture,
+    ) {
         let leader = Replica::start(db.pool(1), key, I);
         wait_a_leads(&leader).await;
         let pool = db.pool(1);
@@ -132,6 +137,17 @@ mod e3 {
             .build()
             .unwrap();
         let standby = Replica::run_captured(elector, &capture);
+        (leader, standby, pool, capture)
+    }
+
+    /// E3: with prepared statements on, a refused try is a statement prepared once on its pool
+    /// connection, not one parsed and planned again at every try.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_try_is_prepared_once_per_connection() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_000);
+        let (leader, standby, pool, capture) = prepared_standby_beside_a_leader(&db, key).await;
         tokio::time::sleep(6 * I).await;
         assert_eq!(
             prepared_tries(&pool).await,
@@ -163,16 +179,7 @@ mod e3 {
         let _serial = serial();
         let db = fresh_db().await;
         let key = LockKey::new(3, 2_001);
-        let leader = Replica::start(db.pool(1), key, I);
-        wait_a_leads(&leader).await;
-        let pool = db.pool(1);
-        let capture = common::capture::Capture::default();
-        let elector = Elector::builder(pool.clone(), key)
-            .check_interval(I)
-            .prepared_statements(true)
-            .build()
-            .unwrap();
-        let standby = Replica::run_captured(elector, &capture);
+        let (leader, standby, pool, capture) = prepared_standby_beside_a_leader(&db, key).await;
         tokio::time::sleep(3 * I).await;
         assert_eq!(prepared_tries(&pool).await, 1, "the try was prepared");
         for _ in 0..3 {
