@@ -35,6 +35,12 @@ pub use proxy::FaultProxy;
 pub use recorder::Timeline;
 pub use server::{PgServer, ShutdownMode};
 
+/// Replicas of a service as child processes, which a test can freeze (SIGSTOP), thaw and kill;
+/// [`Fleet::serve_child`] is the child's side. Feature `replica`, on by default; the rest of
+/// that API is in [`processes`].
+#[cfg(feature = "replica")]
+pub use fleet::Fleet;
+
 /// A test's replicas of one service: in this process, one elector each on one key, each with a
 /// pool of its own through a [`FaultProxy`] of its own, each running the service the test gave
 /// ([`ReplicasBuilder::service`](replicas::MembersBuilder::service)). The faults
@@ -101,7 +107,7 @@ pub mod fenced {
 }
 
 /// Replicas as child processes (feature `replica`, on by default): a
-/// [`Fleet`](crate::processes::Fleet) of the running test binary started again, which can be frozen (SIGSTOP), thawed and killed.
+/// [`Fleet`] of the running test binary started again, which can be frozen (SIGSTOP), thawed and killed.
 /// See the crate's documentation, "Replicas as processes".
 #[cfg(feature = "replica")]
 pub mod processes {

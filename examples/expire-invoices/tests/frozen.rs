@@ -3,15 +3,14 @@
 //! runs again its stale sweep must not send anything.
 //!
 //! Each replica is this test binary run again as the ignored test `replica_child`, which runs
-//! the service through `processes::child_with`.
+//! the service through `Fleet::serve_child`.
 #![cfg(unix)]
 
 use std::time::Duration;
 
 use expire_invoices::{SCHEMA, serve};
 use pg_elector::LockKey;
-use pg_elector_testkit::processes::{self, Fleet};
-use pg_elector_testkit::{FencedWrites, PgServer, serial};
+use pg_elector_testkit::{FencedWrites, Fleet, PgServer, serial};
 
 const CHILD: &[&str] = &["replica_child", "--exact", "--ignored", "--nocapture"];
 const I: Duration = Duration::from_millis(200);
@@ -20,9 +19,7 @@ const INVOICES: i64 = 150;
 #[test]
 #[ignore = "a replica process that the tests of this file start; does nothing on its own"]
 fn replica_child() {
-    if processes::is_child() {
-        processes::child_with(|r| serve(r.elector, r.pool, r.shutdown, Duration::from_millis(50)));
-    }
+    Fleet::serve_child(|r| serve(r.elector, r.pool, r.shutdown, Duration::from_millis(50)));
 }
 
 #[tokio::test]

@@ -162,7 +162,8 @@ async fn say_exited(reported: &AtomicBool) {
 /// cancelled by [`Fleet::stop`](super::Fleet::stop), and runs the election itself, as `main`
 /// would (a `Supervisor` with `.election`, say). Every transition is said on stdout as for
 /// [`child`], so the parent's [`Fleet`](super::Fleet) can freeze, thaw and kill the process and
-/// see who led.
+/// see who led. [`Fleet::serve_child`](super::Fleet::serve_child) is this behind the
+/// [`is_child`](super::is_child) check.
 ///
 /// ```no_run
 /// use pg_elector_testkit::processes;

@@ -295,6 +295,33 @@ impl Fleet {
         }
     }
 
+    /// The body of the ignored test that `entry` names: in a replica process that a fleet
+    /// spawned, runs `service` as [`child_with`] does and returns when the fleet stopped it;
+    /// anywhere else (the ignored test run by hand, or by `cargo test -- --ignored`) returns at
+    /// once, doing nothing.
+    ///
+    /// ```no_run
+    /// use pg_elector_testkit::Fleet;
+    ///
+    /// /// Run again by the fleet as `replica_child --exact --ignored --nocapture`.
+    /// #[test]
+    /// #[ignore = "a replica process the tests of this file start"]
+    /// fn replica_child() {
+    ///     Fleet::serve_child(|r| async move {
+    ///         let _ = r.elector.run(r.shutdown).await; // ... or your service
+    ///     });
+    /// }
+    /// ```
+    pub fn serve_child<F, Fut>(service: F)
+    where
+        F: FnOnce(crate::replicas::Replica) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        if is_child() {
+            child_with(service);
+        }
+    }
+
     /// How many replicas were spawned (running or not).
     pub fn len(&self) -> usize {
         self.procs.len()
