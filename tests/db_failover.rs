@@ -448,6 +448,86 @@ async fn vanished_host() {
     assert_eq!(samples.most(), 1, "an instant with two leaders");
 }
 
+/// The cluster fails over three times, crash, switchover and crash, the old primary back as
+/// the new one's standby each time (what the chaos soak repeats). Fenced replicas that try
+/// every I follow every failover: never two leaders at once, one leader within 1·I (+ I/2) of
+/// the failover's end (a copy without `pg_basebackup` restarts the new primary at its end),
+/// every term's epoch above the one before, and the old primary in recovery.
+async fn repeated_failovers(follow: Follow) {
+    let mut cluster = cluster(follow, false).await;
+    let key = LockKey::new(0x4637, 3);
+    let replicas: Vec<Replica> = (0..3)
+        .map(|n| {
+            let identity = format!("replica-{n}");
+            Replica::run(fenced_elector(cluster.pool(2), key, &identity, I))
+        })
+        .collect();
+    let mut samples = Samples(Vec::new());
+    samples.until(&replicas, |leading| leading.len() == 1).await;
+    let mut epoch = replicas[leaders(&replicas)[0]].elector.term().epoch();
+    let stops = [
+        ShutdownMode::Immediate,
+        ShutdownMode::Fast,
+        ShutdownMode::Immediate,
+    ];
+    for (round, stop) in stops.into_iter().enumerate() {
+        let failing = tokio::spawn(async move {
+            let writable = cluster.fail_over(stop).await.unwrap();
+            (cluster, writable)
+        });
+        samples.until(&replicas, |_| failing.is_finished()).await;
+        let (back, writable) = failing.await.unwrap();
+        cluster = back;
+        let returned = Instant::now();
+        samples.until(&replicas, |leading| leading.len() == 1).await;
+        let led = returned.elapsed();
+        samples.during(&replicas, 2 * I).await;
+        let first = samples
+            .0
+            .iter()
+            .find(|&&(at, n)| at >= writable && n == 1)
+            .map(|&(at, _)| at.saturating_duration_since(writable));
+        let leader = leaders(&replicas);
+        assert_eq!(leader.len(), 1, "failover {round}: one leader 2·I on");
+        let next = replicas[leader[0]].elector.term().epoch();
+        eprintln!(
+            "{follow:?} failover {round} ({}): writable {:?} before its end, the first leader \
+             {first:?} after writable, one {led:?} after the end, epoch {epoch:?} -> {next:?}",
+            stop.as_str(),
+            returned.saturating_duration_since(writable),
+        );
+        assert!(
+            led <= I + I / 2,
+            "failover {round}: a leader {led:?} after the failover's end; bound 1·I + I/2"
+        );
+        assert!(
+            next > epoch,
+            "failover {round}: epoch {next:?} after {epoch:?}"
+        );
+        epoch = next;
+        assert!(
+            cluster.standby.is_in_recovery().unwrap(),
+            "failover {round}: the old primary is the new one's standby"
+        );
+        let (admin, connection) = cluster
+            .db
+            .config_via(cluster.primary.addr())
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        assert_eq!(
+            holders(&admin, key).await.len(),
+            1,
+            "failover {round}: the lock on the new primary"
+        );
+    }
+    assert_eq!(samples.most(), 1, "an instant with two leaders");
+    for replica in replicas {
+        replica.stop().await.unwrap();
+    }
+}
+
 mod f7_1 {
     use super::*;
 
@@ -506,6 +586,20 @@ mod f7_1 {
     async fn switchover_moving_address_fast_takeover() {
         let _serial = serial();
         failover(Follow::MovingAddress, true, ShutdownMode::Fast, true).await;
+    }
+
+    /// Three failovers in a row, a multi-host URL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn repeated_failovers_multi_host() {
+        let _serial = serial();
+        repeated_failovers(Follow::MultiHost).await;
+    }
+
+    /// Three failovers in a row, an address that moves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn repeated_failovers_moving_address() {
+        let _serial = serial();
+        repeated_failovers(Follow::MovingAddress).await;
     }
 
     /// A primary whose host vanishes (a lost machine: no FIN, no RST), an address that moves

@@ -48,6 +48,8 @@ pub struct Cluster {
     pub front: Option<FaultProxy>,
     /// How clients follow the failover.
     pub follow: Follow,
+    /// Whether commits on the primary wait for the standby.
+    synchronous: bool,
 }
 
 impl Cluster {
@@ -87,6 +89,7 @@ impl Cluster {
             wal,
             front,
             follow,
+            synchronous,
         })
     }
 
@@ -152,6 +155,31 @@ impl Cluster {
     pub async fn rejoin_old_primary(&self) -> Result<(), KitError> {
         let (old, new) = (self.primary.clone(), self.standby.clone());
         blocking(move || old.rejoin_as_standby_of(&new)).await
+    }
+
+    /// One whole failover, which can be repeated: stops the primary (`Immediate` is a crash,
+    /// `Fast` a switchover), promotes the standby, makes the old primary a standby of the
+    /// promoted one, streaming through [`wal`](Self::wal) (re-pointed at the new primary), and
+    /// swaps [`primary`](Self::primary) and [`standby`](Self::standby), so that the cluster is
+    /// as [`start`](Self::start) left it, with the roles exchanged. A synchronous cluster is
+    /// asynchronous from the promotion until the old primary streams again (the promoted
+    /// server has no standby to wait for meanwhile), then synchronous again.
+    ///
+    /// Clients made with [`config`](Self::config) before the call keep following: a
+    /// multi-host string names both servers, and the moving address is re-pointed. Returns
+    /// the first instant such a connection reached the promoted server out of recovery.
+    pub async fn fail_over(&mut self, mode: ShutdownMode) -> Result<Instant, KitError> {
+        self.stop_primary(mode).await?;
+        let writable = self.promote().await?;
+        self.wal.retarget(self.standby.addr());
+        let (old, new, via) = (self.primary.clone(), self.standby.clone(), self.wal.addr());
+        blocking(move || old.rejoin_as_standby_via(&new, via)).await?;
+        std::mem::swap(&mut self.primary, &mut self.standby);
+        if self.synchronous {
+            let primary = self.primary.clone();
+            blocking(move || primary.set_synchronous_standby(true)).await?;
+        }
+        Ok(writable)
     }
 }
 

@@ -58,6 +58,17 @@ impl PgServer {
             .rejoin_as_standby_of(upstream, upstream.port())
     }
 
+    /// Like [`rejoin_as_standby_of`](Self::rejoin_as_standby_of), streaming from `primary`
+    /// through `upstream` (a [`FaultProxy`](crate::FaultProxy) to it, on 127.0.0.1). Blocking.
+    pub fn rejoin_as_standby_via(
+        &self,
+        primary: &PgServer,
+        upstream: SocketAddr,
+    ) -> Result<(), KitError> {
+        self.private()?
+            .rejoin_as_standby_of(primary.private()?, upstream.port())
+    }
+
     /// Makes commits on this primary wait until a standby has flushed them
     /// (`synchronous_standby_names = '*'`, `synchronous_commit = on`, then a
     /// reload), or, with `false`, asynchronous again (the harness default).
