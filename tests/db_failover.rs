@@ -79,11 +79,12 @@ impl Samples {
 
 /// A connection to the test database on the promoted standby.
 async fn on_new_primary(cluster: &Cluster) -> tokio_postgres::Client {
-    let (client, connection) = cluster
-        .on_standby()
-        .connect(tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    connect_to(cluster.on_standby()).await
+}
+
+/// A connection made with `config`.
+async fn connect_to(config: tokio_postgres::Config) -> tokio_postgres::Client {
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(connection);
     client
 }
@@ -509,18 +510,9 @@ async fn repeated_failovers(follow: Follow) {
             cluster.standby.is_in_recovery().unwrap(),
             "failover {round}: the old primary is the new one's standby"
         );
-        let (admin, connection) = cluster
-            .db
-            .config_via(cluster.primary.addr())
-            .connect(tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        assert_eq!(
-            holders(&admin, key).await.len(),
-            1,
-            "failover {round}: the lock on the new primary"
-        );
+        let admin = connect_to(cluster.db.config_via(cluster.primary.addr())).await;
+        let holding = holders(&admin, key).await.len();
+        assert_eq!(holding, 1, "failover {round}: the lock on the new primary");
     }
     assert_eq!(samples.most(), 1, "an instant with two leaders");
     for replica in replicas {
