@@ -36,9 +36,11 @@ pub enum Follow {
 /// new one. Both servers are removed when the cluster is dropped.
 #[derive(Debug)]
 pub struct Cluster {
-    /// The primary the cluster starts with.
+    /// The primary: the one the cluster starts with, the promoted one after each
+    /// [`fail_over`](Self::fail_over).
     pub primary: Arc<PgServer>,
-    /// The standby, promoted by [`promote`](Self::promote).
+    /// The standby, promoted by [`promote`](Self::promote) (and then, after
+    /// [`fail_over`](Self::fail_over), the old primary streaming from it).
     pub standby: Arc<PgServer>,
     /// The test database, made on the primary before the standby was copied from it.
     pub db: TestDb,
@@ -136,17 +138,23 @@ impl Cluster {
     /// a connection made with [`config`](Self::config) reached a server that accepts writes
     /// (tried every 5 ms from before the promotion).
     pub async fn promote(&self) -> Result<Instant, KitError> {
-        let prober = tokio::spawn(first_writable(self.config()));
+        let mut prober = tokio::spawn(first_writable(self.config()));
         self.point_at_standby();
         let standby = self.standby.clone();
-        blocking(move || standby.promote()).await?;
-        match tokio::time::timeout(WRITABLE_TIMEOUT, prober).await {
+        if let Err(e) = blocking(move || standby.promote()).await {
+            prober.abort();
+            return Err(e);
+        }
+        match tokio::time::timeout(WRITABLE_TIMEOUT, &mut prober).await {
             Ok(Ok(at)) => Ok(at),
-            _ => Err(KitError::Server(format!(
-                "the promoted standby on {} took no write connection within {}s",
-                self.standby.addr(),
-                WRITABLE_TIMEOUT.as_secs()
-            ))),
+            _ => {
+                prober.abort();
+                Err(KitError::Server(format!(
+                    "the promoted standby on {} took no write connection within {}s",
+                    self.standby.addr(),
+                    WRITABLE_TIMEOUT.as_secs()
+                )))
+            }
         }
     }
 
@@ -158,23 +166,33 @@ impl Cluster {
     }
 
     /// One whole failover, which can be repeated: stops the primary (`Immediate` is a crash,
-    /// `Fast` a switchover), promotes the standby, makes the old primary a standby of the
-    /// promoted one, streaming through [`wal`](Self::wal) (re-pointed at the new primary), and
-    /// swaps [`primary`](Self::primary) and [`standby`](Self::standby), so that the cluster is
-    /// as [`start`](Self::start) left it, with the roles exchanged. A synchronous cluster is
-    /// asynchronous from the promotion until the old primary streams again (the promoted
-    /// server has no standby to wait for meanwhile), then synchronous again.
+    /// `Fast` a switchover), promotes the standby, swaps [`primary`](Self::primary) and
+    /// [`standby`](Self::standby), and makes the old primary a standby of the promoted one,
+    /// streaming through [`wal`](Self::wal) (re-pointed at the new primary, its faults
+    /// cleared), so that the cluster is as [`start`](Self::start) left it, with the roles
+    /// exchanged. A synchronous cluster is asynchronous from the promotion until the old
+    /// primary runs as a standby again (the promoted server has no standby to wait for
+    /// meanwhile), then synchronous again: commits may wait a moment until it streams.
     ///
     /// Clients made with [`config`](Self::config) before the call keep following: a
     /// multi-host string names both servers, and the moving address is re-pointed. Returns
     /// the first instant such a connection reached the promoted server out of recovery.
+    ///
+    /// # Errors
+    ///
+    /// A step that failed (the promotion, the copy, the old primary's start). The cluster is
+    /// then left part-way (after a failed copy, [`standby`](Self::standby) has no data dir):
+    /// drop it.
     pub async fn fail_over(&mut self, mode: ShutdownMode) -> Result<Instant, KitError> {
         self.stop_primary(mode).await?;
         let writable = self.promote().await?;
-        self.wal.retarget(self.standby.addr());
-        let (old, new, via) = (self.primary.clone(), self.standby.clone(), self.wal.addr());
-        blocking(move || old.rejoin_as_standby_via(&new, via)).await?;
         std::mem::swap(&mut self.primary, &mut self.standby);
+        self.wal.retarget(self.primary.addr());
+        self.wal.pass();
+        self.wal.delay(Duration::ZERO);
+        self.wal.stop_rewriting();
+        let (old, new, via) = (self.standby.clone(), self.primary.clone(), self.wal.addr());
+        blocking(move || old.rejoin_as_standby_via(&new, via)).await?;
         if self.synchronous {
             let primary = self.primary.clone();
             blocking(move || primary.set_synchronous_standby(true)).await?;
