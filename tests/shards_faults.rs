@@ -737,11 +737,14 @@ mod f3 {
         let all_owned = wait_for(5 * I, || b.shards.owned().len() == 8)
             .await
             .expect("b owns the held shards once the transaction ended");
-        // The next check (at most 1·I away) takes them; a loaded 2-core machine may run that
-        // check late, by up to another 1·I.
+        // The watch began just after a check and lasted 8·I, so the next check comes about
+        // 1·I after the ROLLBACK (190-204 ms measured at I = 200 ms) and takes them. The bound
+        // allows one more I for a loaded 2-core machine's late check, so it cannot tell that
+        // check from the one after; what it rules out is a member that takes them later still,
+        // or never (each busy bump waiting in turn, a lapsed membership).
         assert!(
             all_owned <= 2 * I,
-            "at b's next check after the transaction's end: {all_owned:?}"
+            "within two of b's checks after the transaction's end: {all_owned:?}"
         );
         eprintln!(
             "busy rows: free shards owned after {owned_free:?}, the held ones {all_owned:?} after the transaction's end"
