@@ -5,6 +5,7 @@
 mod binaries;
 mod builder;
 mod cluster;
+mod command;
 mod database;
 mod error;
 mod faults;

@@ -12,6 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::command::{COMMAND_TIMEOUT, output_within};
 use crate::host::{RunAs, free_port, make_temp_root};
 use crate::watchdog::Watchdog;
 use crate::{KitError, ShutdownMode, binaries, error, runtime};
@@ -119,13 +120,11 @@ impl PrivateServer {
         cmd
     }
 
+    /// Runs one of the server binaries to its end, killed after [`COMMAND_TIMEOUT`].
     fn run(&self, program: &str, args: &[&str], what: &str) -> Result<Output, KitError> {
-        let output = self
-            .command(program)
-            .args(args)
-            .output()
-            .map_err(|e| KitError::io(format!("{what}: running {program}"), e))?;
-        Ok(output)
+        let mut command = self.command(program);
+        command.args(args);
+        output_within(command, COMMAND_TIMEOUT, what)
     }
 
     fn start_watchdog(&mut self) -> Result<(), KitError> {
