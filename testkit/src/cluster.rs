@@ -116,6 +116,12 @@ impl Cluster {
         pool_from_config(self.config(), size)
     }
 
+    /// Whether commits on the primary wait for the standby (as [`start`](Self::start) was
+    /// asked).
+    pub fn is_synchronous(&self) -> bool {
+        self.synchronous
+    }
+
     /// Settings for the test database on the standby, straight to it.
     pub fn on_standby(&self) -> tokio_postgres::Config {
         self.db.config_via(self.standby.addr())
@@ -186,6 +192,21 @@ impl Cluster {
     pub async fn fail_over(&mut self, mode: ShutdownMode) -> Result<Instant, KitError> {
         self.stop_primary(mode).await?;
         let writable = self.promote().await?;
+        self.rejoin_after_promotion().await?;
+        Ok(writable)
+    }
+
+    /// The end of a failover begun with [`stop_primary`](Self::stop_primary) and
+    /// [`promote`](Self::promote), for a caller that acts between the steps (re-points
+    /// addresses of its own, reads the promoted server): what [`fail_over`](Self::fail_over)
+    /// does after the promotion. Swaps [`primary`](Self::primary) and
+    /// [`standby`](Self::standby) and makes the old primary a standby of the promoted one
+    /// through [`wal`](Self::wal); synchronous again if the cluster was.
+    ///
+    /// # Errors
+    ///
+    /// As [`fail_over`](Self::fail_over): the copy or the old primary's start failed.
+    pub async fn rejoin_after_promotion(&mut self) -> Result<(), KitError> {
         std::mem::swap(&mut self.primary, &mut self.standby);
         self.wal.retarget(self.primary.addr());
         self.wal.pass();
@@ -197,7 +218,7 @@ impl Cluster {
             let primary = self.primary.clone();
             blocking(move || primary.set_synchronous_standby(true)).await?;
         }
-        Ok(writable)
+        Ok(())
     }
 }
 

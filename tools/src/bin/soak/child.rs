@@ -166,12 +166,28 @@ enum Command {
     Long(Duration),
 }
 
+/// `base` through the slot's addresses: one (a moving address), or several, tried in order
+/// for a server that takes writes (a multi-host URL, as the README tells users to write it).
+fn config_of(base: &tokio_postgres::Config, addrs: &str) -> tokio_postgres::Config {
+    let mut addrs = addrs
+        .split(',')
+        .map(|a| a.parse::<std::net::SocketAddr>().expect("a socket address"));
+    let mut config = config_with_addr(base, addrs.next().expect("an address"));
+    for addr in addrs {
+        config
+            .host(addr.ip().to_string())
+            .port(addr.port())
+            .target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    }
+    config
+}
+
 async fn replica() {
     log_to_stderr("pg_elector=info");
     let interval = ms_setting(ENV_INTERVAL_MS);
     let identity = setting(ENV_IDENTITY);
     let base: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
-    let mut config = config_with_addr(&base, setting(ENV_ADDR).parse().expect("a socket address"));
+    let mut config = config_of(&base, &setting(ENV_ADDR));
     config.connect_timeout(Duration::from_secs(2));
     let named = |suffix: &str| {
         let mut c = config.clone();

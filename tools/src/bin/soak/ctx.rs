@@ -5,14 +5,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pg_elector::LockKey;
-use pg_elector_testkit::PgServer;
 
 use crate::check::{Checkpoint, Violation};
 use crate::child::unix_us;
 use crate::db;
-use crate::faults::{Claims, Fault};
+use crate::faults::{Claims, Fault, Kind};
 use crate::fleet::{self, Board, Fleet};
 use crate::options::Options;
+use crate::servers::Servers;
 
 /// What the injector, the fault tasks and the checkpoints share.
 #[derive(Debug)]
@@ -31,9 +31,9 @@ pub(crate) struct Ctx {
     pub(crate) faults: Mutex<Vec<Fault>>,
     /// Slots and server held by running faults.
     pub(crate) claims: Mutex<Claims>,
-    /// The server.
-    pub(crate) server: Arc<PgServer>,
-    /// The soak database, straight to the server.
+    /// The server, or the primary and its standby.
+    pub(crate) servers: Arc<Servers>,
+    /// The soak database, straight to the server (to the primary, with `--cluster`).
     pub(crate) db: tokio_postgres::Config,
     /// Violations seen while the faults ran (a graceful shutdown that hung).
     pub(crate) runtime_violations: Mutex<Vec<Violation>>,
@@ -41,6 +41,8 @@ pub(crate) struct Ctx {
     pub(crate) checkpoints: Mutex<Vec<Checkpoint>>,
     /// The probes of the application pools sent so far.
     pub(crate) probes: Mutex<Vec<crate::probes::Sent>>,
+    /// The failovers over so far.
+    pub(crate) failovers: Mutex<Vec<crate::failover::Failover>>,
 }
 
 impl Ctx {
@@ -49,15 +51,29 @@ impl Ctx {
         self.faults.lock().unwrap().iter().any(|f| !f.done)
     }
 
-    /// Whether a synchronous standby that never confirms is in effect: every COMMIT waits,
-    /// the replicas' fenced ticks and schedule claims among them, so a drain may take up to
-    /// the drain timeout.
-    pub(crate) fn commits_wait(&self) -> bool {
-        self.faults
+    /// How many failovers were injected so far.
+    pub(crate) fn failovers_injected(&self) -> usize {
+        let faults = self.faults.lock().unwrap();
+        faults.iter().filter(|f| f.kind == Kind::Failover).count()
+    }
+
+    /// Whether a failover of the harness's failed part-way (the cluster cannot fail over again).
+    pub(crate) fn failover_broken(&self) -> bool {
+        self.failovers
             .lock()
             .unwrap()
             .iter()
-            .any(|f| !f.done && f.kind == crate::faults::Kind::SyncStandby)
+            .any(|f| f.rejoined.is_none())
+    }
+
+    /// Whether a synchronous standby that never confirms is in effect (or, in a failover, a
+    /// standby cut off from the WAL before the crash): every COMMIT waits,
+    /// the replicas' fenced ticks and schedule claims among them, so a drain may take up to
+    /// the drain timeout.
+    pub(crate) fn commits_wait(&self) -> bool {
+        self.faults.lock().unwrap().iter().any(|f| {
+            !f.done && matches!(f.kind, Kind::SyncStandby | Kind::Failover) && !f.param.is_zero()
+        })
     }
 
     /// When the latest fault healed.
@@ -117,13 +133,40 @@ impl Ctx {
             eprintln!("soak: checkpoint: cannot count the backends");
             return;
         };
+        let standby = self.standby_backends().await;
         let live = self.live.lock().unwrap().clone();
         self.fleet.lock().await.sample_rss();
         self.checkpoints.lock().unwrap().push(Checkpoint {
             at: unix_us(),
             backends,
             live,
+            standby,
         });
+    }
+
+    /// With `--cluster`: the replicas' backends on the standby (straight to it), asked again
+    /// every 100 ms for a second while there are some, since a multi-host connect passes
+    /// through it on its way to the primary; a backend left there stays.
+    async fn standby_backends(&self) -> Option<i64> {
+        let standby = self.servers.cluster()?.lock().await.standby.addr();
+        let mut config = pg_elector_testkit::config::config_with_addr(&self.db, standby);
+        config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::Any);
+        let client = db::connect(&config).await.ok()?;
+        let mut count = 0;
+        for _ in 0..10 {
+            count = db::backends(&client)
+                .await
+                .ok()?
+                .iter()
+                .filter(|(name, _)| db::replica_of(name).is_some())
+                .map(|(_, n)| n)
+                .sum();
+            if count == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Some(count)
     }
 
     /// A replica that exited with no fault of the soak's ending it (a panic, `run` failing)

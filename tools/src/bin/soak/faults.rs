@@ -39,6 +39,9 @@ pub(crate) enum Kind {
     /// `synchronous_standby_names` naming a standby that never connects, for a while: every
     /// COMMIT waits until it is cleared.
     SyncStandby,
+    /// With `--cluster`: the primary crashed (`-m immediate`) or switched over (`-m fast`), the
+    /// standby promoted, the old primary back as the new standby.
+    Failover,
 }
 
 /// The stale threshold of the soak's schedules (three heartbeat periods of I, at least 3 s):
@@ -76,7 +79,7 @@ pub(crate) const SCHEDULING: Duration = Duration::from_millis(20);
 
 impl Kind {
     /// Every kind, in the report's order.
-    pub(crate) const ALL: [Kind; 14] = [
+    pub(crate) const ALL: [Kind; 15] = [
         Kind::Kill,
         Kind::Stop,
         Kind::TerminateLock,
@@ -91,6 +94,7 @@ impl Kind {
         Kind::LongPartition,
         Kind::JoinPartition,
         Kind::SyncStandby,
+        Kind::Failover,
     ];
 
     /// The kinds of a run with `shards` shards (0: key mode): shards have no resign and no
@@ -146,6 +150,7 @@ impl Kind {
             Kind::LongPartition => "long-partition",
             Kind::JoinPartition => "join-partition",
             Kind::SyncStandby => "sync-standby",
+            Kind::Failover => "failover",
         }
     }
 
@@ -166,13 +171,17 @@ impl Kind {
             Kind::LongPartition => "partition > stale, long runs",
             Kind::JoinPartition => "partition at a join's grant",
             Kind::SyncStandby => "sync standby silent",
+            Kind::Failover => "database failover",
         }
     }
 
     /// How often it is drawn, relative to the others (a server restart or a synchronous standby
-    /// hits every replica and takes a while, a long partition takes 5 to 9 s: half as often).
+    /// hits every replica and takes a while, a long partition takes 5 to 9 s: half as often; a
+    /// failover, the point of a run with `--cluster`, twice as often, so that a 10-minute run
+    /// has more than 100 of them).
     pub(crate) fn weight(self) -> u64 {
         match self {
+            Kind::Failover => 4,
             Kind::RestartFast
             | Kind::RestartImmediate
             | Kind::SyncStandby
@@ -183,7 +192,10 @@ impl Kind {
 
     /// Whether it hits the whole fleet rather than one replica.
     pub(crate) fn server_wide(self) -> bool {
-        matches!(self, Kind::RestartFast | Kind::RestartImmediate)
+        matches!(
+            self,
+            Kind::RestartFast | Kind::RestartImmediate | Kind::Failover
+        )
     }
 
     /// Whether it needs a private server (it restarts it).
@@ -205,6 +217,7 @@ impl Kind {
                 | Kind::RestartFast
                 | Kind::RestartImmediate
                 | Kind::SyncStandby
+                | Kind::Failover
         )
     }
 
@@ -241,6 +254,9 @@ impl Kind {
             Kind::SyncStandby => b(zero, i, zero, None),
             // All demote at once; a new leader ≤ 1·I after the server accepts again; never two.
             Kind::RestartFast | Kind::RestartImmediate => b(zero, i, zero, Some(SESSION_ENDED)),
+            // The old primary's sessions end with it: all demote at once; nobody leads until
+            // the promoted server accepts writes (its heal), a new leader ≤ 1·I after; never two.
+            Kind::Failover => b(zero, i, zero, Some(SESSION_ENDED)),
             // A standby that cannot borrow does not try: only a leader within I of the end.
             Kind::Exhaust => b(zero, i, zero, None),
             // Demoted at once; drain ≤ I (the drain timeout), unlock, new leader ≤ 1·I after.
@@ -260,6 +276,7 @@ impl Kind {
             Kind::JoinPartition => "≤ 1·I / never",
             Kind::SyncStandby => "end + 1·I / never",
             Kind::RestartFast | Kind::RestartImmediate => "accepting + 1·I / never",
+            Kind::Failover => "writable + 1·I / never",
             Kind::Exhaust => "end + 1·I / never",
             Kind::Graceful | Kind::Resign => "≤ 2·I (drain + 1·I) / never",
         }
@@ -287,7 +304,8 @@ pub(crate) struct Fault {
     pub(crate) inject: u64,
     /// How much later than asked a proxy fault took effect (the soak's own process starved).
     pub(crate) lag: u64,
-    /// When it was over (SIGCONT, pass, the server accepting again, the borrowers gone); the
+    /// When it was over (SIGCONT, pass, the server accepting again, the promoted server accepting
+    /// writes, the borrowers gone); the
     /// injection for the instantaneous ones.
     pub(crate) heal: u64,
     /// Its task is over (the slot respawned, the claim released).
@@ -368,6 +386,9 @@ pub(crate) fn draw_param(kind: Kind, i: Duration, rng: &mut Rng) -> Duration {
         Kind::SyncStandby => between(rng, Duration::from_secs(4), Duration::from_millis(5_500)),
         Kind::Exhaust => between(rng, i, i * 4),
         Kind::Resign => between(rng, Duration::ZERO, i * 4),
+        // A crash comes after the standby was cut off from the primary's WAL this long: up to
+        // 1.5 s of commits the standby never gets (with a synchronous one: commits waiting).
+        Kind::Failover => between(rng, Duration::ZERO, Duration::from_millis(1_500)),
         _ => {
             // Keep the number of draws the same for every kind.
             rng.next_u64();

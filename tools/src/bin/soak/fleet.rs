@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pg_elector::LockKey;
-use pg_elector_testkit::FaultProxy;
 use pg_elector_testkit::replica::for_each_line;
 use pg_elector_tools::procfs::rss_kb;
 use rustix::process::{Pid, Signal, kill_process};
@@ -16,6 +15,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
 use crate::child::{self, MARK, unix_us};
+pub(crate) use crate::link::{Link, Links};
 
 /// What a replica said, or what the parent did to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -377,15 +377,15 @@ pub(crate) struct Proc {
     stdin: ChildStdin,
 }
 
-/// The replica processes, one live per slot, each behind its slot's proxy.
+/// The replica processes, one live per slot, each behind its slot's link.
 #[derive(Debug)]
 pub(crate) struct Fleet {
     /// Every process ever spawned; its index is its identity's number.
     pub(crate) procs: Vec<Proc>,
     /// The live process of each slot.
     pub(crate) live: Vec<usize>,
-    /// One proxy per slot.
-    pub(crate) proxies: Vec<Arc<FaultProxy>>,
+    /// One link per slot.
+    pub(crate) links: Vec<Arc<Link>>,
     /// What they said.
     pub(crate) board: Arc<Board>,
     url: String,
@@ -400,24 +400,22 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// An empty fleet: one proxy per slot in front of `target`.
+    /// An empty fleet: one link (its proxies) per slot.
     pub(crate) async fn new(
         slots: usize,
-        target: std::net::SocketAddr,
+        links: Links,
         url: String,
         key: LockKey,
         interval: Duration,
     ) -> Self {
-        let mut proxies = Vec::new();
+        let mut made = Vec::new();
         for _ in 0..slots {
-            proxies.push(Arc::new(
-                FaultProxy::start(target).await.expect("a fault proxy"),
-            ));
+            made.push(Arc::new(Link::start(&links).await.expect("a fault proxy")));
         }
         Fleet {
             procs: Vec::new(),
             live: vec![usize::MAX; slots],
-            proxies,
+            links: made,
             board: Arc::default(),
             url,
             key,
@@ -436,7 +434,7 @@ impl Fleet {
         command
             .arg(child::FLAG)
             .env(child::ENV_URL, &self.url)
-            .env(child::ENV_ADDR, self.proxies[slot].addr().to_string())
+            .env(child::ENV_ADDR, self.links[slot].addrs())
             .env(
                 child::ENV_KEY,
                 format!(

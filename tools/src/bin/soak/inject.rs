@@ -47,6 +47,7 @@ pub(crate) async fn inject(ctx: &Arc<Ctx>, mut plan: Plan, overlapped: bool) -> 
         Kind::TerminateLock | Kind::TerminateRandom => inject_terminate(ctx, plan, fault).await,
         Kind::RestartFast | Kind::RestartImmediate => inject_restart(ctx, kind, fault).await,
         Kind::SyncStandby => crate::sync::inject(ctx, fault).await,
+        Kind::Failover => crate::failover::inject(ctx, plan, fault).await,
         _ => unreachable!("per-slot faults are handled above"),
     }
 }
@@ -85,7 +86,7 @@ async fn act<'a>(
         Kind::Kill => (fleet.signal(replica, Signal::KILL), fleet),
         Kind::Stop => (fleet.signal(replica, Signal::STOP), fleet),
         Kind::Partition | Kind::LongPartition => {
-            let proxy = fleet.proxies[slot].clone();
+            let proxy = fleet.links[slot].clone();
             if plan.kind == Kind::LongPartition {
                 fleet = crate::app::long_run_begun(ctx, fleet, replica, fault).await;
             }
@@ -97,7 +98,7 @@ async fn act<'a>(
             (at, ctx.fleet.lock().await)
         }
         Kind::Reset => {
-            let proxy = fleet.proxies[slot].clone();
+            let proxy = fleet.links[slot].clone();
             drop(fleet);
             let before = proxy.accepted();
             let asked = unix_us();
@@ -211,7 +212,7 @@ async fn terminate_random(
 async fn inject_restart(ctx: &Arc<Ctx>, kind: Kind, mut fault: Fault) -> Option<usize> {
     {
         let mut claims = ctx.claims.lock().unwrap();
-        if claims.server || !ctx.server.is_private() {
+        if claims.server || !ctx.servers.private {
             return None;
         }
         claims.server = true;
@@ -227,19 +228,31 @@ async fn inject_restart(ctx: &Arc<Ctx>, kind: Kind, mut fault: Fault) -> Option<
     let id = record(ctx, fault);
     let ctx = ctx.clone();
     tokio::spawn(async move {
-        let server = ctx.server.clone();
+        let server = ctx.servers.primary().await;
         let mode = if kind == Kind::RestartFast {
             ShutdownMode::Fast
         } else {
             ShutdownMode::Immediate
         };
         let result = tokio::task::spawn_blocking(move || server.restart(mode)).await;
-        let heal = unix_us();
-        let note = match result {
+        let mut heal = unix_us();
+        let mut note = match result {
             Ok(Ok(())) => String::new(),
             Ok(Err(e)) => format!("the restart failed: {e}"),
             Err(e) => format!("the restart panicked: {e}"),
         };
+        if let Some(replication) = ctx.options.cluster {
+            // The standby reconnects on its own time (`wal_retrieve_retry_interval`, 5 s):
+            // until it streams, a synchronous primary's commits wait, as in `sync-standby`, so
+            // the restart is over then. An asynchronous one's are not held back, but the
+            // server stays claimed until then, so that no failover promotes a standby that
+            // has stopped streaming.
+            let streaming = crate::failover::standby_streaming(&ctx.db).await;
+            note = format!("{note}{streaming}");
+            if replication == crate::options::Replication::Sync {
+                heal = unix_us();
+            }
+        }
         update(&ctx, id, |f| {
             f.heal = heal;
             f.note = note;
@@ -301,7 +314,7 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
         }
         Kind::Partition | Kind::LongPartition => {
             tokio::time::sleep(plan.param).await;
-            let proxy = ctx.fleet.lock().await.proxies[slot].clone();
+            let proxy = ctx.fleet.lock().await.links[slot].clone();
             proxy.pass();
             let at = proxy_acted().await;
             update(&ctx, id, |f| f.heal = at);
@@ -402,10 +415,10 @@ pub(crate) async fn proxy_acted() -> u64 {
 }
 
 /// When every connection a proxy had before a reset has closed (each sent its RSTs), polled
-/// every millisecond (at most 5 s); `before` is [`FaultProxy::accepted`] just before the reset.
+/// every millisecond (at most 5 s); `before` is [`Link::accepted`] just before the reset.
 ///
-/// [`FaultProxy::accepted`]: pg_elector_testkit::FaultProxy::accepted
-async fn reset_done(proxy: &pg_elector_testkit::FaultProxy, before: u64) -> u64 {
+/// [`Link::accepted`]: crate::link::Link::accepted
+async fn reset_done(proxy: &crate::link::Link, before: u64) -> u64 {
     let deadline = unix_us() + 5_000_000;
     loop {
         let fresh = proxy.accepted().saturating_sub(before) as usize;

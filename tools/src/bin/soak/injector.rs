@@ -74,6 +74,7 @@ pub(crate) async fn run(ctx: &std::sync::Arc<Ctx>, rng: &mut Rng) -> (u64, Durat
         if Instant::now() >= until {
             break;
         }
+        let plan = at_least_one_failover(ctx, plan, injecting.elapsed() * 2 >= options.duration);
         let overlapped = ctx.any_active();
         let injected = inject::inject(ctx, plan, overlapped).await;
         if options.verbose {
@@ -81,6 +82,17 @@ pub(crate) async fn run(ctx: &std::sync::Arc<Ctx>, rng: &mut Rng) -> (u64, Durat
         }
     }
     (injection_start, injecting.elapsed())
+}
+
+/// With `--cluster`, a run with no failover by half its duration gets one at the next draw
+/// (its kind replaced, every draw unchanged), so that every run, CI's 60 s among them, fails
+/// the database over at least once.
+fn at_least_one_failover(ctx: &Ctx, mut plan: Plan, half_over: bool) -> Plan {
+    let wanted = ctx.options.faults.contains(&Kind::Failover);
+    if wanted && half_over && ctx.failovers_injected() == 0 {
+        plan.kind = Kind::Failover;
+    }
+    plan
 }
 
 /// `--verbose`: the fault just injected, or that it had no target.

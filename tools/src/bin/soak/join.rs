@@ -60,7 +60,7 @@ pub(crate) async fn inject(ctx: &Arc<Ctx>, plan: Plan, mut fault: Fault) -> Opti
     let mut fleet = ctx.fleet.lock().await;
     let joiner = fleet.spawn(slot, false);
     ctx.live.lock().unwrap()[slot] = joiner;
-    let proxy = fleet.proxies[slot].clone();
+    let proxy = fleet.links[slot].clone();
     drop(fleet);
     update(ctx, kill, |f| f.done = true);
     // The live mark's object tells the member's shard count: one key per shard.

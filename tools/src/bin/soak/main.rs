@@ -192,14 +192,17 @@ mod child;
 mod ctx;
 mod db;
 mod excerpts;
+mod failover;
 mod faults;
 mod fleet;
 mod inject;
 mod injector;
 mod join;
+mod link;
 mod options;
 mod probes;
 mod report;
+mod servers;
 mod stalls;
 mod sync;
 
@@ -208,7 +211,7 @@ use std::time::{Duration, Instant};
 
 use pg_elector::shards::Shards;
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::{PgServer, TestDb};
+use pg_elector_testkit::config::pool_from_config;
 use pg_elector_tools::args::or_exit;
 use pg_elector_tools::block_on;
 use pg_elector_tools::rng::Rng;
@@ -220,11 +223,15 @@ use crate::ctx::Ctx;
 use crate::faults::{Claims, Fault};
 use crate::fleet::Fleet;
 use crate::options::{Mode, Options, USAGE};
+use crate::servers::Servers;
 
 /// The key every replica elects on ("soak").
 const KEY: LockKey = LockKey::new(0x736f_616b, 1);
 /// How often the sampler reads `pg_locks` and the epoch row.
 const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+/// With `--cluster`, how often each server is asked whether it is in recovery and who holds a
+/// lock of the soak's keys there.
+const RECOVERY_EVERY: Duration = Duration::from_millis(10);
 /// How often the backends and the memory are looked at in a quiet moment.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(20);
 /// How often the replicas' RSS is sampled.
@@ -261,18 +268,13 @@ async fn soak(options: Options) -> i32 {
     run.finish(wall, injection_start, injected_for).await
 }
 
-/// The server, without the faults that need a private one when it is not; `Err` with the exit
-/// code when no fault is left.
-async fn server(options: &mut Options) -> Result<Arc<PgServer>, i32> {
-    let server = match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.trim().is_empty() => {
-            tokio::task::spawn_blocking(move || PgServer::external(url.trim())).await
-        }
-        _ => tokio::task::spawn_blocking(PgServer::spawn).await,
-    }
-    .expect("start the server");
-    let server = Arc::new(server.unwrap_or_else(|e| panic!("soak: {e}")));
-    if !server.is_private() {
+/// The servers, without the faults that need private ones when they are not; `Err` with the
+/// exit code when no fault is left.
+async fn servers(options: &mut Options) -> Result<Arc<Servers>, i32> {
+    let servers = Servers::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("soak: {e}"));
+    if !servers.private {
         let before = options.faults.len();
         options.faults.retain(|k| !k.needs_private());
         if options.faults.len() < before {
@@ -283,20 +285,21 @@ async fn server(options: &mut Options) -> Result<Arc<PgServer>, i32> {
             return Err(2);
         }
     }
-    Ok(server)
+    Ok(Arc::new(servers))
 }
 
 /// The lock keys the checks look at, one per lane: [`KEY`], or in shard mode the group's
 /// shards in index order; and the fencing table's DDL.
-fn keys(database: &TestDb, shards: usize) -> (Vec<LockKey>, String) {
+fn keys(servers: &Servers, shards: usize) -> (Vec<LockKey>, String) {
+    let pool = || pool_from_config(servers.checker.clone(), 1);
     if shards == 0 {
-        let elector = Elector::builder(database.pool(1), KEY)
+        let elector = Elector::builder(pool(), KEY)
             .fencing(true)
             .build()
             .expect("an elector");
         return (vec![KEY], elector.fencing_ddl().expect("fencing is on"));
     }
-    let group = Shards::builder(database.pool(1), fleet::SHARD_GROUP, shards as u32)
+    let group = Shards::builder(pool(), fleet::SHARD_GROUP, shards as u32)
         .fencing(true)
         .build()
         .expect("a group of shards");
@@ -306,9 +309,9 @@ fn keys(database: &TestDb, shards: usize) -> (Vec<LockKey>, String) {
 
 /// The soak's tables and settings in `database`; the server's version and its clock minus
 /// this machine's (µs).
-async fn prepare(database: &TestDb, i: Duration, ddl: &str) -> (String, i64) {
-    let admin = db::connect(&database.config()).await.expect("a connection");
-    db::prepare(&admin, database.name(), i, ddl)
+async fn prepare(servers: &Servers, i: Duration, ddl: &str) -> (String, i64) {
+    let admin = db::connect(&servers.checker).await.expect("a connection");
+    db::prepare(&admin, &servers.db_name, i, ddl)
         .await
         .expect("the soak's tables and settings");
     let server_version: String = admin
@@ -324,13 +327,16 @@ async fn prepare(database: &TestDb, i: Duration, ddl: &str) -> (String, i64) {
 /// faults share; and when the first started.
 async fn start_fleet(
     options: &Options,
-    server: &Arc<PgServer>,
-    database: &TestDb,
+    servers: &Arc<Servers>,
     keys: Vec<LockKey>,
     rng: &mut Rng,
 ) -> (Arc<Ctx>, u64) {
     let i = options.interval;
-    let mut fleet = Fleet::new(options.replicas, server.addr(), database.url(), KEY, i).await;
+    let links = fleet::Links {
+        targets: servers.addrs.clone(),
+        follow: options.follow,
+    };
+    let mut fleet = Fleet::new(options.replicas, links, servers.url.clone(), KEY, i).await;
     fleet.split_key = options.split_key;
     fleet.shards = options.shards;
     fleet.schedule = Some(options.seed);
@@ -355,11 +361,12 @@ async fn start_fleet(
             slots: vec![false; options.replicas],
             server: false,
         }),
-        server: server.clone(),
-        db: database.config(),
+        servers: servers.clone(),
+        db: servers.checker.clone(),
         runtime_violations: Mutex::new(Vec::new()),
         checkpoints: Mutex::new(Vec::new()),
         probes: Mutex::new(Vec::new()),
+        failovers: Mutex::new(Vec::new()),
         options: options.clone(),
     });
     (ctx, start)
@@ -368,14 +375,16 @@ async fn start_fleet(
 /// A soak whose fleet is up, before the faults.
 struct Started {
     options: Options,
-    server: Arc<PgServer>,
-    database: TestDb,
+    servers: Arc<Servers>,
     server_version: String,
     offset: i64,
     stalls: stalls::Monitors,
     samples: Arc<db::Samples>,
     stop_sampling: CancellationToken,
     sampler: tokio::task::JoinHandle<()>,
+    /// With `--cluster`, what the watch on a server in recovery saw.
+    recovery: Arc<failover::RecoveryWatch>,
+    recovery_watch: tokio::task::JoinHandle<()>,
     rng: Rng,
     ctx: Arc<Ctx>,
     /// Samples the memory and respawns the replicas that died by themselves.
@@ -401,26 +410,36 @@ struct Collected {
     end: u64,
     /// The probes of the application pools.
     probes: Vec<probes::Sent>,
+    /// The failovers.
+    failovers: Vec<failover::Failover>,
 }
 
 impl Started {
     /// The server, the database, the monitors, the sampler (from before the first replica
     /// starts), then the fleet, until it has one leader and a first checkpoint.
     async fn start(mut options: Options) -> Result<Self, i32> {
-        let server = server(&mut options).await?;
-        let database = server.create_database().await.expect("a database");
-        let (keys, ddl) = keys(&database, options.shards);
-        let (server_version, offset) = prepare(&database, options.interval, &ddl).await;
+        let servers = servers(&mut options).await?;
+        let (keys, ddl) = keys(&servers, options.shards);
+        let (server_version, offset) = prepare(&servers, options.interval, &ddl).await;
         let stalls = stalls::Monitors::start();
         let samples = Arc::new(db::Samples::default());
         let stop_sampling = CancellationToken::new();
         let sampler = tokio::spawn({
-            let (config, samples, keys) = (database.config(), samples.clone(), keys.clone());
+            let (config, samples, keys) = (servers.checker.clone(), samples.clone(), keys.clone());
             let stop = stop_sampling.clone();
             async move { db::sample(config, keys, SAMPLE_EVERY, &samples, stop).await }
         });
+        let recovery = Arc::new(failover::RecoveryWatch::default());
+        let recovery_watch = tokio::spawn(failover::watch_recovery(
+            servers.checker.clone(),
+            servers.addrs.clone(),
+            keys.clone(),
+            RECOVERY_EVERY,
+            recovery.clone(),
+            stop_sampling.clone(),
+        ));
         let mut rng = Rng::new(options.seed);
-        let (ctx, start) = start_fleet(&options, &server, &database, keys, &mut rng).await;
+        let (ctx, start) = start_fleet(&options, &servers, keys, &mut rng).await;
         let rss = tokio::spawn({
             let ctx = ctx.clone();
             async move {
@@ -437,14 +456,15 @@ impl Started {
         ctx.checkpoint().await;
         Ok(Started {
             options,
-            server,
-            database,
+            servers,
             server_version,
             offset,
             stalls,
             samples,
             stop_sampling,
             sampler,
+            recovery,
+            recovery_watch,
             rng,
             ctx,
             rss,
@@ -464,8 +484,9 @@ impl Started {
         let end = unix_us();
         self.stop_sampling.cancel();
         let _ = (&mut self.sampler).await;
+        let _ = (&mut self.recovery_watch).await;
         self.rss.abort();
-        let rows = match db::connect(&self.database.config()).await {
+        let rows = match db::connect(&self.servers.checker).await {
             Ok(client) => db::rows(&client).await.unwrap_or_else(|e| {
                 eprintln!("soak: cannot read the rows: {e}");
                 Vec::new()
@@ -481,6 +502,7 @@ impl Started {
         let runs = self.samples.runs.lock().unwrap().clone();
         let checkpoints = ctx.checkpoints.lock().unwrap().clone();
         let probes = ctx.probes.lock().unwrap().clone();
+        let failovers = ctx.failovers.lock().unwrap().clone();
         let (stalls, runtime_stalls) = self.stalls.stop().await;
         Collected {
             rows,
@@ -493,6 +515,7 @@ impl Started {
             runtime_stalls,
             end,
             probes,
+            failovers,
         }
     }
 
@@ -519,12 +542,27 @@ impl Started {
         } else {
             check::analyse_shards(&input, &c.runs)
         };
+        let holds = self.recovery.holds.lock().unwrap().clone();
+        let seen = check::failover::Seen {
+            failovers: &c.failovers,
+            recovery: (*self.recovery.samples.lock().unwrap(), &holds),
+            replication: options.cluster,
+        };
+        let (violations, failover_facts) = check::failover::check(&input, &seen);
+        analysis.violations.extend(violations);
         analysis
             .violations
             .extend(self.ctx.runtime_violations.lock().unwrap().iter().cloned());
         analysis.violations.sort_by_key(|v| v.at);
         let facts = self.facts(&c, wall, injection_start, injected_for);
-        let text = report::render(options, &facts, &c.faults, &c.procs, &analysis);
+        let text = report::render(
+            options,
+            &facts,
+            &c.faults,
+            &c.procs,
+            &analysis,
+            &failover_facts,
+        );
         println!();
         println!("{text}");
         if let Some(path) = &options.out {
@@ -557,7 +595,7 @@ impl Started {
         let lengths = || c.runtime_stalls.iter().map(|&(s, e)| e - s);
         report::Facts {
             server_version: self.server_version.clone(),
-            private: self.server.is_private(),
+            private: self.servers.private,
             injected_for,
             wall: wall.elapsed(),
             start: injection_start,

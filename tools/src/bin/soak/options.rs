@@ -6,6 +6,8 @@ use std::time::Duration;
 use pg_elector_tools::args::{Args, names};
 use pg_elector_tools::rng::time_seed;
 
+use pg_elector_testkit::failover::Follow;
+
 use crate::faults::Kind;
 
 /// Which replicas run with fast takeover.
@@ -27,6 +29,25 @@ impl Mode {
             Mode::Poll => "poll",
             Mode::Fast => "fast",
             Mode::Mixed => "mixed",
+        }
+    }
+}
+
+/// How the soak's primary replicates to its standby (`--cluster`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Replication {
+    /// Commits wait until the standby has flushed them: no claim of the schedule is lost.
+    Sync,
+    /// Commits do not wait: the claims of the lag before a crash are lost with the old primary.
+    Async,
+}
+
+impl Replication {
+    /// The name on the command line and in the report.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Replication::Sync => "sync",
+            Replication::Async => "async",
         }
     }
 }
@@ -61,6 +82,11 @@ pub(crate) struct Options {
     /// Shard mode: every replica runs one group of this many shards instead of one elector
     /// (0: key mode). Shards have no fast takeover and no resign: poll mode, no `resign`.
     pub(crate) shards: usize,
+    /// A primary and a streaming standby, replicating so, and the `failover` fault (`None`:
+    /// one server).
+    pub(crate) cluster: Option<Replication>,
+    /// How the replicas follow a failover: a multi-host URL or a moving address.
+    pub(crate) follow: Follow,
 }
 
 /// The most shards shard mode runs (the board keeps a replica's owned shards in a `u64`).
@@ -70,10 +96,11 @@ pub(crate) const MAX_SHARDS: usize = 64;
 pub(crate) const USAGE: &str =
     "usage: cargo run --release -p pg-elector-tools --bin soak -- [--seed N] [--duration 60s] \
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
-[--overlap 0.25] [--shards N] [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
+[--overlap 0.25] [--shards N] [--cluster sync|async] [--follow moving-address|multi-host] \
+[--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
 restart-fast, restart-immediate (restart: both), exhaust, graceful, resign, long-partition \
-(key mode), join-partition (shard mode), sync-standby";
+(key mode), join-partition (shard mode), sync-standby, failover (with --cluster)";
 
 impl Options {
     /// Parses the arguments after `--` (a `--bench`, which `cargo bench` used to add, is ignored).
@@ -95,7 +122,10 @@ impl Options {
             verbose: false,
             split_key: false,
             shards: 0,
+            cluster: None,
+            follow: Follow::MovingAddress,
         };
+        let mut faults_given = false;
         let mut mode_given = false;
         let mut args = Args::new(args);
         while let Some(flag) = args.next_flag() {
@@ -134,6 +164,25 @@ impl Options {
                         return Err("--faults names no fault".into());
                     }
                     options.faults = kinds;
+                    faults_given = true;
+                }
+                "--cluster" => {
+                    options.cluster = Some(match args.value()?.as_str() {
+                        "sync" => Replication::Sync,
+                        "async" => Replication::Async,
+                        other => return Err(format!("unknown --cluster {other:?}: sync or async")),
+                    });
+                }
+                "--follow" => {
+                    options.follow = match args.value()?.as_str() {
+                        "moving-address" => Follow::MovingAddress,
+                        "multi-host" => Follow::MultiHost,
+                        other => {
+                            return Err(format!(
+                                "unknown --follow {other:?}: moving-address or multi-host"
+                            ));
+                        }
+                    };
                 }
                 "--overlap" => {
                     options.overlap = args
@@ -163,6 +212,12 @@ impl Options {
         }
         let shards = options.shards;
         options.faults.retain(|k| k.of_mode(shards));
+        if options.cluster.is_none() {
+            if faults_given && options.faults.contains(&Kind::Failover) {
+                return Err("--faults failover needs --cluster sync or --cluster async".into());
+            }
+            options.faults.retain(|&k| k != Kind::Failover);
+        }
         if options.shards > 0 {
             options.shard_mode(mode_given)?;
         } else if options.faults.is_empty() {
@@ -209,6 +264,7 @@ impl Options {
         let defaults: Vec<Kind> = Kind::ALL
             .into_iter()
             .filter(|k| k.of_mode(self.shards))
+            .filter(|&k| self.cluster.is_some() || k != Kind::Failover)
             .collect();
         if self.faults != defaults {
             let names: Vec<&str> = self.faults.iter().map(|k| k.name()).collect();
@@ -223,10 +279,22 @@ impl Options {
         if self.shards > 0 {
             args.push_str(&format!(" --shards {}", self.shards));
         }
+        if let Some(replication) = self.cluster {
+            args.push_str(&format!(" --cluster {}", replication.name()));
+            args.push_str(&format!(" --follow {}", follow_name(self.follow)));
+        }
         if self.split_key {
             args.push_str(" --sabotage split-key");
         }
         args
+    }
+}
+
+/// `--follow`'s name for `follow`.
+pub(crate) fn follow_name(follow: Follow) -> &'static str {
+    match follow {
+        Follow::MultiHost => "multi-host",
+        _ => "moving-address",
     }
 }
 

@@ -5,9 +5,12 @@ use std::time::Duration;
 
 use pg_elector_tools::stats::{percentile, summary};
 
+use pg_elector_testkit::failover::Follow;
+
+use crate::check::failover::Facts as FailoverFacts;
 use crate::check::{Analysis, ProcInfo};
 use crate::faults::{Fault, Kind};
-use crate::options::Options;
+use crate::options::{Options, Replication};
 
 /// What the report says about the run besides the checks.
 #[derive(Debug)]
@@ -55,6 +58,7 @@ pub(crate) fn render(
     faults: &[Fault],
     procs: &[ProcInfo],
     a: &Analysis,
+    failovers: &FailoverFacts,
 ) -> String {
     let r = Render {
         options,
@@ -70,8 +74,71 @@ pub(crate) fn render(
     r.memory(&mut out);
     r.overlaps(&mut out);
     r.deaf(&mut out);
+    if let Some(replication) = options.cluster {
+        failover_facts(&mut out, options, replication, failovers);
+    }
     r.violations(&mut out);
     out
+}
+
+/// With `--cluster`: the failovers' own figures.
+fn failover_facts(
+    out: &mut String,
+    options: &Options,
+    replication: Replication,
+    f: &FailoverFacts,
+) {
+    let ms = |us: u64| format!("{:.0}", us as f64 / 1e3);
+    let _ = writeln!(
+        out,
+        "- Database failovers ({} standby, replicas following through {}): {} crashes and {} \
+         switchovers, each with the old primary back as the standby; from the promoted server \
+         taking writes to a leader of every {}: {} ms (bound 1·I + slack); terms begun while \
+         no server took writes: none beyond the violations below.",
+        replication.name(),
+        if options.follow == Follow::MultiHost {
+            "a multi-host URL"
+        } else {
+            "a moving address"
+        },
+        f.crashes,
+        f.switchovers,
+        if options.shards > 0 { "shard" } else { "key" },
+        summary(f.to_leader.clone(), ms),
+    );
+    let _ = writeln!(
+        out,
+        "- Servers in recovery sampled {} times (every 10 ms, both servers): locks of the soak's \
+         keys held there by a replica: see the violations (none if there are none); replica \
+         backends on the standby at the quiet checkpoints: max {}.",
+        f.recovery_samples, f.standby_backends_max
+    );
+    let _ = writeln!(
+        out,
+        "- Epochs: {} terms, each term's epoch above every earlier term's in its {}.",
+        f.terms,
+        if options.shards > 0 { "shard" } else { "key" }
+    );
+    if options.shards == 0 {
+        let listed = |v: &[(u64, u32, usize)]| {
+            if v.is_empty() {
+                return "none".to_owned();
+            }
+            let items: Vec<String> = v
+                .iter()
+                .map(|(due, attempt, id)| format!("{due}/{attempt} (#{id})"))
+                .collect();
+            items.join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "- The schedule's claims made before a failover and missing on the promoted server \
+             (due ms/attempt, failover): {}; dues run again after the failover that lost their \
+             claim (the README's asynchronous case, each listed here): {}.",
+            listed(&f.lost_claims),
+            listed(&f.repeats)
+        );
+    }
 }
 
 /// What the report is made of.

@@ -3,7 +3,8 @@
 //! `ALTER SYSTEM` and `pg_reload_conf()`, so that every COMMIT that wrote waits, for a while;
 //! then both are set back. The connections idle in the application pools are probed every
 //! interval from past a claim's bound (2 s) until a second before the heal (one given back with
-//! its COMMIT still waiting is stuck), and every connection after the heal.
+//! its COMMIT still waiting is stuck), and every connection after the heal. With `--cluster`
+//! the standby's link to the primary's WAL is cut instead, for as long.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,7 @@ const FIRST_PROBE: Duration = Duration::from_millis(2_200);
 pub(crate) async fn inject(ctx: &Arc<Ctx>, mut fault: Fault) -> Option<usize> {
     {
         let mut claims = ctx.claims.lock().unwrap();
-        if claims.server || !ctx.server.is_private() {
+        if claims.server || !ctx.servers.private {
             return None;
         }
         claims.server = true;
@@ -64,8 +65,21 @@ pub(crate) async fn inject(ctx: &Arc<Ctx>, mut fault: Fault) -> Option<usize> {
 }
 
 /// Makes every COMMIT wait for a standby that never streams, or (`false`) asynchronous again.
+/// With `--cluster`, the standby is there: its WAL link is blackholed (passed again), and the
+/// primary made synchronous only when the cluster is not already.
 async fn set(ctx: &Ctx, on: bool) -> Result<(), String> {
-    let server = ctx.server.clone();
+    let server = ctx.servers.primary().await;
+    if let Some(cluster) = ctx.servers.cluster() {
+        let cluster = cluster.lock().await;
+        if on {
+            cluster.wal.blackhole();
+        } else {
+            cluster.wal.pass();
+        }
+        if cluster.is_synchronous() {
+            return Ok(());
+        }
+    }
     tokio::task::spawn_blocking(move || server.set_synchronous_standby(on))
         .await
         .map_err(|e| e.to_string())?

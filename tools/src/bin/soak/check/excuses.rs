@@ -22,6 +22,19 @@ pub(super) fn drain(f: &Fault, runs: &[RunIv]) -> u64 {
         .unwrap_or(0)
 }
 
+/// Where a fault's leaderless allowance begins: its injection, or, for a crash of a
+/// synchronous primary whose standby was cut off first, the cut (every COMMIT waits from then:
+/// a fenced transaction left by a killed leader holds the epoch row, and no term can begin,
+/// as under `sync-standby`).
+fn commits_wait_from(input: &Input<'_>, f: &Fault) -> u64 {
+    let sync = input.options.cluster == Some(crate::options::Replication::Sync);
+    if sync && f.kind == Kind::Failover {
+        f.inject.saturating_sub(us(f.param))
+    } else {
+        f.inject
+    }
+}
+
 /// The spans the faults excuse, and the stalls.
 #[derive(Debug)]
 pub(super) struct Excuses {
@@ -61,7 +74,7 @@ impl Excuses {
                 let b = f.kind.bound(i);
                 let end = (f.inject + us(b.from_inject)).max(f.heal + us(b.after_heal)) + slack;
                 let end = end + drain(f, &runs);
-                (extend((f.inject, end), &machine), f.id)
+                (extend((commits_wait_from(input, f), end), &machine), f.id)
             })
             .collect();
         let leaderless_excused = normalize(windows.iter().map(|w| w.0).collect());
@@ -97,7 +110,7 @@ impl Excuses {
                     Kind::TerminateLock | Kind::TerminateRandom => {
                         g.on_leader && g.replica == Some(p)
                     }
-                    Kind::RestartFast | Kind::RestartImmediate => true,
+                    Kind::RestartFast | Kind::RestartImmediate | Kind::Failover => true,
                     Kind::Reset => f.kind == Kind::Stop && g.replica == Some(p),
                     _ => false,
                 };

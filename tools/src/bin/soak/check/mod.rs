@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 mod excuses;
+pub(crate) mod failover;
 mod intervals;
 mod lanes;
 mod lead;
@@ -64,6 +65,8 @@ pub(crate) struct Checkpoint {
     pub(crate) backends: Vec<(String, i64)>,
     /// The live replica processes then.
     pub(crate) live: Vec<usize>,
+    /// With `--cluster`: the replicas' backends on the standby then.
+    pub(crate) standby: Option<i64>,
 }
 
 /// Everything the checks read.
