@@ -66,13 +66,16 @@ impl Ctx {
             .any(|f| f.rejoined.is_none())
     }
 
-    /// Whether a synchronous standby that never confirms is in effect (or, in a failover, a
-    /// standby cut off from the WAL before the crash): every COMMIT waits,
-    /// the replicas' fenced ticks and schedule claims among them, so a drain may take up to
-    /// the drain timeout.
+    /// Whether a synchronous standby that never confirms is in effect (or, in a failover of a
+    /// synchronous cluster, the standby cut off from the WAL before the crash): every COMMIT
+    /// waits, the replicas' fenced ticks and schedule claims among them, so a drain may take
+    /// up to the drain timeout.
     pub(crate) fn commits_wait(&self) -> bool {
+        let sync = self.options.cluster == Some(crate::options::Replication::Sync);
         self.faults.lock().unwrap().iter().any(|f| {
-            !f.done && matches!(f.kind, Kind::SyncStandby | Kind::Failover) && !f.param.is_zero()
+            !f.done
+                && (f.kind == Kind::SyncStandby
+                    || (f.kind == Kind::Failover && sync && !f.param.is_zero()))
         })
     }
 

@@ -127,34 +127,50 @@ async fn fail_over(ctx: &Ctx, facts: &mut Failover) -> Result<(), String> {
         ShutdownMode::Fast
     };
     if !facts.cut.is_zero() {
+        let cut_at = unix_us();
         cluster.wal.blackhole();
         tokio::time::sleep(facts.cut).await;
-        // The fault's bounds count from the crash.
+        // The fault's bounds count from the crash; its parameter is the cut as it was.
         facts.inject = unix_us();
-        let at = facts.inject;
+        facts.cut = Duration::from_micros(facts.inject - cut_at);
+        let (at, cut) = (facts.inject, facts.cut);
         update(ctx, facts.id, |f| {
             f.inject = at;
             f.heal = at;
+            f.param = cut;
         });
     }
-    cluster
-        .stop_primary(mode)
-        .await
-        .map_err(|e| e.to_string())?;
+    let stopped = cluster.stop_primary(mode).await;
+    if let Err(e) = stopped {
+        cluster.wal.pass();
+        return Err(e.to_string());
+    }
     facts.stopped = Some(unix_us());
     point_links_at(ctx, cluster.standby.addr()).await;
     let writable = cluster.promote().await.map_err(|e| e.to_string())?;
     facts.writable = Some(unix_us().saturating_sub(writable.elapsed().as_micros() as u64));
-    if ctx.options.shards == 0 {
+    // The claims are read before the rejoin, and a failed read still lets the rejoin happen.
+    let claims = if ctx.options.shards == 0 {
         let before = facts.stopped.unwrap_or(facts.inject);
-        facts.claims = Some(claims_on(&cluster, before).await?);
-    }
-    cluster
-        .rejoin_after_promotion()
-        .await
-        .map_err(|e| e.to_string())?;
+        let read = tokio::time::timeout(Duration::from_secs(10), claims_on(&cluster, before));
+        Some(match read.await {
+            Ok(claims) => claims,
+            Err(_) => Err("reading the claims on the promoted server took over 10 s".to_owned()),
+        })
+    } else {
+        None
+    };
+    let rejoined = cluster.rejoin_after_promotion().await;
+    rejoined.map_err(|e| e.to_string())?;
     facts.rejoined = Some(unix_us());
-    Ok(())
+    match claims {
+        Some(Ok(claims)) => {
+            facts.claims = Some(claims);
+            Ok(())
+        }
+        Some(Err(e)) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Re-points every slot's moving address (nothing with multi-host links).
@@ -169,13 +185,10 @@ async fn point_links_at(ctx: &Ctx, target: SocketAddr) {
 /// machine's clock, which is the servers'), on the old primary: (due in ms, attempt). The
 /// replicas lead on the promoted server by the time this reads it, and claim there too.
 async fn claims_on(cluster: &Cluster, before: u64) -> Result<BTreeSet<(u64, u32)>, String> {
-    let mut config = cluster.db.config_via(cluster.standby.addr());
-    config.application_name(db::CHECKER);
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
+    let config = cluster.db.config_via(cluster.standby.addr());
+    let client = db::connect(&config)
         .await
         .map_err(|e| format!("reading the claims on the promoted server: {e}"))?;
-    tokio::spawn(connection);
     let rows = client
         .query(
             "SELECT floor(extract(epoch FROM due) * 1000)::int8, attempt \
@@ -192,28 +205,26 @@ async fn claims_on(cluster: &Cluster, before: u64) -> Result<BTreeSet<(u64, u32)
 }
 
 /// Waits (at most 30 s, polling every 10 ms) until the primary `checker` reaches has a standby
-/// streaming from it; what to note about it.
-pub(crate) async fn standby_streaming(checker: &tokio_postgres::Config) -> String {
+/// streaming from it: how long that took, or an error saying it did not.
+pub(crate) async fn standby_streaming(checker: &tokio_postgres::Config) -> Result<u64, String> {
     let start = unix_us();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let query = "SELECT count(*) FROM pg_catalog.pg_stat_replication WHERE state = 'streaming'";
+    let mut client = None;
     while tokio::time::Instant::now() < deadline {
-        if let Ok(client) = db::connect(checker).await {
-            let row = client
-                .query_one(
-                    "SELECT count(*) FROM pg_catalog.pg_stat_replication WHERE state = 'streaming'",
-                    &[],
-                )
-                .await;
-            if row.is_ok_and(|r| r.get::<_, i64>(0) > 0) {
-                return format!(
-                    "the standby streamed again {} ms after the restart",
-                    (unix_us() - start) / 1000
-                );
+        if client.is_none() {
+            client = db::connect(checker).await.ok();
+        }
+        if let Some(c) = &client {
+            match c.query_one(query, &[]).await {
+                Ok(row) if row.get::<_, i64>(0) > 0 => return Ok(unix_us() - start),
+                Ok(_) => {}
+                Err(_) => client = None,
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    "the standby did not stream again within 30 s".to_owned()
+    Err("no standby streamed from the primary within 30 s".to_owned())
 }
 
 /// A lock of the soak's keys that a replica held on a server in recovery.
@@ -279,8 +290,9 @@ async fn watch_one(
     let query = "SELECT pg_catalog.pg_is_in_recovery(), \
          ARRAY(SELECT coalesce(a.application_name, '') FROM pg_catalog.pg_locks l \
                  JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-               WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 \
-                 AND l.objid = ANY($2) AND l.objsubid = 2)";
+               WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+                 AND l.classid = $1 AND l.objid = ANY($2) AND l.objsubid = 2), \
+         pg_catalog.pg_is_in_recovery()";
     let class = keys[0].class() as u32;
     let objects = db::objects(&keys);
     while !stop.is_cancelled() {
@@ -296,7 +308,9 @@ async fn watch_one(
             let Ok(row) = client.query_one(query, &[&class, &objects]).await else {
                 break;
             };
-            if !row.get::<_, bool>(0) {
+            // In recovery before and after the locks were read: a promotion in between
+            // would let a lock taken on the new primary pass for one taken in recovery.
+            if !(row.get::<_, bool>(0) && row.get::<_, bool>(2)) {
                 continue;
             }
             *seen.samples.lock().unwrap() += 1;

@@ -247,8 +247,22 @@ async fn inject_restart(ctx: &Arc<Ctx>, kind: Kind, mut fault: Fault) -> Option<
             // the restart is over then. An asynchronous one's are not held back, but the
             // server stays claimed until then, so that no failover promotes a standby that
             // has stopped streaming.
-            let streaming = crate::failover::standby_streaming(&ctx.db).await;
-            note = format!("{note}{streaming}");
+            match crate::failover::standby_streaming(&ctx.db).await {
+                Ok(after) => {
+                    let streaming = format!("the standby streamed again {} ms after", after / 1000);
+                    note = [note, streaming]
+                        .join("; ")
+                        .trim_start_matches("; ")
+                        .to_owned();
+                }
+                Err(e) => ctx.runtime_violations.lock().unwrap().push(Violation {
+                    at: unix_us(),
+                    what: format!("after restart #{id}: {e}"),
+                    lane: 0,
+                    fault: Some(id),
+                    replicas: Vec::new(),
+                }),
+            }
             if replication == crate::options::Replication::Sync {
                 heal = unix_us();
             }

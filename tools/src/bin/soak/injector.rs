@@ -89,8 +89,10 @@ pub(crate) async fn run(ctx: &std::sync::Arc<Ctx>, rng: &mut Rng) -> (u64, Durat
 /// the database over at least once.
 fn at_least_one_failover(ctx: &Ctx, mut plan: Plan, half_over: bool) -> Plan {
     let wanted = ctx.options.faults.contains(&Kind::Failover);
-    if wanted && half_over && ctx.failovers_injected() == 0 {
+    if wanted && half_over && ctx.failovers_injected() == 0 && plan.kind != Kind::Failover {
         plan.kind = Kind::Failover;
+        // The parameter was drawn for another kind: the cut's range is [0, 1.5 s].
+        plan.param = plan.param.min(Duration::from_millis(1_500));
     }
     plan
 }

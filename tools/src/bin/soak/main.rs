@@ -6,15 +6,18 @@
 //! cargo run --release -p pg-elector-tools --bin soak -- --duration 60s                  # CI's run; a random seed, printed
 //! cargo run --release -p pg-elector-tools --bin soak -- --seed 4242 --duration 60s      # the same draws again
 //! cargo run --release -p pg-elector-tools --bin soak -- --mode poll --faults stop,partition --verbose
-//! cargo run --release -p pg-elector-tools --bin soak -- --shards 8 --duration 60s       # shard mode, as CI
-//! scripts/soak-long                                           # ≈ 80 min: poll, fast, mixed, shards
+//! cargo run --release -p pg-elector-tools --bin soak -- --shards 8 --duration 60s       # shard mode
+//! cargo run --release -p pg-elector-tools --bin soak -- --duration 60s --cluster sync   # CI's key-mode run
+//! cargo run --release -p pg-elector-tools --bin soak -- --duration 60s --shards 8 --cluster async --follow multi-host  # CI's shard run
+//! scripts/soak-long                                           # ≈ 100 min: poll, fast, mixed, shards, failover
 //! ```
 //!
 //! Options (after `--`): `--seed N` (default: from the clock, or `SOAK_SEED`), `--duration`
 //! (default `60s`; `90`, `5m`, `1h` work too), `--replicas N` (default 5), `--interval-ms`
 //! (the check interval I, default 250), `--mode poll|fast|mixed` (default `mixed`),
 //! `--faults all|<kind>[,<kind>…]`, `--overlap P` (default 0.25), `--shards N` (shard mode,
-//! below; 1 to 64), `--no-keep-one`,
+//! below; 1 to 64), `--cluster sync|async` and `--follow moving-address|multi-host` (the
+//! database fails over too, below), `--no-keep-one`,
 //! `--out FILE` (the report, also written there), `--verbose` (each fault as it is injected),
 //! `--sabotage split-key` (checks the checker, below). It exits 1 on any violation, 2 on a
 //! bad option.
@@ -60,7 +63,8 @@
 //! | `resign` | `resign` with a cooldown in [0, 4·I] | 2·I | never | ≤ 100 ms |
 //! | `long-partition` (key mode) | the leader's proxy blackholed for [3.5 s, 4.5 s], past the schedule's stale threshold, a second into a long run | 5·I, or heal + 1·I | never | ≤ 2·I |
 //! | `join-partition` (shard mode) | a replica killed, started again once the others own every shard, its proxy blackholed as soon as its member lock (or, half of the time, its live mark) shows granted, for [4·I, 8·I] | 1·I (a gap begun during it: 1·I) | never | — |
-//! | `sync-standby` | `synchronous_standby_names = '*'` and synchronous commits, no standby, for [4 s, 5.5 s] | the end + 1·I | never | — |
+//! | `sync-standby` | `synchronous_standby_names = '*'` and synchronous commits, no standby, for [4 s, 5.5 s] (with `--cluster`: the standby's WAL link blackholed) | the end + 1·I | never | — |
+//! | `failover` (with `--cluster`) | a crash (the standby first cut off its WAL for [0, 1.5 s]) or a switchover of the primary, the standby promoted, the old primary back as the standby | the promoted server taking writes + 1·I | never | ≤ 100 ms |
 //!
 //! A graceful restart or a resign of a leader with a run of its schedule in progress drains up
 //! to that run's end (at most the drain timeout, 7 s): its bounds get that time.
@@ -166,6 +170,63 @@
 //! resign: shard mode runs in poll mode and never injects `resign`. Memory and backends are
 //! checked once, not per shard. `--sabotage split-key` gives each process a group of its own.
 //!
+//! # The database failing over
+//!
+//! With `--cluster sync` or `--cluster async` the soak runs on a [`Cluster`]: a private
+//! primary and a hot standby streaming from it through a proxy, synchronous or not. Each
+//! replica slot's link is, with `--follow moving-address` (the default), one proxy in front of
+//! the primary that a failover re-points at the standby once the primary has stopped (a
+//! virtual IP, a DNS name); with `--follow multi-host`, one proxy per server, and the replica's
+//! URL names both with `target_session_attrs=read-write`. A partition or a reset acts on all
+//! of a slot's proxies. The soak's own connections (the sampler, the checkpoints, the rows) use
+//! a multi-host URL straight to both servers, so they follow the primary.
+//!
+//! The fault `failover` (weight 4, so that a 20-minute run has well over 100) claims the
+//! server like a restart. A crash first blackholes the standby's WAL link for a drawn time
+//! (the standby lags: with `async` the commits of that time are lost, with `sync` they wait),
+//! then `pg_ctl stop -m immediate`; a switchover is `-m fast`. Then the promotion, the claims
+//! of the schedule that the promoted server holds (those made before the stop), and the old
+//! primary made the new standby with a fresh base backup. Its bounds count from the stop; its
+//! heal is the first moment a connection reached the promoted server out of recovery (polled
+//! every 5 ms). With `sync`, a crash's leaderless allowance starts at the cut: every COMMIT
+//! waits from then, and a fenced transaction of a killed leader left waiting in its COMMIT
+//! holds the epoch row. For the same reason a server restart in a synchronous cluster is over
+//! only when the standby streams again (it reconnects after `wal_retrieve_retry_interval`,
+//! 5 s); in an asynchronous one the server stays claimed until then. If no failover was
+//! drawn by half the run, the next draw's kind is `failover`.
+//!
+//! The checks of the failovers (`check/failover.rs`), besides every check above, each with a
+//! column of the report's failover table:
+//!
+//! - **No term without a primary.** No replica starts to lead (the read before its first
+//!   leading read) after the old primary stopped, with its first leading read more than
+//!   100 ms (and the soak's own stalls, which may delay the prober) before the promoted server
+//!   took writes.
+//! - **A leader within 1·I** of the promoted server taking writes, for every key (shard),
+//!   plus the slack and the machine's stalls, unless another fault was in effect after the
+//!   promotion within that bound (its own bounds judge the gap; the table counts these);
+//!   p50 / p99 / max in the table.
+//! - **Nobody leads through a server in recovery.** Both servers, straight, every 10 ms: is it
+//!   in recovery (asked before and after), and who holds a key's lock exclusively there (a
+//!   standby's question holds it shared for one statement, and is refused after it); a
+//!   replica's session holding one there is a violation.
+//! - **Epochs rise across failovers.** Per lane, each term's epoch (the replicas' reports) is
+//!   above every epoch of a term that certainly began before it possibly began; the fenced
+//!   rows' checks above hold across servers too (one machine clock).
+//! - **The schedule's claims** (key mode). A claim of a run begun on the old primary (since
+//!   the previous failover's stop) that the promoted server lacks is a violation, but with an
+//!   asynchronous standby for a crash, for a claim made from the cut on (or in the 250 ms
+//!   before it, plus the machine's stalls: the replication lag); such a due may run once more
+//!   after the crash, and both are listed; its two runs may overlap until the old run's
+//!   heartbeats have not landed for two thirds of the stale threshold (2 s) after the crash,
+//!   plus the slack (the README's asynchronous caveat; counted apart). Any other due (and
+//!   attempt) that runs twice is a violation, with one server too.
+//! - **Backends.** At each checkpoint, no replica backend on the standby (asked for a second,
+//!   since a multi-host connect passes through it).
+//! - **Enough failovers.** A run that completed fewer than `--min-failovers` (default 1 with
+//!   `--cluster`) fails; so does a failover the harness could not complete, and a standby that
+//!   does not stream again within 30 s of a restart.
+//!
 //! # The report
 //!
 //! A markdown table, per fault kind: how many were injected, how many hit the leader, how many
@@ -185,6 +246,7 @@
 //!
 //! [`PgServer::spawn`]: pg_elector_testkit::PgServer::spawn
 //! [`FaultProxy`]: pg_elector_testkit::FaultProxy
+//! [`Cluster`]: pg_elector_testkit::failover::Cluster
 
 mod app;
 mod check;
@@ -430,9 +492,15 @@ impl Started {
             async move { db::sample(config, keys, SAMPLE_EVERY, &samples, stop).await }
         });
         let recovery = Arc::new(failover::RecoveryWatch::default());
+        // One server is never in recovery: nothing to watch.
+        let watched = if options.cluster.is_some() {
+            servers.addrs.clone()
+        } else {
+            Vec::new()
+        };
         let recovery_watch = tokio::spawn(failover::watch_recovery(
             servers.checker.clone(),
-            servers.addrs.clone(),
+            watched,
             keys.clone(),
             RECOVERY_EVERY,
             recovery.clone(),
@@ -523,6 +591,10 @@ impl Started {
     async fn finish(mut self, wall: Instant, injection_start: u64, injected_for: Duration) -> i32 {
         let c = self.collect().await;
         let options = &self.options;
+        let job_runs = check::job_runs(&c.events, c.end);
+        let lost =
+            check::failover::lost_claims(&job_runs, &c.failovers, options.cluster, &c.stalls);
+        let allowed = check::failover::overlaps_allowed(&lost, options.slack().as_micros() as u64);
         let input = check::Input {
             options,
             start: self.start,
@@ -536,6 +608,7 @@ impl Started {
             checkpoints: &c.checkpoints,
             stalls: &c.stalls,
             probes: &c.probes,
+            due_overlaps_allowed: &allowed,
         };
         let mut analysis = if options.shards == 0 {
             check::analyse(&input)

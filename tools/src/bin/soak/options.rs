@@ -87,6 +87,8 @@ pub(crate) struct Options {
     pub(crate) cluster: Option<Replication>,
     /// How the replicas follow a failover: a multi-host URL or a moving address.
     pub(crate) follow: Follow,
+    /// A run that completed fewer failovers fails (1 with `--cluster`, else 0).
+    pub(crate) min_failovers: usize,
 }
 
 /// The most shards shard mode runs (the board keeps a replica's owned shards in a `u64`).
@@ -97,6 +99,7 @@ pub(crate) const USAGE: &str =
     "usage: cargo run --release -p pg-elector-tools --bin soak -- [--seed N] [--duration 60s] \
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
 [--overlap 0.25] [--shards N] [--cluster sync|async] [--follow moving-address|multi-host] \
+[--min-failovers N] \
 [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
 restart-fast, restart-immediate (restart: both), exhaust, graceful, resign, long-partition \
@@ -124,8 +127,11 @@ impl Options {
             shards: 0,
             cluster: None,
             follow: Follow::MovingAddress,
+            min_failovers: 0,
         };
         let mut faults_given = false;
+        let mut follow_given = false;
+        let mut min_failovers = None;
         let mut mode_given = false;
         let mut args = Args::new(args);
         while let Some(flag) = args.next_flag() {
@@ -173,7 +179,15 @@ impl Options {
                         other => return Err(format!("unknown --cluster {other:?}: sync or async")),
                     });
                 }
+                "--min-failovers" => {
+                    min_failovers = Some(
+                        args.value()?
+                            .parse()
+                            .map_err(|_| "--min-failovers takes a number")?,
+                    );
+                }
                 "--follow" => {
+                    follow_given = true;
                     options.follow = match args.value()?.as_str() {
                         "moving-address" => Follow::MovingAddress,
                         "multi-host" => Follow::MultiHost,
@@ -216,7 +230,14 @@ impl Options {
             if faults_given && options.faults.contains(&Kind::Failover) {
                 return Err("--faults failover needs --cluster sync or --cluster async".into());
             }
+            if follow_given || min_failovers.is_some() {
+                return Err("--follow and --min-failovers need --cluster sync or async".into());
+            }
             options.faults.retain(|&k| k != Kind::Failover);
+        } else if options.faults.contains(&Kind::Failover) {
+            options.min_failovers = min_failovers.unwrap_or(1);
+        } else if min_failovers.is_some_and(|n| n > 0) {
+            return Err("--min-failovers: --faults leaves out failover".into());
         }
         if options.shards > 0 {
             options.shard_mode(mode_given)?;

@@ -81,7 +81,7 @@ pub(crate) fn render(
     out
 }
 
-/// With `--cluster`: the failovers' own figures.
+/// With `--cluster`: the failovers' own table, and what it does not show.
 fn failover_facts(
     out: &mut String,
     options: &Options,
@@ -89,35 +89,56 @@ fn failover_facts(
     f: &FailoverFacts,
 ) {
     let ms = |us: u64| format!("{:.0}", us as f64 / 1e3);
+    let lane = if options.shards > 0 { "shard" } else { "key" };
+    let c = &f.counts;
+    let dues = if options.shards > 0 {
+        "- (shard mode)".to_owned()
+    } else {
+        format!("{} / {} / {}", f.lost_claims.len(), f.repeats.len(), c.dues)
+    };
+    let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "- Database failovers ({} standby, replicas following through {}): {} crashes and {} \
-         switchovers, each with the old primary back as the standby; from the promoted server \
-         taking writes to a leader of every {}: {} ms (bound 1·I + slack); terms begun while \
-         no server took writes: none beyond the violations below.",
+        "Database failovers ({} standby, replicas following through {}; times in ms):",
         replication.name(),
         if options.follow == Follow::MultiHost {
             "a multi-host URL"
         } else {
             "a moving address"
         },
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| failovers (crash / switchover) | writable → a leader of every {lane}, p50 / p99 / max | \
+         terms begun with no primary | locks held on a server in recovery | epochs not above an \
+         earlier term's | claims lost / dues run again / violations | replica backends left on \
+         the standby | violations |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let bold = |n: usize| {
+        if n == 0 {
+            "0".to_owned()
+        } else {
+            format!("**{n}**")
+        }
+    };
+    let _ = writeln!(
+        out,
+        "| {} ({} / {}) | {} ({} later than 1·I with another fault in effect) | {} | {} ({} samples) \
+         | {} ({} terms) | {dues} | {} | {} |",
+        f.completed,
         f.crashes,
         f.switchovers,
-        if options.shards > 0 { "shard" } else { "key" },
         summary(f.to_leader.clone(), ms),
-    );
-    let _ = writeln!(
-        out,
-        "- Servers in recovery sampled {} times (every 10 ms, both servers): locks of the soak's \
-         keys held there by a replica: see the violations (none if there are none); replica \
-         backends on the standby at the quiet checkpoints: max {}.",
-        f.recovery_samples, f.standby_backends_max
-    );
-    let _ = writeln!(
-        out,
-        "- Epochs: {} terms, each term's epoch above every earlier term's in its {}.",
+        f.to_leader_excused,
+        bold(c.no_primary),
+        bold(c.in_recovery),
+        f.recovery_samples,
+        bold(c.epochs_back),
         f.terms,
-        if options.shards > 0 { "shard" } else { "key" }
+        f.standby_backends_max,
+        bold(c.all),
     );
     if options.shards == 0 {
         let listed = |v: &[(u64, u32, usize)]| {
@@ -130,11 +151,12 @@ fn failover_facts(
                 .collect();
             items.join(", ")
         };
+        let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "- The schedule's claims made before a failover and missing on the promoted server \
-             (due ms/attempt, failover): {}; dues run again after the failover that lost their \
-             claim (the README's asynchronous case, each listed here): {}.",
+            "- Claims missing on the promoted server (due ms/attempt, failover): {}; dues run \
+             again after the crash that lost their claim (allowed with an asynchronous standby, \
+             once, for claims made from the cut on): {}.",
             listed(&f.lost_claims),
             listed(&f.repeats)
         );
@@ -350,7 +372,9 @@ impl Render<'_> {
                  abandoned; the drain timeout {} s; reruns of abandoned dues): {} runs, {} of \
                  them longer than 3 s, {} reruns; runs of one due at once (from the replicas' \
                  own reports of each run's start and end): {}, and {} more where a runner had \
-                 frozen (the README's exception).",
+                 frozen (the README's exception), {} more after an asynchronous crash lost the \
+                 claim, the old run cut off within its heartbeats' two thirds of the 3 s (the \
+                 README's asynchronous caveat).",
                 crate::app::JOB,
                 crate::app::JOB_PERIOD.as_secs(),
                 crate::app::LONG_RUN_MIN.as_secs_f64(),
@@ -361,6 +385,7 @@ impl Render<'_> {
                 a.reruns,
                 a.due_overlaps.iter().sum::<u64>(),
                 a.due_overlaps_frozen,
+                a.due_overlaps_lost_claim,
             );
         }
         let p = &a.probes;

@@ -30,6 +30,8 @@ pub(crate) async fn inject(ctx: &Arc<Ctx>, mut fault: Fault) -> Option<usize> {
     let at = unix_us();
     if let Err(e) = set(ctx, true).await {
         eprintln!("soak: sync-standby: {e}");
+        // Not left cut off: a later fast stop would wait for it.
+        let _ = set(ctx, false).await;
         release(ctx);
         return None;
     }

@@ -17,6 +17,11 @@ use crate::options::Replication;
 /// connect and ask on their own, every 5 ms for the prober.
 const WRITABLE_MARGIN: u64 = 100_000;
 
+/// How long before the cut (the crash, with no cut) a claim may still be on its way to an
+/// asynchronous standby: replication lag on one machine is milliseconds (plus the machine's
+/// stalls around it).
+const LAG: u64 = 250_000;
+
 /// What the failovers' checks found, besides violations.
 #[derive(Debug, Default)]
 pub(crate) struct Facts {
@@ -25,6 +30,9 @@ pub(crate) struct Facts {
     pub(crate) switchovers: usize,
     /// Per failover: from the promoted server taking writes to a leader of every lane (µs).
     pub(crate) to_leader: Vec<u64>,
+    /// Failovers whose leader came later than 1·I, excused: another fault was in effect after
+    /// the promotion (its own bounds judge the gap).
+    pub(crate) to_leader_excused: usize,
     /// Samples of a server in recovery taken by the watch.
     pub(crate) recovery_samples: u64,
     /// Claims of the schedule made before a failover and missing on the promoted server.
@@ -36,6 +44,29 @@ pub(crate) struct Facts {
     pub(crate) terms: usize,
     /// The most replica backends on the standby at a checkpoint.
     pub(crate) standby_backends_max: i64,
+    /// Failovers completed (the old primary back as the standby).
+    pub(crate) completed: usize,
+    /// The violations of each check.
+    pub(crate) counts: Counts,
+}
+
+/// The violations of each of this module's checks, for the report's table.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    /// Terms begun while no server took writes.
+    pub(crate) no_primary: usize,
+    /// Leaders later than 1·I after the promotion.
+    pub(crate) late_leader: usize,
+    /// Locks held on a server in recovery.
+    pub(crate) in_recovery: usize,
+    /// Epochs not above an earlier term's.
+    pub(crate) epochs_back: usize,
+    /// Claims lost or dues run twice beyond what the README allows.
+    pub(crate) dues: usize,
+    /// Replica backends left on the standby.
+    pub(crate) standby_backends: usize,
+    /// All of this module's violations (too few failovers among them).
+    pub(crate) all: usize,
 }
 
 /// What the failovers' checks read besides [`Input`].
@@ -57,6 +88,7 @@ pub(crate) fn check(input: &Input<'_>, seen: &Seen<'_>) -> (Vec<Violation>, Fact
         ..Facts::default()
     };
     epochs_rise(input.events, &mut v, &mut facts);
+    facts.counts.epochs_back = v.len();
     let mut failovers: Vec<&Failover> = seen.failovers.iter().collect();
     failovers.sort_by_key(|f| f.inject);
     for f in &failovers {
@@ -65,12 +97,47 @@ pub(crate) fn check(input: &Input<'_>, seen: &Seen<'_>) -> (Vec<Violation>, Fact
         } else {
             facts.switchovers += 1;
         }
+        let before = v.len();
         no_leader_without_a_primary(input, f, &mut v);
-        if let Some(t) = to_leader(input, f, &mut v) {
+        facts.counts.no_primary += v.len() - before;
+        let before = v.len();
+        if let Some(t) = to_leader(input, f, &mut v, &mut facts) {
             facts.to_leader.push(t);
         }
+        facts.counts.late_leader += v.len() - before;
     }
-    for hold in seen.recovery.1 {
+    let before = v.len();
+    recovery_holds(seen.recovery.1, &mut v);
+    facts.counts.in_recovery = v.len() - before;
+    let before = v.len();
+    if input.options.shards == 0 {
+        claims(input, seen.failovers, seen.replication, &mut v, &mut facts);
+    }
+    facts.counts.dues = v.len() - before;
+    let completed = failovers.iter().filter(|f| f.rejoined.is_some()).count();
+    facts.completed = completed;
+    if completed < input.options.min_failovers {
+        v.push(Violation {
+            at: input.end,
+            what: format!(
+                "{completed} failovers completed, fewer than the {} asked (--min-failovers)",
+                input.options.min_failovers
+            ),
+            lane: 0,
+            fault: None,
+            replicas: Vec::new(),
+        });
+    }
+    let before = v.len();
+    standby_backends(input, &mut v, &mut facts);
+    facts.counts.standby_backends = v.len() - before;
+    facts.counts.all = v.len();
+    (v, facts)
+}
+
+/// A replica's session holding a key's lock on a server in recovery.
+fn recovery_holds(holds: &[RecoveryHold], v: &mut Vec<Violation>) {
+    for hold in holds {
         if let Some(p) = crate::db::replica_of(&hold.holder) {
             v.push(Violation {
                 at: hold.at,
@@ -84,9 +151,10 @@ pub(crate) fn check(input: &Input<'_>, seen: &Seen<'_>) -> (Vec<Violation>, Fact
             });
         }
     }
-    if input.options.shards == 0 {
-        claims(input, &failovers, seen.replication, &mut v, &mut facts);
-    }
+}
+
+/// No replica backend on the standby at a quiet checkpoint.
+fn standby_backends(input: &Input<'_>, v: &mut Vec<Violation>, facts: &mut Facts) {
     for c in input.checkpoints {
         let n = c.standby.unwrap_or(0);
         facts.standby_backends_max = facts.standby_backends_max.max(n);
@@ -103,41 +171,55 @@ pub(crate) fn check(input: &Input<'_>, seen: &Seen<'_>) -> (Vec<Violation>, Fact
             });
         }
     }
-    (v, facts)
 }
 
-/// Per lane, each term's epoch (from the replicas' reports, in the order the terms began) is
-/// above every earlier term's.
+/// One term as its replica reported it: lane, the earliest and the certain start, replica,
+/// epoch.
+type TermSeen = (usize, u64, u64, usize, u64);
+
+/// Per lane, each term's epoch (from the replicas' reports) is above the epoch of every term
+/// certainly begun before it possibly began (a watcher reporting late cannot reorder them).
 fn epochs_rise(events: &[Event], v: &mut Vec<Violation>, facts: &mut Facts) {
-    let mut terms: Vec<(usize, u64, usize, u64)> = events
-        .iter()
-        .filter_map(|e| match e.what {
-            What::Leader {
-                epoch: Some(epoch), ..
-            } => Some((e.lane, e.at, e.replica, epoch)),
-            _ => None,
-        })
-        .collect();
-    terms.sort_unstable();
-    facts.terms = terms.len();
-    let mut highest: BTreeMap<usize, (u64, usize)> = BTreeMap::new();
-    for (lane, at, replica, epoch) in terms {
-        if let Some(&(top, by)) = highest.get(&lane) {
-            if epoch <= top {
+    let mut lanes: BTreeMap<usize, Vec<TermSeen>> = BTreeMap::new();
+    for e in events {
+        if let What::Leader {
+            possible,
+            epoch: Some(epoch),
+        } = e.what
+        {
+            lanes
+                .entry(e.lane)
+                .or_default()
+                .push((e.lane, possible, e.at, e.replica, epoch));
+        }
+    }
+    for (_, mut terms) in lanes {
+        facts.terms += terms.len();
+        // By certain start; the highest epoch (and whose) among the first k.
+        terms.sort_unstable_by_key(|t| (t.2, t.4));
+        let mut top: Vec<(u64, usize)> = Vec::with_capacity(terms.len());
+        for t in &terms {
+            let prev = top.last().copied().unwrap_or((0, usize::MAX));
+            top.push(if t.4 > prev.0 { (t.4, t.3) } else { prev });
+        }
+        for &(lane, possible, at, replica, epoch) in &terms {
+            let before = terms.partition_point(|t| t.2 < possible);
+            let Some(&(highest, by)) = before.checked_sub(1).and_then(|k| top.get(k)) else {
+                continue;
+            };
+            if epoch <= highest {
                 v.push(Violation {
                     at,
                     what: format!(
                         "replica-{replica}'s term has epoch {epoch}, not above replica-{by}'s \
-                         earlier {top}"
+                         {highest} of a term begun before it"
                     ),
                     lane,
                     fault: None,
                     replicas: vec![replica, by],
                 });
-                continue;
             }
         }
-        highest.insert(lane, (epoch, replica));
     }
 }
 
@@ -150,7 +232,9 @@ fn no_leader_without_a_primary(input: &Input<'_>, f: &Failover, v: &mut Vec<Viol
         let What::Leader { possible, .. } = e.what else {
             continue;
         };
-        if possible > stopped && e.at + WRITABLE_MARGIN < writable {
+        // The prober runs in the soak's own process: a stall of it makes `writable` late.
+        let stalled = within(input.stalls, (e.at, writable));
+        if possible > stopped && e.at + WRITABLE_MARGIN + stalled < writable {
             v.push(Violation {
                 at: e.at,
                 what: format!(
@@ -169,8 +253,14 @@ fn no_leader_without_a_primary(input: &Input<'_>, f: &Failover, v: &mut Vec<Viol
 }
 
 /// From the promoted server taking writes to a leader of every lane; a violation beyond 1·I
-/// and the slack (and the machine's stalls within), unless another fault began meanwhile.
-fn to_leader(input: &Input<'_>, f: &Failover, v: &mut Vec<Violation>) -> Option<u64> {
+/// and the slack (and the machine's stalls within), unless another fault was in effect after
+/// the promotion, within that bound.
+fn to_leader(
+    input: &Input<'_>,
+    f: &Failover,
+    v: &mut Vec<Violation>,
+    facts: &mut Facts,
+) -> Option<u64> {
     let writable = f.writable?;
     let lanes = input.options.lanes();
     let mut worst = 0;
@@ -189,11 +279,19 @@ fn to_leader(input: &Input<'_>, f: &Failover, v: &mut Vec<Violation>) -> Option<
     let slack = us(input.options.slack());
     let bound_end = writable + i + slack;
     let stalled = within(input.stalls, (writable, bound_end));
+    if worst <= i + slack + stalled {
+        return Some(worst);
+    }
+    // Late. Another fault in effect after the promotion, begun before the bound's end (a kill
+    // or a partition of the replica that was about to lead), may hold the new leader back:
+    // its own bounds judge that gap, and the table counts these.
     let others = input
         .faults
         .iter()
-        .any(|g| g.id != f.id && g.inject <= bound_end && g.heal >= f.inject);
-    if worst > i + slack + stalled && !others {
+        .any(|g| g.id != f.id && g.inject <= bound_end && g.heal >= writable);
+    if others {
+        facts.to_leader_excused += 1;
+    } else {
         v.push(Violation {
             at: writable + worst,
             what: format!(
@@ -212,45 +310,111 @@ fn to_leader(input: &Input<'_>, f: &Failover, v: &mut Vec<Violation>) -> Option<
     Some(worst)
 }
 
-/// Key mode: the claims of runs begun on the old primary (since the previous failover) are on
-/// the promoted server with a synchronous standby; with an asynchronous one, those missing may
-/// run again, once. No other due runs twice.
+/// A claim of a run begun on the old primary that the promoted server lacks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lost {
+    /// The run whose claim it was.
+    pub(crate) run: RunIv,
+    /// The failover's fault, and when its crash (or switchover) began (µs).
+    pub(crate) failover: usize,
+    pub(crate) crash: u64,
+    /// Whether the README allows it: an asynchronous standby, a crash, and a claim made from
+    /// the cut on (or within the replication lag before it).
+    pub(crate) allowed: bool,
+}
+
+/// Every claim a failover lost (key mode), in the failovers' order: of the runs begun on the
+/// old primary since the previous failover's stop.
+pub(crate) fn lost_claims(
+    all: &[RunIv],
+    failovers: &[Failover],
+    replication: Option<Replication>,
+    stalls: &[super::Iv],
+) -> Vec<Lost> {
+    let mut failovers: Vec<&Failover> = failovers.iter().collect();
+    failovers.sort_by_key(|f| f.inject);
+    let mut out = Vec::new();
+    let mut since = 0;
+    for f in failovers {
+        let stopped = f.stopped.unwrap_or(f.inject);
+        if let Some(on_promoted) = &f.claims {
+            // What a crash may lose: the commits the standby had not received, from the cut
+            // (or the replication lag before the crash) on. A switchover loses nothing.
+            let cut_at = f.inject.saturating_sub(us(f.cut));
+            let stalled = within(stalls, (cut_at.saturating_sub(2_000_000), stopped));
+            let lag_from = cut_at.saturating_sub(LAG + stalled).max(since);
+            let may_lose = replication == Some(Replication::Async) && f.crash;
+            for r in all.iter().filter(|r| (since..stopped).contains(&r.span.0)) {
+                if !on_promoted.contains(&(r.due, r.attempt)) {
+                    out.push(Lost {
+                        run: *r,
+                        failover: f.id,
+                        crash: f.inject,
+                        allowed: may_lose && r.span.0 >= lag_from,
+                    });
+                }
+            }
+        }
+        since = stopped;
+    }
+    out
+}
+
+/// The runs of a due that may go on at once after an asynchronous crash lost its claim: the
+/// old leader's run goes on until its heartbeats have not landed for two thirds of the stale
+/// threshold (the README), while the new leader, who cannot see the claim, runs the due
+/// again. Per (due, attempt): until when the old run may last (µs), with `slack`.
+pub(crate) fn overlaps_allowed(lost: &[Lost], slack: u64) -> Vec<(u64, u32, u64)> {
+    let cut_after = us(crate::faults::STALE) * 2 / 3;
+    lost.iter()
+        .filter(|l| l.allowed)
+        .map(|l| (l.run.due, l.run.attempt, l.crash + cut_after + slack))
+        .collect()
+}
+
+/// Key mode: the claims of runs begun on the old primary are on the promoted server, but for
+/// those the README allows an asynchronous crash to lose; each such due may run once more.
+/// No other due runs twice.
 fn claims(
     input: &Input<'_>,
-    failovers: &[&Failover],
+    failovers: &[Failover],
     replication: Option<Replication>,
     v: &mut Vec<Violation>,
     facts: &mut Facts,
 ) {
     let all = runs(input.events, input.end);
-    let mut lost: BTreeMap<(u64, u32), usize> = BTreeMap::new();
-    let mut since = 0;
-    for f in failovers {
-        let Some(on_promoted) = &f.claims else {
-            continue;
-        };
-        let stopped = f.stopped.unwrap_or(f.inject);
-        for r in all.iter().filter(|r| (since..stopped).contains(&r.span.0)) {
-            if on_promoted.contains(&(r.due, r.attempt)) {
-                continue;
-            }
-            facts.lost_claims.push((r.due, r.attempt, f.id));
-            lost.insert((r.due, r.attempt), f.id);
-            if replication == Some(Replication::Sync) {
-                v.push(lost_claim(r, f));
-            }
+    let mut allowed: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    for l in lost_claims(&all, failovers, replication, input.stalls) {
+        facts
+            .lost_claims
+            .push((l.run.due, l.run.attempt, l.failover));
+        if l.allowed {
+            allowed.insert((l.run.due, l.run.attempt), l.failover);
+        } else {
+            let f = failovers
+                .iter()
+                .find(|f| f.id == l.failover)
+                .expect("a lost claim's failover");
+            v.push(lost_claim(&l.run, f, replication));
         }
-        since = f.writable.unwrap_or(f.inject);
     }
-    repeats(&all, &lost, failovers, v, facts);
+    let failovers: Vec<&Failover> = failovers.iter().collect();
+    repeats(&all, &allowed, &failovers, v, facts);
 }
 
-fn lost_claim(r: &RunIv, f: &Failover) -> Violation {
+fn lost_claim(r: &RunIv, f: &Failover, replication: Option<Replication>) -> Violation {
+    let why = if replication == Some(Replication::Sync) {
+        "though the standby was synchronous"
+    } else if !f.crash {
+        "though a switchover loses nothing"
+    } else {
+        "though it was claimed before the standby was cut off (and its replication lag)"
+    };
     Violation {
         at: f.inject,
         what: format!(
             "the claim of due {} (attempt {}), which replica-{} ran from {} ms before the \
-             failover, is not on the promoted server, though the standby was synchronous",
+             failover, is not on the promoted server, {why}",
             r.due,
             r.attempt,
             r.replica,
@@ -320,8 +484,11 @@ mod tests {
     use crate::faults::{Fault, Kind};
     use crate::options::Options;
 
+    /// `--cluster <cluster> --min-failovers 0`: the tests with no failover are about other
+    /// checks.
     fn options(cluster: &str) -> Options {
-        Options::parse(&["--cluster".to_owned(), cluster.to_owned()]).expect("options")
+        let args = ["--cluster", cluster, "--min-failovers", "0"].map(str::to_owned);
+        Options::parse(&args).expect("options")
     }
 
     fn input<'a>(
@@ -345,6 +512,7 @@ mod tests {
             checkpoints,
             stalls: &[],
             probes: &[],
+            due_overlaps_allowed: &[],
         }
     }
 
@@ -456,7 +624,7 @@ mod tests {
     fn a_claim_an_asynchronous_failover_lost_may_run_once_more_after_it() {
         let o = options("async");
         let events: Vec<Event> = [
-            run(1, 7, 1, 500_000),
+            run(1, 7, 1, 800_000),
             run(1, 8, 1, 700_000),
             run(2, 7, 1, 1_500_000),
         ]
@@ -475,7 +643,7 @@ mod tests {
     fn a_lost_claim_run_twice_more_is_a_violation() {
         let o = options("async");
         let events: Vec<Event> = [
-            run(1, 7, 1, 500_000),
+            run(1, 7, 1, 800_000),
             run(2, 7, 1, 1_500_000),
             run(3, 7, 1, 1_700_000),
         ]
@@ -492,7 +660,7 @@ mod tests {
     #[test]
     fn a_claim_lost_at_one_failover_is_not_lost_again_at_the_next() {
         let o = options("async");
-        let events: Vec<Event> = [run(1, 7, 1, 500_000), run(2, 7, 1, 1_500_000)].concat();
+        let events: Vec<Event> = [run(1, 7, 1, 800_000), run(2, 7, 1, 1_500_000)].concat();
         let f = [
             failover(0, 1_000_000, Some(&[])),
             failover(1, 3_000_000, Some(&[(7, 1)])),
@@ -642,5 +810,79 @@ mod tests {
         let (v, facts) = check(&long, &seen(&f, &[], Replication::Async));
         assert_eq!(what(&v), vec![(10_000_000, 0, Some(0), vec![])]);
         assert_eq!(facts.to_leader, vec![8_600_000]);
+    }
+
+    #[test]
+    fn an_asynchronous_crash_loses_only_what_was_claimed_within_the_lag_and_a_switchover_nothing() {
+        let o = options("async");
+        // Claimed 0.4 s before the crash at 0.9 s, with no cut: past the 250 ms of lag.
+        let early: Vec<Event> = [run(1, 7, 1, 500_000), run(2, 7, 1, 1_500_000)].concat();
+        let f = [failover(0, 1_000_000, Some(&[]))];
+        let (v, facts) = check(
+            &input(&o, &early, &[], &[]),
+            &seen(&f, &[], Replication::Async),
+        );
+        assert_eq!(
+            what(&v),
+            vec![
+                (900_000, 0, Some(0), vec![1]),
+                (1_500_000, 0, None, vec![1, 2])
+            ]
+        );
+        assert_eq!(facts.lost_claims, vec![(7, 1, 0)]);
+        assert!(facts.repeats.is_empty());
+        // The same claim within a cut of 0.5 s before the crash: lost as allowed.
+        let mut cut = failover(0, 1_000_000, Some(&[]));
+        cut.cut = std::time::Duration::from_millis(500);
+        let (v, facts) = check(
+            &input(&o, &early, &[], &[]),
+            &seen(&[cut.clone()], &[], Replication::Async),
+        );
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(facts.repeats, vec![(7, 1, 0)]);
+        // A switchover loses nothing, even within the cut's time.
+        let switchover = Failover {
+            crash: false,
+            ..cut
+        };
+        let (v, _) = check(
+            &input(&o, &early, &[], &[]),
+            &seen(&[switchover], &[], Replication::Async),
+        );
+        assert_eq!(v.len(), 2, "the lost claim and the due run twice: {v:?}");
+    }
+
+    #[test]
+    fn fewer_failovers_than_asked_is_a_violation() {
+        let args = ["--cluster", "sync", "--min-failovers", "2"].map(str::to_owned);
+        let o = Options::parse(&args).expect("options");
+        let mut broken = failover(1, 3_000_000, None);
+        broken.rejoined = None;
+        let f = [failover(0, 1_000_000, None), broken];
+        let (v, facts) = check(&input(&o, &[], &[], &[]), &seen(&f, &[], Replication::Sync));
+        assert_eq!(facts.completed, 1);
+        assert_eq!(what(&v), vec![(1_500_000, 0, None, vec![])]);
+        assert_eq!(facts.counts.all, 1);
+    }
+
+    #[test]
+    fn an_asynchronous_crash_lets_the_old_run_go_on_until_its_heartbeats_cut_it_off() {
+        let runs = [RunIv {
+            replica: 1,
+            due: 7,
+            span: (800_000, 950_000),
+            attempt: 1,
+        }];
+        let f = [failover(0, 1_000_000, Some(&[]))];
+        let lost = lost_claims(&runs, &f, Some(Replication::Async), &[]);
+        assert_eq!(lost.len(), 1);
+        assert!(lost[0].allowed);
+        // The crash at 0.9 s, two thirds of the 3 s stale threshold, the slack.
+        assert_eq!(overlaps_allowed(&lost, 375_000), vec![(7, 1, 3_275_000)]);
+        let sync = lost_claims(&runs, &f, Some(Replication::Sync), &[]);
+        assert!(
+            overlaps_allowed(&sync, 375_000).is_empty(),
+            "never with sync"
+        );
     }
 }

@@ -135,6 +135,7 @@ fn add(total: &mut Analysis, a: Analysis, lane: usize) {
         total.probes = a.probes;
         total.due_overlaps = a.due_overlaps;
         total.due_overlaps_frozen = a.due_overlaps_frozen;
+        total.due_overlaps_lost_claim = a.due_overlaps_lost_claim;
         (total.job_runs, total.reruns, total.long_runs) = (a.job_runs, a.reruns, a.long_runs);
     }
 }

@@ -14,6 +14,8 @@ mod resources;
 mod rows;
 mod runs;
 
+pub(crate) use runs::runs as job_runs;
+
 use crate::db::{Row, Run};
 use crate::faults::{Fault, Kind};
 use crate::fleet::{Event, What};
@@ -96,6 +98,9 @@ pub(crate) struct Input<'a> {
     pub(crate) stalls: &'a [Iv],
     /// The probes of the application pools.
     pub(crate) probes: &'a [crate::probes::Sent],
+    /// Dues (and attempts) whose two runs may overlap, and until when the first may last: an
+    /// asynchronous crash lost the claim ([`failover::overlaps_allowed`]).
+    pub(crate) due_overlaps_allowed: &'a [(u64, u32, u64)],
 }
 
 /// What the checks found.
@@ -120,6 +125,9 @@ pub(crate) struct Analysis {
     pub(crate) due_overlaps: Vec<u64>,
     /// Two runs of one due at once where a runner had frozen (the README's exception).
     pub(crate) due_overlaps_frozen: usize,
+    /// Two runs of one due at once after an asynchronous crash lost its claim, the old run
+    /// ending within its heartbeats' cut-off (the README's asynchronous caveat).
+    pub(crate) due_overlaps_lost_claim: usize,
     /// The schedule's runs, reruns among them, and runs longer than 3 s.
     pub(crate) job_runs: usize,
     pub(crate) reruns: usize,

@@ -129,6 +129,19 @@ pub(crate) fn check(input: &Input<'_>, a: &mut Analysis) {
             a.due_overlaps_frozen += 1;
             continue;
         }
+        let lost_claim = input
+            .due_overlaps_allowed
+            .iter()
+            .any(|&(due, attempt, until)| {
+                due == o.first.due
+                    && attempt == o.first.attempt
+                    && o.first.attempt == o.second.attempt
+                    && o.first.span.1 <= until
+            });
+        if lost_claim {
+            a.due_overlaps_lost_claim += 1;
+            continue;
+        }
         let fault = input
             .faults
             .iter()
@@ -216,5 +229,44 @@ mod tests {
         assert!(froze(&events, 1, (10, 30)));
         assert!(!froze(&events, 1, (25, 30)));
         assert!(!froze(&events, 2, (10, 30)));
+    }
+
+    #[test]
+    fn an_overlap_after_a_lost_claim_is_excused_only_while_the_old_run_may_go_on() {
+        let options = crate::options::Options::parse(&[]).expect("options");
+        let events = vec![
+            ev(1, 10, What::Run { due: 7, attempt: 1 }),
+            ev(2, 40, What::Run { due: 7, attempt: 1 }),
+            ev(1, 70, What::Ran { due: 7 }),
+            ev(2, 90, What::Ran { due: 7 }),
+        ];
+        let judged = |allowed: &[(u64, u32, u64)]| {
+            let input = Input {
+                options: &options,
+                start: 0,
+                end: 100,
+                events: &events,
+                procs: &[],
+                faults: &[],
+                runs: &[],
+                rows: &[],
+                offset: 0,
+                checkpoints: &[],
+                stalls: &[],
+                probes: &[],
+                due_overlaps_allowed: allowed,
+            };
+            let mut a = Analysis::default();
+            check(&input, &mut a);
+            (a.violations.len(), a.due_overlaps_lost_claim)
+        };
+        assert_eq!(judged(&[]), (1, 0));
+        assert_eq!(judged(&[(7, 1, 70)]), (0, 1), "the old run ended in time");
+        assert_eq!(
+            judged(&[(7, 1, 69)]),
+            (1, 0),
+            "the old run went on too long"
+        );
+        assert_eq!(judged(&[(8, 1, 1_000)]), (1, 0), "another due's allowance");
     }
 }
