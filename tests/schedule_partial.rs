@@ -229,6 +229,90 @@ mod f8_2 {
         );
     }
 
+    /// An asynchronous database failover can lose a run's claim while the run goes on; the
+    /// next term then claims the same due and attempt again. The old runner's beats named only
+    /// the due and the attempt, so they landed on the new claim's row, and the old run went on
+    /// to its end beside the new one (the chaos soak with failovers, seed 33005: 2.4 s of
+    /// overlap). Now a beat names its term: the old runner's next beat finds no row of its own
+    /// and ends its run. The loss is made by hand here: a's run row is deleted and the job's
+    /// row set back to before the claim, as on a promoted standby that never received them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runner_whose_claim_was_lost_stops_at_its_next_beat_beside_the_new_claim() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let lives: Lives = Arc::default();
+        let period = Duration::from_secs(10);
+        let job = || Job::every("lost", period);
+        let (capture_a, capture_b) = (Capture::default(), Capture::default());
+        // a beats every second (its cut-off would come 2 s after the loss); b polls fast, so
+        // that it claims again well before a's next beat.
+        let a = schedule(
+            db.pool(2),
+            Duration::from_secs(1),
+            job(),
+            living("a", &lives, Duration::from_secs(8)),
+            &capture_a,
+        );
+        a.control.promote();
+        let (_, due, _, _) = first_start(&lives, period + Duration::from_secs(5), "a runs").await;
+        let admin = db.connect().await.unwrap();
+        admin
+            .batch_execute(
+                "DELETE FROM pg_elector_job_runs WHERE job = 'lost'; \
+                 UPDATE pg_elector_jobs SET last_due = last_due - interval '10 s', \
+                   claimed_by = NULL, claimed_term = NULL, claimed_epoch = NULL, \
+                   started_at = NULL, finished_at = NULL, outcome = NULL WHERE job = 'lost'",
+            )
+            .await
+            .unwrap();
+        let lost = Instant::now();
+        let b = schedule(
+            db.pool(2),
+            Duration::from_millis(100),
+            job(),
+            living("b", &lives, Duration::from_secs(3)),
+            &capture_b,
+        );
+        b.control.promote();
+        let b_started = wait_for(Duration::from_secs(5), || {
+            lives.lock().unwrap().iter().any(|l| l.0 == "b")
+        })
+        .await;
+        let a_ended = wait_for(Duration::from_secs(9), || {
+            lives.lock().unwrap()[0].3.is_some()
+        })
+        .await;
+        let lives_seen = lives.lock().unwrap().clone();
+        let runs = stored_runs(&admin, "lost").await;
+        b.stop().await;
+        a.stop().await;
+        eprintln!("lost at {lost:?}; runs: {lives_seen:?}; stored: {runs:?}");
+        assert!(b_started.is_some(), "b claimed again: {lives_seen:?}");
+        let b_run = lives_seen.iter().find(|l| l.0 == "b").unwrap();
+        assert_eq!(b_run.1, due, "b claimed the same due as a: {lives_seen:?}");
+        assert!(a_ended.is_some(), "a's run ended: {lives_seen:?}");
+        let a_end = lives_seen[0].3.unwrap();
+        // Its next beat comes within a second of the loss (a poll), with slack.
+        assert!(
+            a_end <= lost + Duration::from_millis(1_000 + 700),
+            "a's run went on {:?} after its claim was lost (b's run began {:?} after)",
+            a_end - lost,
+            b_run.2 - lost
+        );
+        assert_eq!(
+            capture_a
+                .events("the run was cut off: its record is no longer running")
+                .len(),
+            1,
+            "a says why it ended its run"
+        );
+        assert_eq!(
+            runs.iter().filter(|r| r.3 == "running").count(),
+            1,
+            "b's run is still recorded running, not ended by a: {runs:?}"
+        );
+    }
+
     /// A run cut off because its beats failed did not run in full: with
     /// `rerun_abandoned(true)` it must run again. A 2.6 s partition of the leader's pool (past
     /// the 2 s cut-off, short of the 3 s at which another term would call it abandoned, and

@@ -84,6 +84,7 @@ pub(super) async fn run_due(
             job: &name,
             due,
             attempt,
+            term: term_id,
         };
         let ended = with_heartbeat(ctx, run, claimed_at, job).await;
         Ok::<_, ScheduleError>(Some(
@@ -466,6 +467,7 @@ async fn read_back(
         job: name,
         due,
         attempt: claimed.attempt,
+        term: term_id,
     };
     loop {
         let status = ctx.query(async |client| {

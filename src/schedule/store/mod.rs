@@ -103,14 +103,19 @@ pub(crate) struct Claimed {
     pub(crate) xid: String,
 }
 
-/// One run of a job, as its row is named: the job, the due and the attempt. The first four
-/// parameters of every statement about one run.
+/// One run of a job, as its row is named: the job, the due and the attempt (the first four
+/// parameters of every statement about one run), and the term that claimed it. A statement
+/// that speaks for the runner (a beat, the end) also names the term: after an asynchronous
+/// failover that lost the claim, another term may claim the same due and attempt again, and
+/// the old runner must not beat or end for that run.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RunRef<'a> {
     pub(crate) namespace: &'a str,
     pub(crate) job: &'a str,
     pub(crate) due: Timestamp,
     pub(crate) attempt: u32,
+    /// The claiming term's id (the row's `claimed_term`).
+    pub(crate) term: &'a str,
 }
 
 /// What became of a claim whose COMMIT got no answer.

@@ -68,9 +68,8 @@ impl Store {
         run: RunRef<'_>,
     ) -> Result<bool, ScheduleError> {
         let attempt = run.attempt as i32;
-        let beats = client
-            .execute_typed(&self.heartbeat, &run.params(&attempt))
-            .await?;
+        let params = [run.params(&attempt).as_slice(), &[(&run.term, Type::TEXT)]].concat();
+        let beats = client.execute_typed(&self.heartbeat, &params).await?;
         Ok(beats > 0)
     }
 

@@ -240,12 +240,13 @@ impl Tables {
         )
     }
 
-    /// A running run says it is alive.
+    /// A running run says it is alive: its own claim's row only.
     pub(super) fn heartbeat(&self) -> String {
         let runs = &self.runs;
         format!(
             "UPDATE {runs} SET heartbeat_at = clock_timestamp() \
-             WHERE {KEY} AND due = $3 AND attempt = $4 AND outcome = 'running'"
+             WHERE {KEY} AND due = $3 AND attempt = $4 AND claimed_term = $5 \
+               AND outcome = 'running'"
         )
     }
 
@@ -328,13 +329,14 @@ impl Tables {
         let Self { jobs, runs, .. } = self;
         format!(
             "WITH r AS (UPDATE {runs} SET finished_at = clock_timestamp(), outcome = $5, \
-               error = $6 WHERE {KEY} AND due = $3 AND attempt = $4 AND outcome = 'running' \
-               RETURNING 1), \
+               error = $6 WHERE {KEY} AND due = $3 AND attempt = $4 AND claimed_term = $7 \
+               AND outcome = 'running' RETURNING 1), \
              j AS (UPDATE {jobs} SET finished_at = clock_timestamp(), outcome = $5, error = $6 \
                WHERE {KEY} AND last_due = $3 AND claimed_term = $7 AND outcome = 'running' \
                AND EXISTS (SELECT 1 FROM r)) \
              SELECT (SELECT count(*) FROM r), \
-                    (SELECT outcome FROM {runs} WHERE {KEY} AND due = $3 AND attempt = $4)"
+                    (SELECT outcome FROM {runs} WHERE {KEY} AND due = $3 AND attempt = $4 \
+                     AND claimed_term = $7)"
         )
     }
 
