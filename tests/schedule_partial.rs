@@ -292,6 +292,12 @@ mod f8_2 {
         assert_eq!(b_run.1, due, "b claimed the same due as a: {lives_seen:?}");
         assert!(a_ended.is_some(), "a's run ended: {lives_seen:?}");
         let a_end = lives_seen[0].3.unwrap();
+        // b's claim was there when a stopped: a's beat met the new row, not an empty table.
+        assert!(
+            b_run.2 < a_end,
+            "b's run began {:?} after a's ended: the test did not reach the case",
+            b_run.2 - a_end
+        );
         // Its next beat comes within a second of the loss (a poll), with slack.
         assert!(
             a_end <= lost + Duration::from_millis(1_000 + 700),
@@ -306,11 +312,100 @@ mod f8_2 {
             1,
             "a says why it ended its run"
         );
+        let rows: Vec<_> = runs.iter().map(|r| (r.0, r.1, r.3.as_str())).collect();
         assert_eq!(
-            runs.iter().filter(|r| r.3 == "running").count(),
-            1,
-            "b's run is still recorded running, not ended by a: {runs:?}"
+            rows,
+            vec![(due, 1, "running")],
+            "one row, b's claim of the same due and attempt, still running: {runs:?}"
         );
+    }
+
+    /// The same loss, with the old run ending by itself after the new claim and before its
+    /// next beat: its end named only the due and the attempt, so it marked the new claim's row
+    /// finished, and the new runner's next beat found its record ended and cut its run off.
+    /// Now the end names its term, and the new run goes on to its end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_ending_after_its_claim_was_lost_does_not_end_the_new_claim() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let lives: Lives = Arc::default();
+        let period = Duration::from_secs(10);
+        let job = || Job::every("lost", period);
+        let (capture_a, capture_b) = (Capture::default(), Capture::default());
+        // a beats 1 s after its claim and 1 s later; its run ends 1.6 s in, between the two.
+        let a = schedule(
+            db.pool(2),
+            Duration::from_secs(1),
+            job(),
+            living("a", &lives, Duration::from_millis(1_600)),
+            &capture_a,
+        );
+        a.control.promote();
+        let (_, due, started, _) =
+            first_start(&lives, period + Duration::from_secs(5), "a runs").await;
+        tokio::time::sleep(Duration::from_millis(1_150).saturating_sub(started.elapsed())).await;
+        let admin = db.connect().await.unwrap();
+        admin
+            .batch_execute(
+                "DELETE FROM pg_elector_job_runs WHERE job = 'lost'; \
+                 UPDATE pg_elector_jobs SET last_due = last_due - interval '10 s', \
+                   claimed_by = NULL, claimed_term = NULL, claimed_epoch = NULL, \
+                   started_at = NULL, finished_at = NULL, outcome = NULL WHERE job = 'lost'",
+            )
+            .await
+            .unwrap();
+        let b = schedule(
+            db.pool(2),
+            Duration::from_millis(100),
+            job(),
+            living("b", &lives, Duration::from_millis(1_500)),
+            &capture_b,
+        );
+        b.control.promote();
+        let b_ended = wait_for(Duration::from_secs(6), || {
+            lives
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.0 == "b" && l.3.is_some())
+        })
+        .await;
+        let lives_seen = lives.lock().unwrap().clone();
+        // b records its end just after its body returns.
+        let mut runs = stored_runs(&admin, "lost").await;
+        let recorded = Instant::now() + Duration::from_secs(2);
+        while runs.iter().any(|r| r.3 == "running") && Instant::now() < recorded {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            runs = stored_runs(&admin, "lost").await;
+        }
+        b.stop().await;
+        a.stop().await;
+        eprintln!("runs: {lives_seen:?}; stored: {runs:?}");
+        assert!(b_ended.is_some(), "b's run ended: {lives_seen:?}");
+        let (a_run, b_run) = (
+            &lives_seen[0],
+            lives_seen.iter().find(|l| l.0 == "b").unwrap(),
+        );
+        assert_eq!(
+            (a_run.0, b_run.1),
+            ("a", due),
+            "b ran a's due again: {lives_seen:?}"
+        );
+        assert!(
+            b_run.2 < a_run.3.expect("a's run ended"),
+            "b claimed before a's run ended: {lives_seen:?}"
+        );
+        let b_lasted = b_run.3.unwrap() - b_run.2;
+        assert!(
+            b_lasted >= Duration::from_millis(1_500),
+            "b's run was cut off after {b_lasted:?}"
+        );
+        assert!(
+            capture_b.events("the run was cut off").is_empty(),
+            "b was not cut off"
+        );
+        let rows: Vec<_> = runs.iter().map(|r| (r.0, r.1, r.3.as_str())).collect();
+        assert_eq!(rows, vec![(due, 1, "succeeded")], "b's own end: {runs:?}");
     }
 
     /// A run cut off because its beats failed did not run in full: with

@@ -87,9 +87,7 @@ pub(super) async fn run_due(
             term: term_id,
         };
         let ended = with_heartbeat(ctx, run, claimed_at, job).await;
-        Ok::<_, ScheduleError>(Some(
-            end_run(ctx, registered, run, term_id, started, ended).await,
-        ))
+        Ok::<_, ScheduleError>(Some(end_run(ctx, registered, run, started, ended).await))
     });
     match work.await {
         Ok(Some(Some(Ended::Recorded))) => Taken::Ran,
@@ -108,7 +106,6 @@ async fn end_run(
     ctx: &Context,
     registered: &Registered,
     run: RunRef<'_>,
-    term_id: &str,
     started: std::time::Instant,
     ended: Result<Result<Result<(), String>, CaughtPanic>, CutOff>,
 ) -> Ended {
@@ -146,7 +143,7 @@ async fn end_run(
         error.as_deref(),
         Some(started.elapsed()),
     );
-    finish(ctx, run, term_id, outcome, error.as_deref()).await;
+    finish(ctx, run, outcome, error.as_deref()).await;
     Ended::Recorded
 }
 
@@ -317,8 +314,9 @@ fn cut_off_after(stale_after: Duration) -> Duration {
 enum CutOff {
     /// Its beats did not land for this long.
     Silent(Duration),
-    /// A beat found it no longer `running`: another term called it abandoned (or the row is
-    /// gone: a restore, the tables emptied).
+    /// A beat found its record no longer `running`: another term called it abandoned, or the
+    /// row is gone (a restore, the tables emptied, a failover that lost the claim, after which
+    /// another term may have claimed the same due again: a beat names its own term).
     Settled,
 }
 
@@ -334,7 +332,7 @@ impl CutOff {
             CutOff::Settled => tracing::error!(
                 job,
                 due = %due,
-                "the run was cut off: its record is no longer running (another term called it abandoned, or the row is gone)"
+                "the run was cut off: its record is no longer running (another term called it abandoned, or the row is gone: a failover may have lost the claim)"
             ),
         }
     }
@@ -348,7 +346,7 @@ impl std::fmt::Display for CutOff {
                 "cut off: its heartbeats did not land for {silent:?}, and another term may take a run that silent for dead"
             ),
             CutOff::Settled => f.write_str(
-                "cut off: its record is no longer running (another term called it abandoned, or the row is gone)",
+                "cut off: its record is no longer running (another term called it abandoned, or the row is gone: a failover may have lost the claim)",
             ),
         }
     }
@@ -418,23 +416,19 @@ impl<'a> Silence<'a> {
 
 /// Records the end of a run, on a fresh connection (the job may have run for hours), tried a
 /// few times.
-async fn finish(
-    ctx: &Context,
-    run: RunRef<'_>,
-    term_id: &str,
-    outcome: Outcome,
-    error: Option<&str>,
-) {
+async fn finish(ctx: &Context, run: RunRef<'_>, outcome: Outcome, error: Option<&str>) {
     let (name, due) = (run.job, run.due);
     for retry in 0..3u32 {
         let finished =
-            ctx.query(async |client| ctx.store.finish(client, run, term_id, outcome, error).await);
+            ctx.query(async |client| ctx.store.finish(client, run, outcome, error).await);
         match finished.await {
             Ok(true) => break,
             Ok(false) => {
                 // Another term called it abandoned (its beats had gone quiet), or the record
-                // is gone: that record stands, and a rerun it asked for is that term's.
-                tracing::info!(job = %name, due = %due, outcome = outcome.as_str(), "the run ended after its record stopped saying running (another term called it abandoned, or the row is gone); the record stays");
+                // is gone (a failover that lost the claim; another term's claim of the same
+                // due is not this run's): that record stands, and a rerun it asked for is
+                // that term's.
+                tracing::info!(job = %name, due = %due, outcome = outcome.as_str(), "the run ended after its record stopped saying running (another term called it abandoned, or the row is gone: a failover may have lost the claim); the record stays");
                 break;
             }
             Err(e) if retry < 2 => {
@@ -470,11 +464,8 @@ async fn read_back(
         term: term_id,
     };
     loop {
-        let status = ctx.query(async |client| {
-            ctx.store
-                .claim_status(client, run, &claimed.xid, term_id)
-                .await
-        });
+        let status =
+            ctx.query(async |client| ctx.store.claim_status(client, run, &claimed.xid).await);
         match status.await {
             Ok(ClaimStatus::Committed) => {
                 tracing::info!(job = name, due = %due, "the claim was committed: the run starts");

@@ -60,8 +60,9 @@ impl Store {
             .collect()
     }
 
-    /// Says that a run is still going; `false` when it is not `running` any more (another
-    /// term called it abandoned).
+    /// Says that a run is still going; `false` when its record (its term's) is not `running`
+    /// any more: another term called it abandoned, or the row is gone (a failover that lost
+    /// the claim, even if another term has claimed the same due and attempt again since).
     pub(crate) async fn heartbeat(
         &self,
         client: &tokio_postgres::Client,
@@ -141,12 +142,11 @@ impl Store {
         client: &tokio_postgres::Client,
         run: RunRef<'_>,
         xid: &str,
-        term_id: &str,
     ) -> Result<ClaimStatus, ScheduleError> {
         let attempt = run.attempt as i32;
         let params = [
             run.params(&attempt).as_slice(),
-            &[(&term_id, Type::TEXT), (&xid, Type::TEXT)],
+            &[(&run.term, Type::TEXT), (&xid, Type::TEXT)],
         ]
         .concat();
         let row = client.query_typed(&self.claim_status, &params).await?;
@@ -165,12 +165,12 @@ impl Store {
     }
 
     /// Records how a run ended; `false` when another term had called it abandoned (its record
-    /// stays so) or the record is gone.
+    /// stays so) or the record is gone (another term's claim of the same due and attempt is
+    /// not this run's record).
     pub(crate) async fn finish(
         &self,
         client: &tokio_postgres::Client,
         run: RunRef<'_>,
-        term_id: &str,
         outcome: Outcome,
         error: Option<&str>,
     ) -> Result<bool, ScheduleError> {
@@ -181,7 +181,7 @@ impl Store {
             &[
                 (&outcome, Type::TEXT),
                 (&error, Type::TEXT),
-                (&term_id, Type::TEXT),
+                (&run.term, Type::TEXT),
             ],
         ]
         .concat();
