@@ -448,10 +448,15 @@ async fn behind_a_transaction_pooler(fast: bool) {
         pooler_errors > 0,
         "the replicas' log names the transaction-mode pooler: {logs:#?}"
     );
+    // A check finds the pooler once another client's statement has landed on the leader's
+    // server session: PgBouncer's reuse of the last-used session makes that happen before the
+    // first check most of the time (18 of 18 runs on PG 18: 201-204 ms at I = 200 ms), and
+    // before the second always (CI saw 401 ms once): a term lasts one or two checks.
     assert!(
-        longest <= us(I + I / 2),
-        "a replica led for {:.1} ms behind a transaction pooler; one check is {I:?}",
-        ms(longest)
+        longest <= us(2 * I + I / 2),
+        "a replica led for {:.1} ms behind a transaction pooler; two checks are {:?}",
+        ms(longest),
+        2 * I
     );
     drop(fleet);
     drop(bouncer);
