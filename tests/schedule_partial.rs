@@ -147,6 +147,21 @@ fn living(replica: &'static str, lives: &Lives, lasts: Duration) -> Body {
     })
 }
 
+/// What an asynchronous failover does to job `lost` here (every 10 s): its run's row is gone
+/// and the job's row is as before the claim, as on a promoted standby that never received
+/// them.
+async fn lose_the_claim(admin: &tokio_postgres::Client) {
+    admin
+        .batch_execute(
+            "DELETE FROM pg_elector_job_runs WHERE job = 'lost'; \
+             UPDATE pg_elector_jobs SET last_due = last_due - interval '10 s', \
+               claimed_by = NULL, claimed_term = NULL, claimed_epoch = NULL, \
+               started_at = NULL, finished_at = NULL, outcome = NULL WHERE job = 'lost'",
+        )
+        .await
+        .unwrap();
+}
+
 mod f8_2 {
     use super::*;
 
@@ -256,15 +271,7 @@ mod f8_2 {
         a.control.promote();
         let (_, due, _, _) = first_start(&lives, period + Duration::from_secs(5), "a runs").await;
         let admin = db.connect().await.unwrap();
-        admin
-            .batch_execute(
-                "DELETE FROM pg_elector_job_runs WHERE job = 'lost'; \
-                 UPDATE pg_elector_jobs SET last_due = last_due - interval '10 s', \
-                   claimed_by = NULL, claimed_term = NULL, claimed_epoch = NULL, \
-                   started_at = NULL, finished_at = NULL, outcome = NULL WHERE job = 'lost'",
-            )
-            .await
-            .unwrap();
+        lose_the_claim(&admin).await;
         let lost = Instant::now();
         let b = schedule(
             db.pool(2),
@@ -345,15 +352,7 @@ mod f8_2 {
             first_start(&lives, period + Duration::from_secs(5), "a runs").await;
         tokio::time::sleep(Duration::from_millis(1_150).saturating_sub(started.elapsed())).await;
         let admin = db.connect().await.unwrap();
-        admin
-            .batch_execute(
-                "DELETE FROM pg_elector_job_runs WHERE job = 'lost'; \
-                 UPDATE pg_elector_jobs SET last_due = last_due - interval '10 s', \
-                   claimed_by = NULL, claimed_term = NULL, claimed_epoch = NULL, \
-                   started_at = NULL, finished_at = NULL, outcome = NULL WHERE job = 'lost'",
-            )
-            .await
-            .unwrap();
+        lose_the_claim(&admin).await;
         let b = schedule(
             db.pool(2),
             Duration::from_millis(100),
