@@ -51,6 +51,7 @@ pub struct ElectorBuilder {
     drain_timeout: Option<Duration>,
     fast_takeover: bool,
     prepared_statements: bool,
+    preference: Option<u64>,
 }
 
 impl ElectorBuilder {
@@ -67,6 +68,7 @@ impl ElectorBuilder {
             drain_timeout: None,
             fast_takeover: false,
             prepared_statements: false,
+            preference: None,
         }
     }
 
@@ -185,6 +187,40 @@ impl ElectorBuilder {
         self
     }
 
+    /// How much this replica prefers to lead (default: none, which counts as 0). A live standby
+    /// whose preference is strictly higher than the leader's gets the lead: the leader sees it
+    /// at its next check, ends its term gracefully (its work drains, up to the
+    /// [drain timeout](Self::drain_timeout)), unlocks, and the lock goes to the most preferred
+    /// live standby, not to whichever tries first. Equal preferences never move the lead.
+    ///
+    /// For a rolling deploy, give each release a higher preference than the last (a build
+    /// number, or the deploy's timestamp in seconds): the first new replica to stand by takes
+    /// the lead from the old leader, and the lead moves once per deploy.
+    ///
+    /// A replica with a preference says it is alive at each try, in a row of the table
+    /// `pg_elector_candidates` (created when missing), on a connection of the pool it tries
+    /// from: a small write per check interval, no extra backend. It stops counting two check
+    /// intervals after its last try (stopped, frozen or cut off), and no replica waits for it
+    /// after that. A replica built without a preference writes nothing and counts as 0, and
+    /// can't be named in [`request_handover`](crate::request_handover); it still leaves the
+    /// lock to a more preferred live standby.
+    ///
+    /// ```
+    /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
+    /// use pg_elector::{Elector, LockKey};
+    ///
+    /// // The deploy's build number, from the environment.
+    /// let build: u64 = std::env::var("BUILD_NUMBER").ok().and_then(|b| b.parse().ok()).unwrap_or(0);
+    /// let elector = Elector::builder(pool, LockKey::from_name("billing/sweep"))
+    ///     .preference(build)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn preference(mut self, preference: u64) -> Self {
+        self.preference = Some(preference);
+        self
+    }
+
     /// The one interval I that drives the election (default 5 s; zero means the default).
     ///
     /// A standby tries the lock every I; the leader checks its session every I and each check
@@ -268,6 +304,7 @@ impl ElectorBuilder {
                 drain_timeout: self.drain_timeout.unwrap_or(interval),
                 fast_takeover: self.fast_takeover,
                 prepared_statements: self.prepared_statements,
+                preference: self.preference,
             }),
             metrics,
         ))

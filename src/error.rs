@@ -76,6 +76,25 @@ pub enum Error {
     #[error("the query failed: {}", chain(.0))]
     Database(tokio_postgres::Error),
 
+    /// [`request_handover`](crate::request_handover): no replica leads the key, so there is
+    /// nothing to hand over.
+    #[error("request_handover: no replica leads the key")]
+    NoLeader,
+
+    /// [`request_handover`](crate::request_handover): no live standby matches (the named
+    /// identity, or any), so nothing was asked. A standby is live for this while it tries the
+    /// lock, and only a replica built with a preference says so.
+    #[error("request_handover: no live standby {}; only a replica built with a preference that tried the lock within its last two check intervals can take a handover", .identity.as_deref().map_or_else(String::new, |name| format!("named {name:?}")))]
+    NoSuchStandby {
+        /// The identity that was asked for; `None` for the most preferred standby.
+        identity: Option<String>,
+    },
+
+    /// A query of [`request_handover`](crate::request_handover) failed; the server's message
+    /// is in the text, the error itself is the field.
+    #[error("request_handover: the query failed: {}", chain(.0))]
+    HandoverQuery(tokio_postgres::Error),
+
     /// The identity holds a NUL byte, which PostgreSQL refuses in `application_name`.
     #[error("invalid identity {identity:?}: no NUL byte")]
     InvalidIdentity {

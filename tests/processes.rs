@@ -712,3 +712,69 @@ mod f1 {
         );
     }
 }
+
+mod f9 {
+    use super::*;
+
+    /// F9: a frozen preferred standby (SIGSTOP) stops counting two intervals after its last
+    /// try. At the leader's graceful stop, the less preferred standby leaves the free lock to
+    /// it only until then (so not before one interval after the freeze), and leads within
+    /// three intervals of the freeze; the frozen one never leads while frozen, and once thawed
+    /// it is live and more preferred again, and gets the lead by a graceful handover. Never two
+    /// leaders.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frozen_preferred_standby_stops_counting_within_two_intervals() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(0xf9, 0x5f);
+        let mut fleet = new_fleet(&db, key, I);
+        fleet.spawn_preferring(None, Some(9));
+        assert_eq!(fleet.one_leader().await, 0);
+        fleet.spawn_preferring(None, Some(5));
+        fleet.spawn_preferring(None, Some(1));
+        fleet.settled(0).await;
+
+        let frozen = fleet
+            .freeze(1)
+            .await
+            .expect("the preferred standby freezes");
+        fleet.try_stop(0).await.unwrap();
+        let next = fleet.first(STARTUP, What::Leader, Some(0), frozen).await;
+        assert_eq!(
+            next.replica, 2,
+            "the live standby leads, not the frozen one"
+        );
+        let took = next.at - frozen;
+        eprintln!(
+            "frozen preferred standby: the less preferred one led {:.1} ms after the freeze",
+            ms(took)
+        );
+        // Its row is live until 2·I after its last try, which came at most I before the freeze.
+        assert!(
+            took >= us(I - I / 4),
+            "led {:.1} ms after the freeze: it did not leave the lock to the preferred standby \
+             while that one counted",
+            ms(took)
+        );
+        assert!(
+            took <= us(3 * I + I / 2),
+            "led {:.1} ms after the freeze; bound 3·I and slack, interval {I:?}",
+            ms(took)
+        );
+
+        let thawed = fleet.thaw(1).await.expect("the preferred standby thaws");
+        let back = fleet.first(6 * I, What::Leader, Some(2), thawed).await;
+        assert_eq!(
+            back.replica, 1,
+            "the thawed preferred standby gets the lead"
+        );
+        let events = fleet.events();
+        assert!(
+            !events
+                .iter()
+                .any(|e| e.replica == 1 && e.what == What::Leader && e.at < thawed),
+            "the frozen standby led while frozen: {events:?}"
+        );
+        assert_eq!(overlap(&events, 3), (1, 0), "never two leaders");
+    }
+}

@@ -4,23 +4,35 @@
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
+use super::candidates::{self, Claim, Standing};
 use super::loss::Loss;
 use super::repeats::{Repeats, loud_or_debug};
-use super::session::{AppliedBounds, Check, LockSession};
+use super::session::{AppliedBounds, Check, LockSession, bounded};
 use super::settings::PgSettings;
-use super::standby::Grant;
+use super::standby::{Grant, MIN_TRY_BOUND};
 use super::{Held, lease_length, millis};
 use crate::lease::{deadline_after, now_ms};
 use crate::state::Shared;
 
 /// What became of a grant.
 pub(super) enum Start {
-    /// The term began, with this epoch (with fencing).
-    Leading(Option<u64>),
+    /// The term began.
+    Leading(Begun),
     /// No term: the lock was given back, or its session closed; the standby goes on.
     GaveUp,
     /// Shutdown came before the term began; the lock was given back.
     Stopped,
+    /// The lock was given back for a live standby that should have it (a more preferred one,
+    /// or the target of a handover asked); this standby tries again at its next tick.
+    Deferred,
+}
+
+/// A term that began.
+pub(super) struct Begun {
+    /// Its epoch, with fencing.
+    pub(super) epoch: Option<u64>,
+    /// Its standing among the candidates of preferred leaders.
+    pub(super) standing: Standing,
 }
 
 /// Starts a term on `grant`, whose session `held` guards from here on (a drop or a panic
@@ -47,6 +59,22 @@ pub(super) async fn start_term(
         return Start::GaveUp;
     };
     log_bounds(pg, &grant.applied, grant.from_wait, grant.handed_over);
+    let claimed = tokio::select! {
+        biased;
+        () = shutdown.cancelled() => None,
+        claimed = claim(pg, session) => Some(claimed),
+    };
+    let standing = match claimed {
+        None => {
+            held.give_back().await;
+            return Start::Stopped;
+        }
+        Some(Claim::Defer) => {
+            held.give_back().await;
+            return Start::Deferred;
+        }
+        Some(Claim::Keep(standing)) => standing,
+    };
     let prepared = tokio::select! {
         biased;
         () = shutdown.cancelled() => None,
@@ -85,7 +113,30 @@ pub(super) async fn start_term(
         return Start::GaveUp;
     }
     shared.promote(|lease| lease.hold_until(deadline), epoch, pg.fence_target());
-    Start::Leading(epoch)
+    Start::Leading(Begun { epoch, standing })
+}
+
+/// Whether this replica leaves the lock it was just granted to a live standby that should have
+/// it instead (see [`candidates`](super::candidates)). A failure to ask keeps the grant: the
+/// check that follows proves the session, and a leader that should not lead hands over at its
+/// next check.
+async fn claim(pg: &PgSettings, session: &LockSession) -> Claim {
+    let asked = bounded(
+        pg.interval.max(MIN_TRY_BOUND),
+        candidates::claim(session.client(), pg.key, &pg.identity, pg.own_preference()),
+    )
+    .await;
+    match asked {
+        Ok(Claim::Defer) => {
+            tracing::debug!(key = %pg.key, "a live standby should have the lock (more preferred, or a handover asked to it); given back");
+            Claim::Defer
+        }
+        Ok(keep) => keep,
+        Err(e) => {
+            tracing::warn!(key = %pg.key, error = %e, "cannot ask the candidates table after a grant; keeping the lock");
+            Claim::Keep(Standing::default())
+        }
+    }
 }
 
 /// The server's bounds on the granted session, at DEBUG.

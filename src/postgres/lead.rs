@@ -5,12 +5,15 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
+use super::begin::Begun;
+use super::candidates::{self, Standing, Yield};
 use super::give_back::hand_over;
-use super::loss::{Loss, proven};
-use super::session::{LockSession, WATCH_POLL};
+use super::loss::{Loss, Statement, proven};
+use super::repeats::{Repeats, loud_or_debug};
+use super::session::{LockSession, SessionError, WATCH_POLL, bounded};
 use super::settings::PgSettings;
 use super::{Held, lease_length};
-use crate::lease::{Lease, deadline_after, now_ms};
+use crate::lease::{Lease, deadline_after, instant_after, now_ms};
 use crate::metrics::Change;
 use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
@@ -19,11 +22,21 @@ use crate::term::{LossCause, TermEnd};
 enum Led {
     Shutdown,
     Resign,
+    /// A more preferred standby, or a handover asked from outside.
+    Yield(Yield),
     Lost(Loss),
 }
 
-/// Leads the term just begun on `held`'s session until it ends; a graceful end (shutdown or
-/// resign) hands the lock over. Returns that end, or `None` when leadership was lost.
+/// How [`lead_term`] ended a term: `Gracefully` for a shutdown or a resign, `Yielded` after a
+/// handover to a preferred standby (or one asked from outside), `Lost` when leadership was lost.
+pub(super) enum Ended {
+    Gracefully(TermEnd),
+    Yielded,
+    Lost,
+}
+
+/// Leads the term just begun on `held`'s session until it ends; a graceful end (shutdown,
+/// resign, or a yield to another replica) hands the lock over.
 pub(super) async fn lead_term(
     shared: &Shared,
     pg: &PgSettings,
@@ -31,29 +44,53 @@ pub(super) async fn lead_term(
     ticks: &mut Interval,
     resigns: &mut watch::Receiver<u64>,
     held: &mut Held<'_>,
-    epoch: Option<u64>,
-) -> Option<TermEnd> {
+    Begun { epoch, standing }: Begun,
+) -> Ended {
     let Some(session) = held.session.as_deref() else {
         // Unreachable: the term began on this session.
         shared.demote(TermEnd::LeadershipLost, Change::Lost(LossCause::Abandoned));
-        return None;
+        return Ended::Lost;
     };
     tracing::info!(key = %pg.key, epoch, "leadership acquired");
     ticks.reset();
-    let (end, change) = match lead(shared, pg, shutdown, ticks, session, resigns).await {
+    let (end, change) = match lead(shared, pg, shutdown, ticks, session, resigns, standing).await {
         Led::Lost(loss) => {
             shared.demote(TermEnd::LeadershipLost, Change::Lost(loss.cause));
             held.close();
             tracing::warn!(key = %pg.key, cause = %loss, "leadership lost");
-            return None;
+            return Ended::Lost;
         }
         Led::Shutdown => (TermEnd::Shutdown, Change::Released),
         Led::Resign => (TermEnd::Resigned, Change::Resigned),
+        Led::Yield(why) => {
+            yield_term(shared, pg, why);
+            if let Some(session) = held.session.take() {
+                hand_over(shared, pg, session, TermEnd::Resigned, Change::Resigned).await;
+            }
+            return Ended::Yielded;
+        }
     };
     if let Some(session) = held.session.take() {
         hand_over(shared, pg, session, end, change).await;
     }
-    Some(end)
+    Ended::Gracefully(end)
+}
+
+/// Says why the term is given up to another replica; a handover asked from outside also keeps
+/// this replica a standby for the time it asked.
+fn yield_term(shared: &Shared, pg: &PgSettings, why: Yield) {
+    match why {
+        Yield::ToPreferred { best } => tracing::info!(
+            key = %pg.key,
+            preference = pg.own_preference(),
+            standby_preference = best,
+            "a more preferred standby is live; handing the lead over"
+        ),
+        Yield::OnRequest { stay_away } => {
+            shared.cool_down_until(instant_after(Instant::now(), stay_away));
+            tracing::info!(key = %pg.key, ?stay_away, "a handover was asked; handing the lead over");
+        }
+    }
 }
 
 /// Checks the session every tick until leadership is lost or `shutdown` is cancelled.
@@ -65,8 +102,10 @@ async fn lead(
     ticks: &mut Interval,
     session: &LockSession,
     resigns: &mut watch::Receiver<u64>,
+    mut standing: Standing,
 ) -> Led {
     let lease_expired = || Led::Lost(Loss::of(LossCause::LeaseExpired));
+    let mut repeats = Repeats::default();
     loop {
         tokio::select! {
             biased;
@@ -84,13 +123,40 @@ async fn lead(
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
             cause = watch(shared.lease(), session) => return Led::Lost(Loss::of(cause)),
-            check = session.check(pg.interval) => check,
+            check = session.check_seeing(pg.interval) => check,
         };
         if let Some(metrics) = shared.metrics() {
             metrics.observe_check(started.elapsed());
         }
+        let (check, candidates) = match check {
+            Ok((check, candidates)) => (Ok(check), candidates),
+            Err(e) => (Err(e), false),
+        };
         if let Err(loss) = proven(check, pg.key).and_then(|()| renew(shared.lease(), sent_at, pg)) {
             return Led::Lost(loss);
+        }
+        if !candidates {
+            continue;
+        }
+        let looked = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Led::Shutdown,
+            cause = watch(shared.lease(), session) => return Led::Lost(Loss::of(cause)),
+            looked = bounded(pg.interval, candidates::look(session.client(), pg.key, &pg.identity, pg.interval)) => looked,
+        };
+        match looked {
+            Ok(look) => {
+                if let Some(why) = standing.after(&look, pg.own_preference()) {
+                    return Led::Yield(why);
+                }
+            }
+            // The server answered with an error (the table dropped since, a role without
+            // rights on it): the session is fine and still leads; said once a minute.
+            Err(SessionError::Query(e)) if e.as_db_error().is_some() => {
+                loud_or_debug!(repeats.loud("candidates"), error, key = %pg.key, error = %crate::error::chain(&e), "cannot read the candidates table; this leader does not hand over to a preferred standby meanwhile");
+            }
+            // No answer in time, or the connection broke: the session proves nothing more.
+            Err(e) => return Led::Lost(Loss::failed(Statement::Candidates, e)),
         }
     }
 }

@@ -26,6 +26,8 @@ pub(super) enum Statement {
     LiveMark,
     /// A shard member's read of whether the holders of new live marks have spoken since.
     Heard,
+    /// The leader's read of the candidates table (preferred leaders, handovers asked).
+    Candidates,
 }
 
 impl Statement {
@@ -36,6 +38,7 @@ impl Statement {
             Self::Unlock => "the unlock of the member's moved shards",
             Self::LiveMark => "the lock of the member's live mark",
             Self::Heard => "the read of whether new members hear the server",
+            Self::Candidates => "the leader's read of the candidates table",
         }
     }
 }

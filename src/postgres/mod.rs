@@ -16,6 +16,7 @@ use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 use begin::{Start, start_term};
 use borrower::Borrower;
+use lead::Ended;
 use repeats::Repeats;
 use session::{LockSession, SessionBounds};
 use settings::PgSettings;
@@ -23,6 +24,7 @@ use standby::Standby;
 
 mod begin;
 mod borrower;
+pub(crate) mod candidates;
 pub(crate) mod fence;
 mod give_back;
 mod handover;
@@ -40,6 +42,7 @@ pub(crate) mod shards;
 mod standby;
 mod waiter;
 
+pub use candidates::{HandoverTo, request_handover};
 pub(crate) use leader::leader_via;
 pub use leader::{LeaderInfo, current_leader};
 
@@ -74,6 +77,8 @@ async fn run_with(
         bounds: SessionBounds::for_interval(pg.interval),
         shutdown: &shutdown,
         borrower,
+        hold_off: false,
+        outranked: false,
     };
     let mut repeats = Repeats::default();
     let mut held = Held {
@@ -83,15 +88,22 @@ async fn run_with(
     };
     loop {
         let Some(grant) = standby.wait_for_grant(&mut ticks, &mut resigns).await else {
+            if pg.preference.is_some() {
+                candidates::withdraw(&pg.pool, pg.key, &pg.identity, settings::RELEASE_BOUND).await;
+            }
             return Ok(());
         };
-        let epoch = match start_term(shared, pg, &shutdown, grant, &mut held, &mut repeats).await {
-            Start::Leading(epoch) => epoch,
+        let begun = match start_term(shared, pg, &shutdown, grant, &mut held, &mut repeats).await {
+            Start::Leading(begun) => begun,
             Start::GaveUp => continue,
+            Start::Deferred => {
+                standby.hold_off = true;
+                continue;
+            }
             Start::Stopped => return Ok(()),
         };
         // One span per term, inside the election's: every line of the term carries its epoch.
-        let term_span = tracing::info_span!("term", epoch);
+        let term_span = tracing::info_span!("term", epoch = begun.epoch);
         let led = lead::lead_term(
             shared,
             pg,
@@ -99,12 +111,13 @@ async fn run_with(
             &mut ticks,
             &mut resigns,
             &mut held,
-            epoch,
+            begun,
         );
         match led.instrument(term_span).await {
-            None => continue,
-            Some(TermEnd::Shutdown) => return Ok(()),
-            Some(_) => shared.resign_handled(),
+            Ended::Lost => continue,
+            Ended::Yielded => standby.hold_off = true,
+            Ended::Gracefully(TermEnd::Shutdown) => return Ok(()),
+            Ended::Gracefully(_) => shared.resign_handled(),
         }
     }
 }

@@ -9,10 +9,12 @@ use tokio::time::timeout;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::borrower::Borrower;
+use super::candidates::Gate;
 use super::handover::{self, Unlocked};
 pub(crate) use super::prepared::Prepared;
 use super::prepared::{lost_statement, prepared_query, send};
 pub(crate) use super::session_error::SessionError;
+use super::standby::MIN_TRY_BOUND;
 use crate::LockKey;
 use crate::lease::now_ms;
 use crate::pooled::Borrowed;
@@ -119,7 +121,8 @@ macro_rules! ours_alone {
 pub(crate) use ours_alone;
 
 /// The leader check: the session answers, still holds the lock, and is still ours alone
-/// ([`ours_alone`]).
+/// ([`ours_alone`]). Its third column says whether the candidates table of preferred leaders
+/// exists (a catalog lookup), so that a leader reads that table only once it does.
 ///
 /// It reads `pg_locks` alone and takes no lock of the server's shared lock table (a shared
 /// catalog such as `pg_database` would take one), so a leader keeps passing its check when
@@ -128,7 +131,8 @@ const CHECK: &str = concat!(
     "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
      WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
      AND granted AND pid = pg_catalog.pg_backend_pid()), ",
-    ours_alone!("$3")
+    ours_alone!("$3"),
+    ", pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL"
 );
 
 /// How often the leader looks at its connection and its lease between checks, in both modes: a
@@ -237,6 +241,9 @@ pub(crate) enum Attempt {
     SharedSession,
     /// Fast takeover: every waiting slot of the key is taken, so this standby only tries.
     QueueFull,
+    /// The lock is free, and left to a live standby that should have it (a more preferred
+    /// one, or the target of a handover asked).
+    Deferred,
 }
 
 impl Attempt {
@@ -329,8 +336,13 @@ impl Check {
     }
 }
 
-/// Tries the lock once on a connection borrowed through `borrower`, waiting at most `wait`
-/// for the connection and `bound` for the query.
+/// Tries the lock once on a connection borrowed through `borrower`, waiting at most `interval`
+/// for the connection and the interval (at least [`MIN_TRY_BOUND`]) for each statement.
+///
+/// `defer_as`, for a leader's lock, is this replica's preference: once the question found the
+/// lock free, a live standby that should have it instead (see
+/// [`candidates`](super::candidates)) makes the try answer [`Attempt::Deferred`] without
+/// taking it, and the connection is closed (as after a refused try that asked).
 ///
 /// For the key's exclusive lock, the try first asks whether the lock is free ([`ASK`]), and
 /// sends [`TRY_LOCK`] only then: a refused try is one small statement that grants nothing.
@@ -357,10 +369,11 @@ pub(crate) async fn try_acquire(
     mode: LockMode,
     identity: &str,
     bounds: &SessionBounds,
-    wait: Duration,
-    bound: Duration,
+    interval: Duration,
+    defer_as: Option<u64>,
 ) -> Result<Attempt, SessionError> {
-    let object = borrower.get(wait).await?;
+    let bound = interval.max(MIN_TRY_BOUND);
+    let object = borrower.get(interval).await?;
     let borrowed = Borrowed::new(object);
     let mark = session_mark();
     let [idle, user, k_idle, k_interval, k_count] = bounds.as_settings();
@@ -379,10 +392,23 @@ pub(crate) async fn try_acquire(
     ];
     let client: &ClientWrapper = borrowed.client();
     let mut sent_at = now_ms();
-    let asking = ask_then_try(&borrower.prepared, key, mode, client, &params, &mut sent_at);
-    let Some(rows) = bounded(bound, asking).await? else {
-        borrowed.give_back();
-        return Ok(Attempt::Refused);
+    let asking = ask_then_try(
+        &borrower.prepared,
+        key,
+        mode,
+        client,
+        &params,
+        Gate::new(defer_as, identity),
+        &mut sent_at,
+    );
+    let rows = match bounded(bound, asking).await? {
+        Asked::Held => {
+            borrowed.give_back();
+            return Ok(Attempt::Refused);
+        }
+        // Dropping `borrowed` closes the connection, which the question's hold may outlast.
+        Asked::Deferred => return Ok(Attempt::Deferred),
+        Asked::Tried(rows) => rows,
     };
     // The question was asked (and found the lock free) only for the exclusive lock.
     let asked = mode == LockMode::Exclusive;
@@ -437,8 +463,18 @@ pub(crate) async fn try_acquire(
     Ok(attempt)
 }
 
-/// The statements of one try on `client`: for the exclusive lock [`ASK`] first, `None` when it
-/// answers that the lock is held; then [`TRY_LOCK`] with `params`, its rows. `sent_at` is when
+/// What the statements of one try found.
+enum Asked {
+    /// The question found the lock held.
+    Held,
+    /// The lock is free, and left to a live standby that should have it.
+    Deferred,
+    /// [`TRY_LOCK`]'s rows.
+    Tried(Vec<tokio_postgres::Row>),
+}
+
+/// The statements of one try on `client`: for the exclusive lock [`ASK`] first, and when it
+/// finds the lock free, the `gate` (if any); then [`TRY_LOCK`] with `params`. `sent_at` is when
 /// [`TRY_LOCK`] was sent.
 async fn ask_then_try(
     prepared: &Prepared,
@@ -446,8 +482,9 @@ async fn ask_then_try(
     mode: LockMode,
     client: &ClientWrapper,
     params: &[(&(dyn ToSql + Sync), Type)],
+    gate: Option<Gate<'_>>,
     sent_at: &mut u64,
-) -> Result<Option<Vec<tokio_postgres::Row>>, tokio_postgres::Error> {
+) -> Result<Asked, tokio_postgres::Error> {
     if mode == LockMode::Exclusive {
         let rows = send(prepared, key, client, ASK, &params[..2]).await?;
         // No row (which never happens) asks the full try, whose answer is the one that counts.
@@ -456,13 +493,18 @@ async fn ask_then_try(
             .map(|row| row.try_get::<_, bool>(0))
             .transpose()?;
         if free == Some(false) {
-            return Ok(None);
+            return Ok(Asked::Held);
+        }
+        if let Some(gate) = gate
+            && gate.defers(client, key).await?
+        {
+            return Ok(Asked::Deferred);
         }
     }
     *sent_at = now_ms();
     send(prepared, key, client, TRY_LOCK, params)
         .await
-        .map(Some)
+        .map(Asked::Tried)
 }
 
 /// The one row a lock statement (the try, the wait) answers with, and its answer (the first
@@ -511,6 +553,14 @@ impl LockSession {
     /// server session does not have it (which only a pooler between us and the server explains:
     /// the check then finds the session shared).
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
+        self.check_seeing(bound).await.map(|(check, _)| check)
+    }
+
+    /// [`check`](Self::check), and whether the candidates table of preferred leaders exists.
+    pub(crate) async fn check_seeing(
+        &self,
+        bound: Duration,
+    ) -> Result<(Check, bool), SessionError> {
         let class = self.key.class_oid();
         let object = self.key.object_oid();
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -518,7 +568,7 @@ impl LockSession {
             (&object, Type::OID),
             (&self.mark, Type::TEXT),
         ];
-        let (holds, ours_alone): (bool, bool) = bounded(bound, async {
+        let (holds, ours_alone, candidates): (bool, bool, bool) = bounded(bound, async {
             let mut rows = None;
             if self.prepared.on() {
                 match prepared_query(&self.client, CHECK, &params).await {
@@ -534,13 +584,13 @@ impl LockSession {
                 None => self.client.query_typed(CHECK, &params).await?,
             };
             match rows.first() {
-                Some(row) => Ok((row.try_get(0)?, row.try_get(1)?)),
+                Some(row) => Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)),
                 // A SELECT without FROM always returns one row.
-                None => Ok((false, false)),
+                None => Ok((false, false, false)),
             }
         })
         .await?;
-        Ok(Check::of(ours_alone, holds))
+        Ok((Check::of(ours_alone, holds), candidates))
     }
 
     /// Gives the lock up gracefully, marking the session it hands the lock to (see

@@ -26,6 +26,9 @@ pub(crate) struct PgSettings {
     pub(crate) fast_takeover: bool,
     /// The try and the check go as statements prepared once per connection.
     pub(crate) prepared_statements: bool,
+    /// How much this replica prefers to lead; `Some` registers it as a candidate while it
+    /// stands by.
+    pub(crate) preference: Option<u64>,
 }
 
 impl PgSettings {
@@ -48,7 +51,13 @@ impl PgSettings {
             drain_timeout: self.drain_timeout,
             fast_takeover: false,
             prepared_statements: false,
+            preference: None,
         }
+    }
+
+    /// This replica's preference; a replica built without one counts as 0.
+    pub(crate) fn own_preference(&self) -> u64 {
+        self.preference.unwrap_or(0)
     }
 
     /// Where a term's fenced writes check its epoch; `None` without fencing.

@@ -8,6 +8,7 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::borrower::Borrower;
+use super::candidates;
 use super::lock_table;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
@@ -62,6 +63,12 @@ pub(super) struct Standby<'a> {
     pub(super) bounds: SessionBounds,
     pub(super) shutdown: &'a CancellationToken,
     pub(super) borrower: Borrower,
+    /// This replica just left the lock to another (a yield, or a grant given back for a
+    /// preferred standby): the next try waits for the next tick, even with fast takeover.
+    pub(super) hold_off: bool,
+    /// Another live standby outranks this one, as of this standby's last word that it is
+    /// alive: it keeps no waiting session.
+    pub(super) outranked: bool,
 }
 
 /// The standby's failures, for [`Repeats`]: the tries', and the waiting session's apart (a
@@ -71,6 +78,7 @@ pub(super) struct Standby<'a> {
 struct Records {
     tries: Repeats,
     wait: Repeats,
+    alive: Repeats,
 }
 
 /// The waiting session of fast takeover, and what starts one.
@@ -88,8 +96,13 @@ impl Waiting {
         }
     }
 
-    /// After a try that the lock refused: a waiting session, unless one waits already.
-    fn start_after(&mut self, attempt: &Result<Attempt, SessionError>) {
+    /// After a try that the lock refused: a waiting session, unless one waits already or
+    /// another live standby outranks this one (its waiting session would only take a waiting
+    /// slot from the standby it would leave the lock to).
+    fn start_after(&mut self, attempt: &Result<Attempt, SessionError>, outranked: bool) {
+        if outranked {
+            return;
+        }
         if let (Ok(Attempt::Refused), Some(spec), None) = (attempt, &self.spec, &self.waiter) {
             self.waiter = Some(Waiter::start(spec));
         }
@@ -126,7 +139,7 @@ impl Standby<'_> {
         // With fast takeover the first try is at once, not at the next tick: a replica that has
         // just stopped leading gets its waiting session within a round trip rather than within
         // I, so that a second failover soon after the first still finds a session waiting.
-        let mut try_now = waiting.spec.is_some();
+        let mut try_now = waiting.spec.is_some() && !std::mem::take(&mut self.hold_off);
         loop {
             let waited = tokio::select! {
                 biased;
@@ -154,7 +167,13 @@ impl Standby<'_> {
                     self.borrower.let_go();
                     continue;
                 }
-                None => self.try_once(&mut waiting).await?,
+                None => {
+                    self.say_alive(&mut records.alive).await?;
+                    if self.outranked && waiting.waiter.take().is_some() {
+                        tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");
+                    }
+                    self.try_once(&mut waiting).await?
+                }
             };
             match attempt {
                 Ok(Attempt::Granted {
@@ -183,6 +202,40 @@ impl Standby<'_> {
         }
     }
 
+    /// A standby with a preference says it is alive, before each try (see
+    /// [`candidates`](super::candidates)); `None` at shutdown. A failure is logged and the try
+    /// goes on: this replica then only counts as less preferred than it is.
+    async fn say_alive(&mut self, repeats: &mut Repeats) -> Option<()> {
+        let pg = self.pg;
+        let Some(preference) = pg.preference else {
+            return Some(());
+        };
+        let candidate = candidates::Candidate {
+            key: pg.key,
+            identity: &pg.identity,
+            preference,
+            interval: pg.interval,
+            waits: pg.fast_takeover,
+        };
+        let bound = pg.interval.max(MIN_TRY_BOUND);
+        let said = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => return None,
+            said = candidates::register(&pg.pool, &candidate, bound) => said,
+        };
+        self.outranked = matches!(said, Ok(true));
+        match said {
+            Ok(_) => repeats.clear(),
+            Err(e) if e.needs_an_operator() => {
+                loud_or_debug!(repeats.loud("alive: no table"), error, key = %pg.key, error = %e, "this standby cannot say it is alive, so it counts as preference 0")
+            }
+            Err(e) => {
+                loud_or_debug!(repeats.loud("alive"), warn, key = %pg.key, error = %e, "this standby cannot say it is alive, so it counts as preference 0 until it can")
+            }
+        }
+        Some(())
+    }
+
     /// One try, unless the waiting session is granted first; `None` at shutdown. Says whether
     /// the outcome is the waiting session's.
     async fn try_once(
@@ -206,10 +259,10 @@ impl Standby<'_> {
                 &pg.identity,
                 &self.bounds,
                 pg.interval,
-                pg.interval.max(MIN_TRY_BOUND),
+                Some(pg.own_preference()),
             ) => attempt,
         };
-        waiting.start_after(&tried);
+        waiting.start_after(&tried, self.outranked);
         Some((tried, false))
     }
 
@@ -247,6 +300,9 @@ pub(super) fn report_try(
         Ok(Attempt::Refused) => {
             repeats.clear();
             tracing::trace!(key = %key, "lock held by another session")
+        }
+        Ok(Attempt::Deferred) => {
+            tracing::trace!(key = %key, "the lock is free, and left to a live standby that should have it")
         }
         Ok(Attempt::QueueFull) => {
             tracing::trace!(key = %key, "every waiting slot is taken; this standby only tries")

@@ -323,6 +323,7 @@ mod tests {
             Ok(Attempt::InRecovery) => "recovery".into(),
             Ok(Attempt::SharedSession) => "shared".into(),
             Ok(Attempt::QueueFull) => "full".into(),
+            Ok(Attempt::Deferred) => "deferred".into(),
             Err(e) => format!("error: {e}"),
         }
     }

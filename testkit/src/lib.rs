@@ -123,8 +123,8 @@ pub mod processes {
 pub mod replica {
     pub use crate::fleet::{
         Board, ENV_ADDR, ENV_FAST, ENV_FENCED, ENV_INTERVAL_MS, ENV_JOB_MS, ENV_KEY, ENV_NAME,
-        ENV_URL, Proc, WOKE_GAP_US, for_each_line, key_setting, leaders, log_to_stderr, ms_setting,
-        on_current_thread, parse, setting, transitions, unix_us, us,
+        ENV_PREFERENCE, ENV_URL, Proc, WOKE_GAP_US, for_each_line, key_setting, leaders,
+        log_to_stderr, ms_setting, on_current_thread, parse, setting, transitions, unix_us, us,
     };
 }
 

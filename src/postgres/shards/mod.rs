@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::borrower::Borrower;
 use super::repeats::Repeats;
 use super::session::{Attempt, LockMode, SessionBounds, try_acquire};
-use super::standby::{MIN_TRY_BOUND, report_try};
+use super::standby::report_try;
 use crate::error::Error;
 use crate::shards::group::Inner;
 
@@ -46,7 +46,7 @@ pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<()
                     &pg.identity,
                     &bounds,
                     pg.interval,
-                    pg.interval.max(MIN_TRY_BOUND),
+                    None,
                 )
                 .await
             } => attempt,

@@ -9,8 +9,8 @@ use pg_elector::{Elector, LockKey};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ENV_ADDR, ENV_FAST, ENV_FENCED, ENV_INTERVAL_MS, ENV_JOB_MS, ENV_KEY, ENV_NAME, ENV_URL, MARK,
-    WOKE_GAP_US, log_to_stderr, unix_us,
+    ENV_ADDR, ENV_FAST, ENV_FENCED, ENV_INTERVAL_MS, ENV_JOB_MS, ENV_KEY, ENV_NAME, ENV_PREFERENCE,
+    ENV_URL, MARK, WOKE_GAP_US, log_to_stderr, unix_us,
 };
 use crate::database::{config_with_addr, pool_from_config};
 
@@ -86,13 +86,15 @@ fn child_setup() -> ChildSettings {
     ));
     let app = pool_from_config(app_config, 2);
     let name = setting(ENV_NAME);
-    let elector = Elector::builder(pool_from_config(config, 2), key)
+    let mut builder = Elector::builder(pool_from_config(config, 2), key)
         .check_interval(interval)
         .identity(name.as_str())
         .fencing(fenced)
-        .fast_takeover(std::env::var(ENV_FAST).is_ok())
-        .build()
-        .expect("a valid elector");
+        .fast_takeover(std::env::var(ENV_FAST).is_ok());
+    if let Ok(preference) = std::env::var(ENV_PREFERENCE) {
+        builder = builder.preference(preference.parse().expect("a preference (u64)"));
+    }
+    let elector = builder.build().expect("a valid elector");
     tracing::info!(name = %name, pid = std::process::id(), "replica starts");
     say(unix_us(), "started");
 

@@ -53,6 +53,8 @@ pub const ENV_FENCED: &str = "PG_ELECTOR_REPLICA_FENCED";
 pub const ENV_JOB_MS: &str = "PG_ELECTOR_REPLICA_JOB_MS";
 /// Set: the elector runs with fast takeover.
 pub const ENV_FAST: &str = "PG_ELECTOR_REPLICA_FAST";
+/// The elector's preference (see `ElectorBuilder::preference`); unset: none.
+pub const ENV_PREFERENCE: &str = "PG_ELECTOR_REPLICA_PREFERENCE";
 const MARK: &str = "@replica ";
 /// A gap between two reads of the watcher (µs) after which it says `woke …`.
 pub const WOKE_GAP_US: u64 = 100_000;
@@ -350,6 +352,12 @@ impl Fleet {
 
     /// Starts a replica, connecting straight to the server, or to `via` (a proxy).
     pub fn spawn(&mut self, via: Option<SocketAddr>) -> usize {
+        self.spawn_preferring(via, None)
+    }
+
+    /// [`spawn`](Self::spawn), with the replica's elector built with `preference` (none:
+    /// without one).
+    pub fn spawn_preferring(&mut self, via: Option<SocketAddr>, preference: Option<u64>) -> usize {
         let index = self.procs.len();
         let name = format!("replica-{index}");
         let mut command = Command::new(std::env::current_exe().expect("this binary"));
@@ -384,6 +392,10 @@ impl Fleet {
         } else {
             command.env_remove(ENV_FAST);
         }
+        match preference {
+            Some(p) => command.env(ENV_PREFERENCE, p.to_string()),
+            None => command.env_remove(ENV_PREFERENCE),
+        };
         let mut child = command.spawn().expect("start a replica process");
         let pid = Pid::from_raw(child.id().expect("a running child") as i32).expect("a pid");
         let stdout = child.stdout.take().expect("piped stdout");

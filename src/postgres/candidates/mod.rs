@@ -1,0 +1,508 @@
+//! Preferred leaders: the candidates table, where standbys that set a preference say they are
+//! alive, and where a handover is asked from outside.
+//!
+//! One row per key and identity, in `pg_elector_candidates` (created when first needed):
+//! - a standby built with a preference upserts its row at each try, on a connection of the
+//!   pool it tries from, with `live_until` two intervals ahead; a standby that stops trying
+//!   (stopped, frozen, cut off) stops counting two intervals after its last try;
+//! - the leader's check also asks whether the table exists (a catalog lookup); once it does,
+//!   the leader reads the most preferred live standby and any handover asked, after each
+//!   check, on its lock session, and drops its own row there ([`look`]);
+//! - a grant is kept only if no live standby should have it instead ([`should_defer`]): the
+//!   target of a handover asked from outside, or else a strictly more preferred one. A grant
+//!   given back that way is unlocked gracefully, so that a waiting session of fast takeover
+//!   gets it at once, and the next in line asks the same.
+//!
+//! A replica without a preference never writes the table and counts as preference 0; it still
+//! defers, and hands over, once the table exists.
+
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::session::bounded;
+use super::session_error::SessionError;
+use crate::pooled::Borrowed;
+use crate::{Error, LockKey};
+
+pub(crate) mod rule;
+
+pub(crate) use rule::{Look, Standing, Yield};
+
+/// The statement that creates the table, for a migration or an administrator.
+pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_candidates (\
+     class int4 NOT NULL, object int4 NOT NULL, identity text NOT NULL, \
+     preference numeric(20,0) NOT NULL, live_until timestamptz NOT NULL, \
+     live_since timestamptz NOT NULL, waits bool NOT NULL, \
+     requested_until timestamptz, stay_away_ms bigint, \
+     PRIMARY KEY (class, object, identity))";
+
+/// Whether the table exists, as one column of the leader's check (a catalog lookup).
+pub(crate) const EXISTS: &str = "pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL";
+
+/// Whether the lock of `$1, $2`, free or just granted to identity `$3` of preference `$4`,
+/// should go to another live standby: the target of a handover asked, or else (no live
+/// target) a more preferred one.
+macro_rules! defer {
+    () => {
+        "SELECT EXISTS (SELECT 1 FROM pg_elector_candidates c \
+         WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
+         AND c.live_until > pg_catalog.now() \
+         AND (c.requested_until > pg_catalog.now() \
+              OR (c.preference > $4::text::numeric \
+                  AND NOT EXISTS (SELECT 1 FROM pg_elector_candidates r \
+                      WHERE r.class = $1::int4 AND r.object = $2::int4 \
+                      AND r.live_until > pg_catalog.now() \
+                      AND r.requested_until > pg_catalog.now()))))"
+    };
+}
+
+/// A standby's row: its preference, live for `$5` ms more, whether it keeps a session waiting
+/// for the lock (`$6`, fast takeover), and since when it has been live without a break. A
+/// handover asked of it stays. Answers whether another live standby outranks it (see
+/// [`defer!`]): such a standby keeps no waiting session, which would only take a waiting slot
+/// from the one it would leave the lock to.
+const REGISTER: &str = concat!(
+    "WITH up AS (INSERT INTO pg_elector_candidates AS c \
+       (class, object, identity, preference, live_until, live_since, waits) \
+       VALUES ($1::int4, $2::int4, $3::text, $4::text::numeric, \
+               pg_catalog.now() + $5::int8 * interval '1 millisecond', pg_catalog.now(), $6::bool) \
+       ON CONFLICT (class, object, identity) DO UPDATE \
+       SET preference = EXCLUDED.preference, live_until = EXCLUDED.live_until, \
+           waits = EXCLUDED.waits, \
+           live_since = CASE WHEN c.live_until < pg_catalog.now() THEN pg_catalog.now() \
+                             ELSE c.live_since END \
+       RETURNING 1) ",
+    defer!()
+);
+
+/// [`defer!`] on a free lock, before a try would take it.
+const DEFER: &str = defer!();
+
+/// [`defer!`] after a grant; if the lock stays, the grantee's own row goes (a leader is no
+/// standby: no replica waits for it once it stops), and the second column says whether it
+/// carried a handover asked to it.
+const CLAIM: &str = concat!(
+    "WITH defer AS (",
+    defer!(),
+    " AS yes), \
+     gone AS (DELETE FROM pg_elector_candidates \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text \
+       AND NOT (SELECT yes FROM defer) \
+       RETURNING requested_until > pg_catalog.now() AS asked) \
+     SELECT (SELECT yes FROM defer), coalesce((SELECT bool_or(asked) FROM gone), false)"
+);
+
+/// A standby's row, when it stops: nobody waits for it any more.
+const WITHDRAW: &str = "DELETE FROM pg_elector_candidates \
+     WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text";
+
+/// The leader's look: its own row dropped (it is no standby), and rows dead for ten minutes
+/// (replicas gone for good); then the most preferred live standby that is ready to take the
+/// lock, the stay-away of a handover asked to a live one, and whether its own row carried a
+/// handover asked to it.
+///
+/// A standby with fast takeover is ready once its session waits for the lock (the server
+/// hands the lock to it at the unlock, in milliseconds), or after it has been live for `$4`
+/// ms (two of the leader's intervals: every waiting slot may be taken, and its tries get the
+/// lock within its interval all the same); one without is ready at once.
+const LOOK: &str = "WITH gone AS (DELETE FROM pg_elector_candidates \
+       WHERE class = $1::int4 AND object = $2::int4 \
+       AND (identity = $3::text OR live_until < pg_catalog.now() - interval '10 minutes') \
+       RETURNING identity = $3::text AND requested_until > pg_catalog.now() AS asked) \
+     SELECT (SELECT max(c.preference)::text FROM pg_elector_candidates c \
+               WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
+               AND c.live_until > pg_catalog.now() \
+               AND (NOT c.waits \
+                    OR c.live_since <= pg_catalog.now() - $4::int8 * interval '1 millisecond' \
+                    OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
+                       JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+                       WHERE l.locktype = 'advisory' AND NOT l.granted \
+                       AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid \
+                       AND l.objsubid = 2 AND a.application_name = c.identity))), \
+            (SELECT max(coalesce(stay_away_ms, 0)) FROM pg_elector_candidates \
+               WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
+               AND live_until > pg_catalog.now() AND requested_until > pg_catalog.now()), \
+            coalesce((SELECT bool_or(asked) FROM gone), false)";
+
+/// A handover asked of `$1, $2`'s leader (identity `$3`): to the live standby named `$4`, or
+/// with `$4` NULL to the most preferred live one; valid for a minute, or until that standby
+/// leads. Any other standby's request is withdrawn. Answers the target, or no row.
+const REQUEST: &str = "WITH target AS (SELECT identity FROM pg_elector_candidates \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
+       AND live_until > pg_catalog.now() AND ($4::text IS NULL OR identity = $4::text) \
+       ORDER BY preference DESC, live_until DESC, identity LIMIT 1) \
+     UPDATE pg_elector_candidates c SET \
+       requested_until = CASE WHEN c.identity = t.identity \
+         THEN pg_catalog.now() + interval '1 minute' END, \
+       stay_away_ms = CASE WHEN c.identity = t.identity THEN $5::int8 END \
+     FROM target t WHERE c.class = $1::int4 AND c.object = $2::int4 \
+       AND (c.identity = t.identity OR c.requested_until IS NOT NULL) \
+     RETURNING c.identity, c.identity = t.identity";
+
+/// Why a standby could not say it is alive.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegisterError {
+    #[error("no pool connection within {0:?}")]
+    NoConnection(Duration),
+    #[error(
+        "the candidates table is missing and this role may not create it ({source}); run: {CANDIDATES_DDL}"
+    )]
+    CannotCreate { source: SessionError },
+    #[error("{0}")]
+    Session(#[from] SessionError),
+}
+
+impl RegisterError {
+    /// Only an operator can fix it: an ERROR, not a WARN.
+    pub(crate) fn needs_an_operator(&self) -> bool {
+        matches!(self, Self::CannotCreate { .. })
+    }
+}
+
+fn preference_text(preference: u64) -> String {
+    preference.to_string()
+}
+
+fn millis(d: Duration) -> i64 {
+    d.as_millis().try_into().unwrap_or(i64::MAX)
+}
+
+/// A standby that says it is alive.
+pub(crate) struct Candidate<'a> {
+    pub(crate) key: LockKey,
+    pub(crate) identity: &'a str,
+    pub(crate) preference: u64,
+    pub(crate) interval: Duration,
+    /// It keeps a session waiting for the lock (fast takeover).
+    pub(crate) waits: bool,
+}
+
+/// Upserts this standby's row on a connection of `pool`: live for two intervals. Creates the
+/// table when it is missing. Answers whether another live standby outranks this one. Waits at
+/// most `bound` for the connection and `bound` for each statement; a connection whose statement
+/// did not answer in time is closed, not given back.
+pub(crate) async fn register(
+    pool: &deadpool_postgres::Pool,
+    candidate: &Candidate<'_>,
+    bound: Duration,
+) -> Result<bool, RegisterError> {
+    let Candidate {
+        key,
+        identity,
+        preference,
+        interval,
+        waits,
+    } = *candidate;
+    let object = tokio::time::timeout(bound, pool.get())
+        .await
+        .map_err(|_| RegisterError::NoConnection(bound))?
+        .map_err(SessionError::Pool)?;
+    let borrowed = Borrowed::new(object);
+    let client = borrowed.client();
+    let preference = preference_text(preference);
+    let live = millis(2 * interval);
+    let (class, object) = (key.class(), key.object());
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&class, Type::INT4),
+        (&object, Type::INT4),
+        (&identity, Type::TEXT),
+        (&preference, Type::TEXT),
+        (&live, Type::INT8),
+        (&waits, Type::BOOL),
+    ];
+    let upsert = || client.query_typed(REGISTER, &params);
+    let rows = match bounded(bound, upsert()).await {
+        Ok(rows) => rows,
+        Err(SessionError::Query(e)) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+            create(client, bound).await?;
+            bounded(bound, upsert()).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    borrowed.give_back();
+    Ok(rows
+        .first()
+        .and_then(|row| row.try_get::<_, bool>(0).ok())
+        .unwrap_or(false))
+}
+
+/// Creates the table; a concurrent creation by another replica is no error.
+async fn create(client: &tokio_postgres::Client, bound: Duration) -> Result<(), RegisterError> {
+    match bounded(bound, client.batch_execute(CANDIDATES_DDL)).await {
+        Ok(()) => Ok(()),
+        Err(SessionError::Query(e))
+            if matches!(
+                e.code(),
+                Some(&SqlState::UNIQUE_VIOLATION | &SqlState::DUPLICATE_TABLE)
+            ) =>
+        {
+            Ok(())
+        }
+        Err(SessionError::Query(e)) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Err(RegisterError::CannotCreate {
+                source: SessionError::Query(e),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What a grant found in the candidates table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// Another live standby should have the lock.
+    Defer,
+    /// The grant stands; its term begins in this standing.
+    Keep(Standing),
+}
+
+/// Whether a grant of `key` to this replica (`identity`, `preference`) should go to another
+/// live standby instead, asked on the session that was granted it; if not, its own row is
+/// dropped. Keeps the grant while the table does not exist.
+pub(crate) async fn claim(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    identity: &str,
+    preference: u64,
+) -> Result<Claim, tokio_postgres::Error> {
+    let keep = |on_request| Claim::Keep(Standing { on_request });
+    if !table_exists(client).await? {
+        return Ok(keep(false));
+    }
+    let preference = preference_text(preference);
+    let rows = client
+        .query_typed(
+            CLAIM,
+            &[
+                (&key.class(), Type::INT4),
+                (&key.object(), Type::INT4),
+                (&identity, Type::TEXT),
+                (&preference, Type::TEXT),
+            ],
+        )
+        .await?;
+    let Some(row) = rows.first() else {
+        return Ok(keep(false));
+    };
+    Ok(match row.try_get(0)? {
+        true => Claim::Defer,
+        false => keep(row.try_get(1)?),
+    })
+}
+
+/// Whether the candidates table exists, on a server not in recovery (a read replica's lock
+/// grants nothing, and its try goes on to say so).
+async fn table_exists(client: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_typed(
+            &format!("SELECT {EXISTS} AND NOT pg_catalog.pg_is_in_recovery()"),
+            &[],
+        )
+        .await?
+        .first()
+        .is_some_and(|row| row.get::<_, bool>(0)))
+}
+
+/// What a standby's try asks once the lock is found free, before it takes it: whether a live
+/// standby should have it instead. A standby that took the lock only to give it back would
+/// refuse, meanwhile, the try of the one it gives it to, which then waits a whole interval.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gate<'a> {
+    preference: u64,
+    identity: &'a str,
+}
+
+impl<'a> Gate<'a> {
+    /// The gate of a replica of `preference` (`None`: no gate, as for a group of shards).
+    pub(crate) fn new(preference: Option<u64>, identity: &'a str) -> Option<Self> {
+        preference.map(|preference| Self {
+            preference,
+            identity,
+        })
+    }
+
+    /// Whether the free lock of `key` is left to another live standby; `false` while the
+    /// table does not exist.
+    pub(crate) async fn defers(
+        &self,
+        client: &tokio_postgres::Client,
+        key: LockKey,
+    ) -> Result<bool, tokio_postgres::Error> {
+        if !table_exists(client).await? {
+            return Ok(false);
+        }
+        let preference = preference_text(self.preference);
+        let rows = client
+            .query_typed(
+                DEFER,
+                &[
+                    (&key.class(), Type::INT4),
+                    (&key.object(), Type::INT4),
+                    (&self.identity, Type::TEXT),
+                    (&preference, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
+    }
+}
+
+/// Drops this standby's row as it stops, on a connection of `pool`, bounded by `bound` (the
+/// row would otherwise count for two more intervals). A failure is only logged.
+pub(crate) async fn withdraw(
+    pool: &deadpool_postgres::Pool,
+    key: LockKey,
+    identity: &str,
+    bound: Duration,
+) {
+    let withdrawn = tokio::time::timeout(bound, async {
+        let object = pool.get().await.map_err(|e| e.to_string())?;
+        let borrowed = Borrowed::new(object);
+        borrowed
+            .client()
+            .query_typed(
+                WITHDRAW,
+                &[
+                    (&key.class(), Type::INT4),
+                    (&key.object(), Type::INT4),
+                    (&identity, Type::TEXT),
+                ],
+            )
+            .await
+            .map_err(|e| crate::error::chain(&e))?;
+        borrowed.give_back();
+        Ok::<_, String>(())
+    })
+    .await;
+    match withdrawn {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(key = %key, error = %e, "cannot drop this standby's row from the candidates table; it counts for two more intervals")
+        }
+        Err(_) => {
+            tracing::warn!(key = %key, ?bound, "dropping this standby's row from the candidates table got no answer; it counts for two more intervals")
+        }
+    }
+}
+
+/// The leader's look at the candidates, on its lock session (see [`LOOK`]); `interval` is the
+/// leader's.
+pub(crate) async fn look(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    identity: &str,
+    interval: Duration,
+) -> Result<Look, tokio_postgres::Error> {
+    let ready_after = millis(2 * interval);
+    let rows = client
+        .query_typed(
+            LOOK,
+            &[
+                (&key.class(), Type::INT4),
+                (&key.object(), Type::INT4),
+                (&identity, Type::TEXT),
+                (&ready_after, Type::INT8),
+            ],
+        )
+        .await?;
+    let Some(row) = rows.first() else {
+        return Ok(Look::default());
+    };
+    let best: Option<String> = row.try_get(0)?;
+    let requested: Option<i64> = row.try_get(1)?;
+    Ok(Look {
+        asked_for_me: row.try_get(2)?,
+        // A preference that does not parse (written by hand) counts as none.
+        best: best.and_then(|b| b.parse().ok()),
+        requested: requested.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs())),
+    })
+}
+
+/// Who a handover asked with [`request_handover`] goes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandoverTo {
+    /// The live standby with this identity (see
+    /// [`ElectorBuilder::identity`](crate::ElectorBuilder::identity)).
+    Identity(String),
+    /// The most preferred live standby.
+    MostPreferred,
+}
+
+/// Asks the leader of `key` to hand over to another replica, from any process connected to the
+/// database (for maintenance on the leader's node, say). The leader sees the request at its
+/// next check, ends its term gracefully (its work drains, up to its drain timeout), unlocks,
+/// and stays a standby for `stay_away`; meanwhile the other standbys leave the lock to the
+/// target. Returns the target's identity.
+///
+/// Only a *live* standby can be named: a replica built with a
+/// [`preference`](crate::ElectorBuilder::preference) (any, 0 included) that tried the lock
+/// within its last two check intervals. The request stays valid for a minute, or until the
+/// target leads; if the target stops trying meanwhile, the other standbys stop waiting for it
+/// within two of its intervals.
+///
+/// # Errors
+///
+/// [`Error::NoLeader`] when no replica leads `key`; [`Error::NoSuchStandby`] when no live
+/// standby matches (then nothing changed); [`Error::HandoverQuery`] when a query fails.
+///
+/// ```no_run
+/// # async fn example(client: &tokio_postgres::Client) -> Result<(), pg_elector::Error> {
+/// use std::time::Duration;
+/// use pg_elector::{HandoverTo, LockKey, request_handover};
+///
+/// let key = LockKey::from_name("billing/sweep");
+/// let to = request_handover(client, key, HandoverTo::MostPreferred, Duration::from_secs(300)).await?;
+/// println!("the lead goes to {to}");
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// A dropped call may or may not have asked. It puts no timeout on the queries.
+pub async fn request_handover(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    to: HandoverTo,
+    stay_away: Duration,
+) -> Result<String, Error> {
+    let leader = super::leader::leader_of(client, key, None)
+        .await
+        .map_err(|e| match e {
+            Error::CurrentLeaderQuery(e) => Error::HandoverQuery(e),
+            other => other,
+        })?
+        .ok_or(Error::NoLeader)?;
+    let named = match &to {
+        HandoverTo::Identity(name) => Some(name.as_str()),
+        HandoverTo::MostPreferred => None,
+    };
+    let stay_away = millis(stay_away);
+    let rows = client
+        .query_typed(
+            REQUEST,
+            &[
+                (&key.class(), Type::INT4),
+                (&key.object(), Type::INT4),
+                (&leader.identity, Type::TEXT),
+                (&named, Type::TEXT),
+                (&stay_away, Type::INT8),
+            ],
+        )
+        .await;
+    let no_such = || Error::NoSuchStandby {
+        identity: named.map(str::to_owned),
+    };
+    let rows = match rows {
+        Ok(rows) => rows,
+        // No table: nobody ever registered.
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Err(no_such()),
+        Err(e) => return Err(Error::HandoverQuery(e)),
+    };
+    rows.iter()
+        .find(|row| row.get::<_, bool>(1))
+        .map(|row| row.get::<_, String>(0))
+        .ok_or_else(no_such)
+}
