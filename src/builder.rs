@@ -199,11 +199,15 @@ impl ElectorBuilder {
     ///
     /// A replica with a preference says it is alive at each try, in a row of the table
     /// `pg_elector_candidates` (created when missing), on a connection of the pool it tries
-    /// from: a small write per check interval, no extra backend. It stops counting two check
-    /// intervals after its last try (stopped, frozen or cut off), and no replica waits for it
-    /// after that. A replica built without a preference writes nothing and counts as 0, and
-    /// can't be named in [`request_handover`](crate::request_handover); it still leaves the
-    /// lock to a more preferred live standby.
+    /// from: a small write per check interval, no extra backend. A replica that stops
+    /// gracefully removes its row; one that stops trying (frozen, cut off) stops counting two
+    /// check intervals after its last try, and the free lock is left to it at most that long.
+    /// A replica that cannot keep the lead it is handed stays quiet for a while after each
+    /// failure (four intervals, doubling), so that the lead does not move back and forth. A
+    /// replica built without a preference writes nothing and counts as 0, and can't be named
+    /// in [`request_handover`](crate::request_handover); it still leaves the lock to a more
+    /// preferred live standby. Identities must be unique per key for this (the default is).
+    /// The crate's README ("Who leads") has the details and the measured figures.
     ///
     /// ```
     /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
@@ -247,7 +251,7 @@ impl ElectorBuilder {
     /// | `pg_elector_epoch` | gauge: the fencing epoch of this replica's latest term (with fencing) | `key` |
     ///
     /// `key` is `class:object`. `cause` is `acquired` for a promotion, and for a demotion one of
-    /// `released` (shutdown), `resigned`, `connection_closed`, `lease_expired`, `lock_gone`, `pooler`,
+    /// `released` (shutdown), `resigned`, `handed_over` (to a preferred standby, or on request), `connection_closed`, `lease_expired`, `lock_gone`, `pooler`,
     /// `check_timeout`, `check_failed`, `abandoned` (`run` dropped while leading), `demoted`
     /// (a manual elector). Electors given the same registry share the collectors; summed over
     /// the replicas, the gauge is 1 per key in steady state.

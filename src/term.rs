@@ -26,6 +26,10 @@ pub enum TermEnd {
     NotLeader,
     /// The replica gave the lock up through [`Elector::resign`](crate::Elector::resign).
     Resigned,
+    /// The replica handed the lead over gracefully to another: a live standby that prefers to
+    /// lead more (see [`ElectorBuilder::preference`](crate::ElectorBuilder::preference)), or
+    /// the standby a [`request_handover`](crate::request_handover) named.
+    HandedOver,
     /// The shard moved to another member of its group of shards: the
     /// assignment made it another replica's, so this one ended its term, drained its work and
     /// unlocked it.
@@ -345,7 +349,8 @@ impl Term {
     /// holds the next term back (its bump waits at most one check interval, then the lock is
     /// given back and tried again).
     ///
-    /// A graceful handover (shutdown, [`resign`](crate::Elector::resign), a shard moving)
+    /// A graceful handover (shutdown, [`resign`](crate::Elector::resign), a handover to a
+    /// preferred standby, a shard moving)
     /// ends the term first and then waits for its work; while that work drains, the lock is
     /// still held and no later term can have begun, so `fence` still passes for it and a
     /// fenced job cut by a deploy can finish its writes. Once the lock is given up (or lost,

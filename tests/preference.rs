@@ -113,7 +113,7 @@ async fn a_more_preferred_standby_gets_the_lead_within_two_intervals() {
     let new = replica(&db, key, "new", Some(1), false);
     let sampler = Sampler::start(electors(&[&old, &new]));
     let took = lead_within(&new, PREFERRED_TAKES, "the preferred standby").await;
-    assert_eq!(term.end(), Some(TermEnd::Resigned), "a graceful handover");
+    assert_eq!(term.end(), Some(TermEnd::HandedOver), "a graceful handover");
     // No flapping back: the old leader, now a standby of a lower preference, stays one.
     tokio::time::sleep(4 * I).await;
     let (most, order) = sampler.finish().await;
@@ -300,7 +300,7 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
         .unwrap();
     assert_eq!(to, "low");
     let took = lead_within(&low, PREFERRED_TAKES, "the named standby").await;
-    assert_eq!(term.end(), Some(TermEnd::Resigned));
+    assert_eq!(term.end(), Some(TermEnd::HandedOver));
     // The less preferred target keeps the lead beside a more preferred standby, and the old
     // leader stays away, for the rest of the stay-away.
     let away_until = asked_at + stay_away;
@@ -321,4 +321,42 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
     for r in [top, low, mid, unnamed] {
         r.stop().await.unwrap();
     }
+}
+
+/// A preferred replica that cannot keep the lead it is handed (here its fencing table is in a
+/// schema that does not exist, so every grant is given back) does not take the lead from a
+/// healthy leader every couple of intervals: after each failure it stays quiet, for four
+/// intervals and then twice as long each time, so over fourteen intervals the healthy leader
+/// yields at most three times (without the quiet time, about once every two intervals).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preferred_replica_that_cannot_keep_the_lead_backs_off() {
+    let _serial = serial();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf9, 7);
+    let healthy = replica(&db, key, "healthy", Some(1), false);
+    lead_within(&healthy, 3 * I, "the healthy replica").await;
+    let broken = Replica::run(
+        Elector::builder(db.pool(3), key)
+            .check_interval(I)
+            .identity("broken")
+            .preference(5)
+            .fencing(true)
+            .fencing_table(Some("no_such_schema"), "epochs")
+            .build()
+            .unwrap(),
+    );
+    // Each yield is a demotion and a promotion of the healthy replica.
+    let changes = || healthy.elector.subscribe().borrow().changes;
+    let before = changes();
+    tokio::time::sleep(14 * I).await;
+    let yields = (changes() - before) / 2;
+    assert!(!broken.elector.is_leader(), "its grants are given back");
+    assert!(
+        (1..=3).contains(&yields),
+        "the healthy leader yielded {yields} times in 14·I"
+    );
+    lead_within(&healthy, 3 * I, "the healthy replica, in the end").await;
+    eprintln!("the healthy leader yielded {yields} times in 14·I");
+    broken.stop().await.unwrap();
+    healthy.stop().await.unwrap();
 }

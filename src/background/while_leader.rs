@@ -23,7 +23,7 @@ use crate::{Term, TermEnd};
 /// | how the term ended | the loop may run on for |
 /// |---|---|
 /// | leadership lost (the lock is gone: another replica may lead already) | its [grace](Self::stop_grace), none by default |
-/// | gracefully: the launcher's or the elector's shutdown, a [resign](crate::Elector::resign) | the elector's [drain timeout](crate::Elector::drain_timeout), or its grace if longer |
+/// | gracefully: the launcher's or the elector's shutdown, a [resign](crate::Elector::resign), a handover to a preferred standby | the elector's [drain timeout](crate::Elector::drain_timeout), or its grace if longer |
 ///
 /// The elector does not unlock until a loop that ended gracefully has returned (or that time
 /// has passed), so the next leader starts after the statements the loop had sent have

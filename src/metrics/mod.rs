@@ -36,6 +36,8 @@ pub(crate) enum Change {
     Released,
     /// It gave the lock up through a resign.
     Resigned,
+    /// It handed the lead over to a preferred standby, or on request.
+    HandedOver,
     /// The term was lost, for this cause.
     Lost(LossCause),
 }
@@ -45,7 +47,7 @@ impl Change {
     pub(crate) fn loss_cause(self) -> Option<LossCause> {
         match self {
             Self::Lost(cause) => Some(cause),
-            Self::Acquired | Self::Released | Self::Resigned => None,
+            Self::Acquired | Self::Released | Self::Resigned | Self::HandedOver => None,
         }
     }
 
@@ -56,6 +58,7 @@ impl Change {
             Self::Acquired => "acquired",
             Self::Released => "released",
             Self::Resigned => "resigned",
+            Self::HandedOver => "handed_over",
             Self::Lost(cause) => cause.as_str(),
         }
     }
@@ -95,18 +98,29 @@ mod cause_tests {
             LossCause::Abandoned,
             LossCause::Demoted,
         ];
-        let mut labels: Vec<&str> = [Change::Acquired, Change::Released, Change::Resigned]
-            .into_iter()
-            .chain(causes.into_iter().map(Change::Lost))
-            .map(Change::label)
-            .collect();
+        let mut labels: Vec<&str> = [
+            Change::Acquired,
+            Change::Released,
+            Change::Resigned,
+            Change::HandedOver,
+        ]
+        .into_iter()
+        .chain(causes.into_iter().map(Change::Lost))
+        .map(Change::label)
+        .collect();
         assert_eq!(
-            &labels[..4],
-            ["acquired", "released", "resigned", "connection_closed"]
+            &labels[..5],
+            [
+                "acquired",
+                "released",
+                "resigned",
+                "handed_over",
+                "connection_closed"
+            ]
         );
         labels.sort_unstable();
         labels.dedup();
-        assert_eq!(labels.len(), 3 + causes.len(), "{labels:?}");
+        assert_eq!(labels.len(), 4 + causes.len(), "{labels:?}");
         for cause in causes {
             assert_eq!(Change::Lost(cause).loss_cause(), Some(cause));
         }

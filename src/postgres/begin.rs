@@ -70,6 +70,12 @@ pub(super) async fn start_term(
             return Start::Stopped;
         }
         Some(Claim::Defer) => {
+            // A lock freed by a session that ended under its leader: that leader gets its
+            // settle time to step down before the graceful unlock, which would mark the next
+            // waiting session as handed over, and so spare it the wait.
+            if let Some(until) = grant.settle_until {
+                tokio::time::sleep_until(until).await;
+            }
             held.give_back().await;
             return Start::Deferred;
         }
@@ -123,7 +129,13 @@ pub(super) async fn start_term(
 async fn claim(pg: &PgSettings, session: &LockSession) -> Claim {
     let asked = bounded(
         pg.interval.max(MIN_TRY_BOUND),
-        candidates::claim(session.client(), pg.key, &pg.identity, pg.own_preference()),
+        candidates::claim(
+            session.client(),
+            pg.key,
+            &pg.identity,
+            pg.own_preference(),
+            pg.interval,
+        ),
     )
     .await;
     match asked {

@@ -65,7 +65,7 @@ pub(super) async fn lead_term(
         Led::Yield(why) => {
             yield_term(shared, pg, why);
             if let Some(session) = held.session.take() {
-                hand_over(shared, pg, session, TermEnd::Resigned, Change::Resigned).await;
+                hand_over(shared, pg, session, TermEnd::HandedOver, Change::HandedOver).await;
             }
             return Ended::Yielded;
         }
@@ -74,6 +74,19 @@ pub(super) async fn lead_term(
         hand_over(shared, pg, session, end, change).await;
     }
     Ended::Gracefully(end)
+}
+
+/// The leader's look at the candidates, its lock waits bounded first (once per term).
+async fn look(
+    session: &LockSession,
+    pg: &PgSettings,
+    standing: &mut Standing,
+) -> Result<candidates::Look, tokio_postgres::Error> {
+    if !standing.waits_bounded {
+        candidates::bound_lock_waits(session.client(), pg.interval).await?;
+        standing.waits_bounded = true;
+    }
+    candidates::look(session.client(), pg.key, &pg.identity, pg.interval).await
 }
 
 /// Says why the term is given up to another replica; a handover asked from outside also keeps
@@ -142,7 +155,7 @@ async fn lead(
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
             cause = watch(shared.lease(), session) => return Led::Lost(Loss::of(cause)),
-            looked = bounded(pg.interval, candidates::look(session.client(), pg.key, &pg.identity, pg.interval)) => looked,
+            looked = bounded(pg.interval, look(session, pg, &mut standing)) => looked,
         };
         match looked {
             Ok(look) => {

@@ -16,6 +16,7 @@ use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 use begin::{Start, start_term};
 use borrower::Borrower;
+use candidates::{Backoff, SHORT_TERM_INTERVALS};
 use lead::Ended;
 use repeats::Repeats;
 use session::{LockSession, SessionBounds};
@@ -79,6 +80,8 @@ async fn run_with(
         borrower,
         hold_off: false,
         outranked: false,
+        backoff: Backoff::default(),
+        tried_well: true,
     };
     let mut repeats = Repeats::default();
     let mut held = Held {
@@ -95,7 +98,10 @@ async fn run_with(
         };
         let begun = match start_term(shared, pg, &shutdown, grant, &mut held, &mut repeats).await {
             Start::Leading(begun) => begun,
-            Start::GaveUp => continue,
+            Start::GaveUp => {
+                standby.could_not_keep().await;
+                continue;
+            }
             Start::Deferred => {
                 standby.hold_off = true;
                 continue;
@@ -113,7 +119,14 @@ async fn run_with(
             &mut held,
             begun,
         );
-        match led.instrument(term_span).await {
+        let began = tokio::time::Instant::now();
+        let ended = led.instrument(term_span).await;
+        if matches!(ended, Ended::Lost) && began.elapsed() < SHORT_TERM_INTERVALS * pg.interval {
+            standby.could_not_keep().await;
+        } else {
+            standby.backoff.held();
+        }
+        match ended {
             Ended::Lost => continue,
             Ended::Yielded => standby.hold_off = true,
             Ended::Gracefully(TermEnd::Shutdown) => return Ok(()),

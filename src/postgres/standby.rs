@@ -8,7 +8,7 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::borrower::Borrower;
-use super::candidates;
+use super::candidates::{self, Backoff};
 use super::lock_table;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
@@ -66,9 +66,13 @@ pub(super) struct Standby<'a> {
     /// This replica just left the lock to another (a yield, or a grant given back for a
     /// preferred standby): the next try waits for the next tick, even with fast takeover.
     pub(super) hold_off: bool,
-    /// Another live standby outranks this one, as of this standby's last word that it is
-    /// alive: it keeps no waiting session.
+    /// Another live standby outranks this one, as of this standby's last try: it keeps no
+    /// waiting session.
     pub(super) outranked: bool,
+    /// How long this standby stays quiet after a lead it could not keep.
+    pub(super) backoff: Backoff,
+    /// Its last try got an answer that a replica able to lead gets.
+    pub(super) tried_well: bool,
 }
 
 /// The standby's failures, for [`Repeats`]: the tries', and the waiting session's apart (a
@@ -110,6 +114,26 @@ impl Waiting {
 }
 
 impl Standby<'_> {
+    /// After a lead this replica could not keep (a grant given back, a term lost soon after it
+    /// began): with a preference, it stays quiet for a while and its row goes, so that no
+    /// leader hands over to it again at once (see [`Backoff`]). A resign's cooldown is no
+    /// such failure.
+    pub(super) async fn could_not_keep(&mut self) {
+        let pg = self.pg;
+        if pg.preference.is_none() || self.shared.cooling_down() {
+            return;
+        }
+        self.backoff.failed(Instant::now(), pg.interval);
+        tracing::info!(key = %pg.key, "this replica could not keep the lead it was given; it stays quiet for a while, so that no leader hands over to it meanwhile");
+        candidates::withdraw(
+            &pg.pool,
+            pg.key,
+            &pg.identity,
+            pg.interval.max(MIN_TRY_BOUND),
+        )
+        .await;
+    }
+
     /// Tries the lock every tick until it is granted (`Some`) or shutdown comes (`None`).
     /// During a resign's cooldown it does not try; a resign asked of a standby is answered at
     /// once.
@@ -167,13 +191,7 @@ impl Standby<'_> {
                     self.borrower.let_go();
                     continue;
                 }
-                None => {
-                    self.say_alive(&mut records.alive).await?;
-                    if self.outranked && waiting.waiter.take().is_some() {
-                        tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");
-                    }
-                    self.try_once(&mut waiting).await?
-                }
+                None => self.try_once(&mut waiting, &mut records.alive).await?,
             };
             match attempt {
                 Ok(Attempt::Granted {
@@ -202,67 +220,54 @@ impl Standby<'_> {
         }
     }
 
-    /// A standby with a preference says it is alive, before each try (see
-    /// [`candidates`](super::candidates)); `None` at shutdown. A failure is logged and the try
-    /// goes on: this replica then only counts as less preferred than it is.
-    async fn say_alive(&mut self, repeats: &mut Repeats) -> Option<()> {
-        let pg = self.pg;
-        let Some(preference) = pg.preference else {
-            return Some(());
-        };
-        let candidate = candidates::Candidate {
-            key: pg.key,
-            identity: &pg.identity,
-            preference,
-            interval: pg.interval,
-            waits: pg.fast_takeover,
-        };
-        let bound = pg.interval.max(MIN_TRY_BOUND);
-        let said = tokio::select! {
-            biased;
-            () = self.shutdown.cancelled() => return None,
-            said = candidates::register(&pg.pool, &candidate, bound) => said,
-        };
-        self.outranked = matches!(said, Ok(true));
-        match said {
-            Ok(_) => repeats.clear(),
-            Err(e) if e.needs_an_operator() => {
-                loud_or_debug!(repeats.loud("alive: no table"), error, key = %pg.key, error = %e, "this standby cannot say it is alive, so it counts as preference 0")
-            }
-            Err(e) => {
-                loud_or_debug!(repeats.loud("alive"), warn, key = %pg.key, error = %e, "this standby cannot say it is alive, so it counts as preference 0 until it can")
-            }
-        }
-        Some(())
-    }
-
     /// One try, unless the waiting session is granted first; `None` at shutdown. Says whether
-    /// the outcome is the waiting session's.
+    /// the outcome is the waiting session's. Before the try, the standby learns whether a live
+    /// standby outranks it ([`outranked`]); if so it keeps no waiting session.
     async fn try_once(
         &mut self,
         waiting: &mut Waiting,
+        alive: &mut Repeats,
     ) -> Option<(Result<Attempt, SessionError>, bool)> {
         let pg = self.pg;
-        let tried = tokio::select! {
+        let holds_slot = waiting.waiter.is_some();
+        // A standby whose last try failed says nothing of itself: others would leave the lock
+        // to a replica that cannot take it (a full lock table, a try that times out).
+        let quiet = self.backoff.quiet(Instant::now()) || !self.tried_well;
+        let borrower = &mut self.borrower;
+        let bounds = &self.bounds;
+        let (outranked, tried) = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => return None,
-            // A grant to the waiting session while the try is under way: the try, which the
-            // lock now refuses, is dropped (its connection closed).
+            // A grant to the waiting session while the try (or what comes before it) is under
+            // way: the try, which the lock now refuses, is dropped (its connection closed).
             outcome = waiting.outcome() => {
                 waiting.waiter = None;
                 return Some((outcome, true));
             }
-            attempt = try_acquire(
-                &mut self.borrower,
-                pg.key,
-                LockMode::Exclusive,
-                &pg.identity,
-                &self.bounds,
-                pg.interval,
-                Some(pg.own_preference()),
-            ) => attempt,
+            tried = async {
+                let outranked = outranked(pg, holds_slot, quiet, alive).await;
+                let attempt = try_acquire(
+                    borrower,
+                    pg.key,
+                    LockMode::Exclusive,
+                    &pg.identity,
+                    bounds,
+                    pg.interval,
+                    Some(pg.own_preference()),
+                )
+                .await;
+                (outranked, attempt)
+            } => tried,
         };
-        waiting.start_after(&tried, self.outranked);
+        self.outranked = outranked;
+        self.tried_well = matches!(
+            tried,
+            Ok(Attempt::Granted { .. } | Attempt::Refused | Attempt::Deferred | Attempt::QueueFull)
+        );
+        if outranked && waiting.waiter.take().is_some() {
+            tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");
+        }
+        waiting.start_after(&tried, outranked);
         Some((tried, false))
     }
 
@@ -284,6 +289,52 @@ impl Standby<'_> {
                 loud_or_debug!(records.wait.loud("wait"), warn, key = %key, error = %e, "the waiting session ended; this standby tries every interval until it waits again")
             }
             tried => report_try(key, tried, &mut records.tries),
+        }
+    }
+}
+
+/// Whether a live standby outranks this one (see [`candidates`](super::candidates)), as a
+/// standby learns it before each try:
+/// - with a preference, it says it is alive (its row upserted), unless it stays quiet after a
+///   lead it could not keep ([`Backoff`]) or after a try that failed;
+/// - without one, it reads the table only while it holds a waiting slot (at most three
+///   standbys a key), which it gives up if outranked;
+/// - otherwise it reads nothing.
+///
+/// A failure is logged and counts as not outranked: the try goes on, and this replica only
+/// counts as less preferred than it is.
+async fn outranked(pg: &PgSettings, holds_slot: bool, quiet: bool, repeats: &mut Repeats) -> bool {
+    let bound = pg.interval.max(MIN_TRY_BOUND);
+    let said = match pg.preference {
+        Some(_) if quiet => return false,
+        Some(preference) => {
+            let candidate = candidates::Candidate {
+                key: pg.key,
+                identity: &pg.identity,
+                preference,
+                interval: pg.interval,
+                waits: pg.fast_takeover,
+            };
+            candidates::register(&pg.pool, &candidate, bound).await
+        }
+        None if holds_slot => match candidates::Gate::new(Some(0), &pg.identity) {
+            Some(gate) => candidates::outranked(&pg.pool, gate, pg.key, bound).await,
+            None => return false,
+        },
+        None => return false,
+    };
+    match said {
+        Ok(outranked) => {
+            repeats.clear();
+            outranked
+        }
+        Err(e) if e.needs_an_operator() => {
+            loud_or_debug!(repeats.loud("alive: no table"), error, key = %pg.key, error = %e, "this standby cannot say it is alive, so it counts as preference 0");
+            false
+        }
+        Err(e) => {
+            loud_or_debug!(repeats.loud("alive"), warn, key = %pg.key, error = %e, "this standby cannot say it is alive or read the candidates, so it counts as preference 0 until it can");
+            false
         }
     }
 }

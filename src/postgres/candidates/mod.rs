@@ -28,7 +28,7 @@ use crate::{Error, LockKey};
 
 pub(crate) mod rule;
 
-pub(crate) use rule::{Look, Standing, Yield};
+pub(crate) use rule::{Backoff, Look, SHORT_TERM_INTERVALS, Standing, Yield};
 
 /// The statement that creates the table, for a migration or an administrator.
 pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_candidates (\
@@ -42,19 +42,23 @@ pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_c
 pub(crate) const EXISTS: &str = "pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL";
 
 /// Whether the lock of `$1, $2`, free or just granted to identity `$3` of preference `$4`,
-/// should go to another live standby: the target of a handover asked, or else (no live
-/// target) a more preferred one.
+/// should go to another live standby: the live target of the newest handover asked (one
+/// target at a time, however many requests raced), or else (no live target) a more preferred
+/// one.
+///
+/// Time is the statement's (`statement_timestamp`), not its transaction's: a pool connection
+/// the application left inside a transaction would otherwise read the time it began.
 macro_rules! defer {
     () => {
         "SELECT EXISTS (SELECT 1 FROM pg_elector_candidates c \
          WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
-         AND c.live_until > pg_catalog.now() \
-         AND (c.requested_until > pg_catalog.now() \
-              OR (c.preference > $4::text::numeric \
-                  AND NOT EXISTS (SELECT 1 FROM pg_elector_candidates r \
-                      WHERE r.class = $1::int4 AND r.object = $2::int4 \
-                      AND r.live_until > pg_catalog.now() \
-                      AND r.requested_until > pg_catalog.now()))))"
+         AND c.live_until > pg_catalog.statement_timestamp() \
+         AND coalesce(c.identity = (SELECT r.identity FROM pg_elector_candidates r \
+                WHERE r.class = $1::int4 AND r.object = $2::int4 \
+                AND r.live_until > pg_catalog.statement_timestamp() \
+                AND r.requested_until > pg_catalog.statement_timestamp() \
+                ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1), \
+              c.preference > $4::text::numeric))"
     };
 }
 
@@ -67,11 +71,11 @@ const REGISTER: &str = concat!(
     "WITH up AS (INSERT INTO pg_elector_candidates AS c \
        (class, object, identity, preference, live_until, live_since, waits) \
        VALUES ($1::int4, $2::int4, $3::text, $4::text::numeric, \
-               pg_catalog.now() + $5::int8 * interval '1 millisecond', pg_catalog.now(), $6::bool) \
+               pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool) \
        ON CONFLICT (class, object, identity) DO UPDATE \
        SET preference = EXCLUDED.preference, live_until = EXCLUDED.live_until, \
            waits = EXCLUDED.waits, \
-           live_since = CASE WHEN c.live_until < pg_catalog.now() THEN pg_catalog.now() \
+           live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
                              ELSE c.live_since END \
        RETURNING 1) ",
     defer!()
@@ -90,7 +94,7 @@ const CLAIM: &str = concat!(
      gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text \
        AND NOT (SELECT yes FROM defer) \
-       RETURNING requested_until > pg_catalog.now() AS asked) \
+       RETURNING requested_until > pg_catalog.statement_timestamp() AS asked) \
      SELECT (SELECT yes FROM defer), coalesce((SELECT bool_or(asked) FROM gone), false)"
 );
 
@@ -105,17 +109,17 @@ const WITHDRAW: &str = "DELETE FROM pg_elector_candidates \
 ///
 /// A standby with fast takeover is ready once its session waits for the lock (the server
 /// hands the lock to it at the unlock, in milliseconds), or after it has been live for `$4`
-/// ms (two of the leader's intervals: every waiting slot may be taken, and its tries get the
+/// ms (one of the leader's intervals: every waiting slot may be taken, and its tries get the
 /// lock within its interval all the same); one without is ready at once.
 const LOOK: &str = "WITH gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 \
-       AND (identity = $3::text OR live_until < pg_catalog.now() - interval '10 minutes') \
-       RETURNING identity = $3::text AND requested_until > pg_catalog.now() AS asked) \
+       AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes') \
+       RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked) \
      SELECT (SELECT max(c.preference)::text FROM pg_elector_candidates c \
                WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
-               AND c.live_until > pg_catalog.now() \
+               AND c.live_until > pg_catalog.statement_timestamp() \
                AND (NOT c.waits \
-                    OR c.live_since <= pg_catalog.now() - $4::int8 * interval '1 millisecond' \
+                    OR c.live_since <= pg_catalog.statement_timestamp() - $4::int8 * interval '1 millisecond' \
                     OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
                        JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
                        WHERE l.locktype = 'advisory' AND NOT l.granted \
@@ -123,7 +127,7 @@ const LOOK: &str = "WITH gone AS (DELETE FROM pg_elector_candidates \
                        AND l.objsubid = 2 AND a.application_name = c.identity))), \
             (SELECT max(coalesce(stay_away_ms, 0)) FROM pg_elector_candidates \
                WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
-               AND live_until > pg_catalog.now() AND requested_until > pg_catalog.now()), \
+               AND live_until > pg_catalog.statement_timestamp() AND requested_until > pg_catalog.statement_timestamp()), \
             coalesce((SELECT bool_or(asked) FROM gone), false)";
 
 /// A handover asked of `$1, $2`'s leader (identity `$3`): to the live standby named `$4`, or
@@ -131,11 +135,11 @@ const LOOK: &str = "WITH gone AS (DELETE FROM pg_elector_candidates \
 /// leads. Any other standby's request is withdrawn. Answers the target, or no row.
 const REQUEST: &str = "WITH target AS (SELECT identity FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
-       AND live_until > pg_catalog.now() AND ($4::text IS NULL OR identity = $4::text) \
+       AND live_until > pg_catalog.statement_timestamp() AND ($4::text IS NULL OR identity = $4::text) \
        ORDER BY preference DESC, live_until DESC, identity LIMIT 1) \
      UPDATE pg_elector_candidates c SET \
        requested_until = CASE WHEN c.identity = t.identity \
-         THEN pg_catalog.now() + interval '1 minute' END, \
+         THEN pg_catalog.statement_timestamp() + interval '1 minute' END, \
        stay_away_ms = CASE WHEN c.identity = t.identity THEN $5::int8 END \
      FROM target t WHERE c.class = $1::int4 AND c.object = $2::int4 \
        AND (c.identity = t.identity OR c.requested_until IS NOT NULL) \
@@ -266,11 +270,18 @@ pub(crate) async fn claim(
     key: LockKey,
     identity: &str,
     preference: u64,
+    interval: Duration,
 ) -> Result<Claim, tokio_postgres::Error> {
-    let keep = |on_request| Claim::Keep(Standing { on_request });
+    let keep = |on_request, waits_bounded| {
+        Claim::Keep(Standing {
+            on_request,
+            waits_bounded,
+        })
+    };
     if !table_exists(client).await? {
-        return Ok(keep(false));
+        return Ok(keep(false, false));
     }
+    bound_lock_waits(client, interval).await?;
     let preference = preference_text(preference);
     let rows = client
         .query_typed(
@@ -284,12 +295,31 @@ pub(crate) async fn claim(
         )
         .await?;
     let Some(row) = rows.first() else {
-        return Ok(keep(false));
+        return Ok(keep(false, true));
     };
     Ok(match row.try_get(0)? {
         true => Claim::Defer,
-        false => keep(row.try_get(1)?),
+        false => keep(row.try_get(1)?, true),
     })
+}
+
+/// Bounds every lock wait of the lock session at half an interval (`lock_timeout`, for the
+/// session), before its first statement on the candidates table: a table locked by an
+/// operator (an `ALTER TABLE` queued behind a long transaction) then fails that statement,
+/// which is logged, instead of holding the session past its check. The session's other
+/// statements wait for no lock, or set their own bound (the fencing bump).
+pub(crate) async fn bound_lock_waits(
+    client: &tokio_postgres::Client,
+    interval: Duration,
+) -> Result<(), tokio_postgres::Error> {
+    let ms = (millis(interval) / 2).max(1).to_string();
+    client
+        .query_typed(
+            "SELECT pg_catalog.set_config('lock_timeout', $1::text, false)",
+            &[(&ms, Type::TEXT)],
+        )
+        .await
+        .map(drop)
 }
 
 /// Whether the candidates table exists, on a server not in recovery (a read replica's lock
@@ -324,8 +354,24 @@ impl<'a> Gate<'a> {
     }
 
     /// Whether the free lock of `key` is left to another live standby; `false` while the
-    /// table does not exist.
+    /// table does not exist, and when the server refuses to read it (a role without `SELECT`
+    /// on a table another service created): said at WARN, and the try goes on as without
+    /// preferences, rather than never leading.
     pub(crate) async fn defers(
+        &self,
+        client: &tokio_postgres::Client,
+        key: LockKey,
+    ) -> Result<bool, tokio_postgres::Error> {
+        match self.asks(client, key).await {
+            Err(e) if e.as_db_error().is_some() => {
+                tracing::warn!(key = %key, error = %crate::error::chain(&e), "cannot read the candidates table; the try goes on without preferences");
+                Ok(false)
+            }
+            asked => asked,
+        }
+    }
+
+    async fn asks(
         &self,
         client: &tokio_postgres::Client,
         key: LockKey,
@@ -347,6 +393,25 @@ impl<'a> Gate<'a> {
             .await?;
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
     }
+}
+
+/// Whether a live standby outranks this one (`gate`), read on a connection of `pool`: for a
+/// standby without a preference that holds a waiting slot, which it gives up if so. Bounded
+/// as [`register`].
+pub(crate) async fn outranked(
+    pool: &deadpool_postgres::Pool,
+    gate: Gate<'_>,
+    key: LockKey,
+    bound: Duration,
+) -> Result<bool, RegisterError> {
+    let object = tokio::time::timeout(bound, pool.get())
+        .await
+        .map_err(|_| RegisterError::NoConnection(bound))?
+        .map_err(SessionError::Pool)?;
+    let borrowed = Borrowed::new(object);
+    let outranked = bounded(bound, gate.defers(borrowed.client(), key)).await?;
+    borrowed.give_back();
+    Ok(outranked)
 }
 
 /// Drops this standby's row as it stops, on a connection of `pool`, bounded by `bound` (the
@@ -395,7 +460,7 @@ pub(crate) async fn look(
     identity: &str,
     interval: Duration,
 ) -> Result<Look, tokio_postgres::Error> {
-    let ready_after = millis(2 * interval);
+    let ready_after = millis(interval);
     let rows = client
         .query_typed(
             LOOK,

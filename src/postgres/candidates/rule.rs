@@ -1,6 +1,9 @@
-//! What a leader does with what it read of the candidates: plain state, no I/O.
+//! What a leader does with what it read of the candidates, and when a standby says it is
+//! alive: plain state, no I/O.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// What a leader's look at the candidates table found (its own row left out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub(crate) struct Standing {
     /// again (a request to a named standby would otherwise last one check whenever a more
     /// preferred one is live); only another request, or the term's end, does.
     pub(crate) on_request: bool,
+    /// The lock session's lock waits are bounded (see `bound_lock_waits`).
+    pub(crate) waits_bounded: bool,
 }
 
 impl Standing {
@@ -50,6 +55,43 @@ impl Standing {
     }
 }
 
+/// How long a standby with a preference stays quiet (says nothing of itself, so no leader
+/// hands over to it) after it could not keep the lead it was handed: a grant it had to give
+/// back, or a term lost soon after it began (behind a transaction pooler, a fencing table it
+/// may not write, a server that drops it). Without it such a replica would take the lead
+/// from a healthy leader, lose it, and take it again, every couple of intervals. It doubles
+/// at each failure, from four intervals to 256, and ends after a term that lasted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    failures: u32,
+    quiet_until: Option<Instant>,
+}
+
+/// The most doublings of the quiet time (4·I · 2⁶ = 256·I).
+const MAX_DOUBLINGS: u32 = 6;
+
+/// A term lost sooner than this many intervals after it began counts as a failure.
+pub(crate) const SHORT_TERM_INTERVALS: u32 = 10;
+
+impl Backoff {
+    /// A lead this replica could not keep, at `now`.
+    pub(crate) fn failed(&mut self, now: Instant, interval: Duration) {
+        let quiet = 4 * interval * 2u32.pow(self.failures.min(MAX_DOUBLINGS));
+        self.failures = self.failures.saturating_add(1);
+        self.quiet_until = Some(crate::lease::instant_after(now, quiet));
+    }
+
+    /// A term that lasted: the record starts over.
+    pub(crate) fn held(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Whether this replica stays quiet at `now`.
+    pub(crate) fn quiet(&self, now: Instant) -> bool {
+        self.quiet_until.is_some_and(|until| now < until)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +101,28 @@ mod tests {
             best,
             ..Look::default()
         }
+    }
+
+    #[test]
+    fn a_replica_that_cannot_keep_the_lead_stays_quiet_longer_each_time() {
+        let interval = Duration::from_secs(1);
+        let start = Instant::now();
+        let mut backoff = Backoff::default();
+        assert!(!backoff.quiet(start));
+        let mut quiet = Vec::new();
+        for _ in 0..9 {
+            backoff.failed(start, interval);
+            let secs = (1..=300)
+                .find(|&s| !backoff.quiet(start + Duration::from_secs(s)))
+                .unwrap();
+            quiet.push(secs);
+        }
+        assert_eq!(quiet, vec![4, 8, 16, 32, 64, 128, 256, 256, 256]);
+        backoff.held();
+        assert!(!backoff.quiet(start));
+        backoff.failed(start, interval);
+        assert!(backoff.quiet(start + Duration::from_secs(3)));
+        assert!(!backoff.quiet(start + Duration::from_secs(4)));
     }
 
     #[test]
@@ -83,6 +147,7 @@ mod tests {
             requested: Some(stay_away),
             asked_for_me: false,
         };
+        assert_eq!(asked.requested, Some(stay_away));
         let mut standing = Standing::default();
         assert_eq!(
             standing.after(&asked, u64::MAX),
