@@ -1,15 +1,15 @@
 //! What stands between a grant and the term: a cooldown, a late grant's check, the epoch
 //! bump with fencing, the settle wait, and the lease the term starts with.
 
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
 use super::candidates::{self, Claim, Standing};
 use super::loss::Loss;
 use super::repeats::{Repeats, loud_or_debug};
-use super::session::{AppliedBounds, Check, LockSession, bounded};
+use super::session::{AppliedBounds, Check, LockSession, MIN_TRY_BOUND, bounded};
 use super::settings::PgSettings;
-use super::standby::{Grant, MIN_TRY_BOUND};
+use super::standby::Grant;
 use super::{Held, lease_length, millis};
 use crate::lease::{deadline_after, now_ms};
 use crate::state::Shared;
@@ -65,21 +65,8 @@ pub(super) async fn start_term(
         claimed = claim(pg, session) => Some(claimed),
     };
     let standing = match claimed {
-        None => {
-            held.give_back().await;
-            return Start::Stopped;
-        }
-        Some(Claim::Defer) => {
-            // A lock freed by a session that ended under its leader: that leader gets its
-            // settle time to step down before the graceful unlock, which would mark the next
-            // waiting session as handed over, and so spare it the wait.
-            if let Some(until) = grant.settle_until {
-                tokio::time::sleep_until(until).await;
-            }
-            held.give_back().await;
-            return Start::Deferred;
-        }
         Some(Claim::Keep(standing)) => standing,
+        other => return leave(held, other.is_some(), grant.settle_until).await,
     };
     let prepared = tokio::select! {
         biased;
@@ -120,6 +107,23 @@ pub(super) async fn start_term(
     }
     shared.promote(|lease| lease.hold_until(deadline), epoch, pg.fence_target());
     Start::Leading(Begun { epoch, standing })
+}
+
+/// Gives back a grant before its term began: for a live standby that should have it
+/// (`deferred`), or at shutdown.
+async fn leave(held: &mut Held<'_>, deferred: bool, settle_until: Option<Instant>) -> Start {
+    if !deferred {
+        held.give_back().await;
+        return Start::Stopped;
+    }
+    // A lock freed by a session that ended under its leader: that leader gets its settle time
+    // to step down before the graceful unlock, which would mark the next waiting session as
+    // handed over, and so spare it the wait.
+    if let Some(until) = settle_until {
+        tokio::time::sleep_until(until).await;
+    }
+    held.give_back().await;
+    Start::Deferred
 }
 
 /// Whether this replica leaves the lock it was just granted to a live standby that should have

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::{ClientWrapper, Object};
-use tokio::time::timeout;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::borrower::Borrower;
@@ -14,7 +13,7 @@ use super::handover::{self, Unlocked};
 pub(crate) use super::prepared::Prepared;
 use super::prepared::{lost_statement, prepared_query, send};
 pub(crate) use super::session_error::SessionError;
-use super::standby::MIN_TRY_BOUND;
+pub(super) use super::session_error::bounded;
 use crate::LockKey;
 use crate::lease::now_ms;
 use crate::pooled::Borrowed;
@@ -141,6 +140,12 @@ const CHECK: &str = concat!(
 /// [`super::standby::SETTLE`], five times this, before its term starts, so that an old leader whose
 /// session was ended under it has stepped down first, whichever mode either of them runs in.
 pub(crate) const WATCH_POLL: Duration = Duration::from_millis(1);
+
+/// The least time a standby's try query is given. A try that times out costs a backend: its
+/// connection must be closed, since the lock may have been granted unseen. So a standby with
+/// a very short interval does not give up on a merely slow answer; this is far above any
+/// healthy round trip, and the try still waits at most I for a pool connection.
+pub(super) const MIN_TRY_BOUND: Duration = Duration::from_secs(1);
 
 /// Which lock of the key a try asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -410,57 +415,91 @@ pub(crate) async fn try_acquire(
         Asked::Deferred => return Ok(Attempt::Deferred),
         Asked::Tried(rows) => rows,
     };
-    // The question was asked (and found the lock free) only for the exclusive lock.
-    let asked = mode == LockMode::Exclusive;
-    let (row, answer) = answer_of(rows)?;
-    let attempt = match Answer::parse(answer.as_deref()) {
-        Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
-            let session = LockSession::new(
-                Object::take(borrowed.keep()),
-                key,
-                mark,
-                borrower.prepared.clone(),
-            );
-            // Dropped on an error here, the session is closed and the server frees the lock.
-            let handed_over = bounded(bound, handover::taken_over(&session.client, key)).await?;
-            return Ok(Attempt::granted(
-                session,
-                &row,
-                granted,
-                sent_at,
-                handed_over,
-            ));
-        }
-        Some(Answer::Refused) if asked => {
-            tracing::debug!(key = %key, "the lock was taken between the question and the try; \
-                 closing the connection, which the question's hold may outlast");
-            // Dropping `borrowed` closes the connection.
-            return Ok(Attempt::Refused);
-        }
-        Some(Answer::Refused) => Attempt::Refused,
-        // A server in recovery never yields the lock, however often it is asked: closing the
-        // connection (dropping `borrowed`) makes the next try open a new one, which follows an
-        // address that has moved on (a virtual IP or DNS name re-pointed at the primary after
-        // a failover) instead of asking the same standby again for as long as the pool keeps
-        // it.
-        Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
-        Some(Answer::Marked) => {
-            // A transaction pooler shares server sessions: a statement prepared on one is not
-            // on the next.
-            borrower.prepared.behind_a_pooler(key);
-            if asked {
-                // Dropping `borrowed` closes the connection.
-                return Ok(Attempt::SharedSession);
-            }
-            Attempt::SharedSession
-        }
-        // Dropping `borrowed` closes the connection.
-        Some(Answer::Moved | Answer::Armed(_) | Answer::Full) | None => {
-            return Err(SessionError::Unexpected(answer));
-        }
+    let visit = Visit {
+        borrowed,
+        key,
+        mode,
+        mark,
+        bound,
     };
-    borrowed.give_back();
-    Ok(attempt)
+    visit.outcome(&borrower.prepared, rows, sent_at).await
+}
+
+/// A try's connection, once [`TRY_LOCK`] answered.
+struct Visit {
+    borrowed: Borrowed,
+    key: LockKey,
+    mode: LockMode,
+    /// The mark a grant set on the server session.
+    mark: String,
+    bound: Duration,
+}
+
+impl Visit {
+    /// What [`TRY_LOCK`]'s `rows` mean, sent at `sent_at`: a grant takes the connection out of
+    /// the pool; a plain refusal gives it back; anything else closes it (see [`try_acquire`]).
+    async fn outcome(
+        self,
+        prepared: &Prepared,
+        rows: Vec<tokio_postgres::Row>,
+        sent_at: u64,
+    ) -> Result<Attempt, SessionError> {
+        let Self {
+            borrowed,
+            key,
+            mode,
+            mark,
+            bound,
+        } = self;
+        // The question was asked (and found the lock free) only for the exclusive lock.
+        let asked = mode == LockMode::Exclusive;
+        let (row, answer) = answer_of(rows)?;
+        let attempt = match Answer::parse(answer.as_deref()) {
+            Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
+                let session =
+                    LockSession::new(Object::take(borrowed.keep()), key, mark, prepared.clone());
+                // Dropped on an error here, the session is closed and the server frees the lock.
+                let handed_over =
+                    bounded(bound, handover::taken_over(&session.client, key)).await?;
+                return Ok(Attempt::granted(
+                    session,
+                    &row,
+                    granted,
+                    sent_at,
+                    handed_over,
+                ));
+            }
+            Some(Answer::Refused) if asked => {
+                tracing::debug!(key = %key, "the lock was taken between the question and the try; \
+                     closing the connection, which the question's hold may outlast");
+                // Dropping `borrowed` closes the connection.
+                return Ok(Attempt::Refused);
+            }
+            Some(Answer::Refused) => Attempt::Refused,
+            // A server in recovery never yields the lock, however often it is asked: closing
+            // the connection (dropping `borrowed`) makes the next try open a new one, which
+            // follows an address that has moved on (a virtual IP or DNS name re-pointed at the
+            // primary after a failover) instead of asking the same standby again for as long
+            // as the pool keeps it.
+            Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
+            Some(Answer::Marked) => {
+                // A transaction pooler shares server sessions: a statement prepared on one is
+                // not on the next.
+                prepared.behind_a_pooler(key);
+                if asked {
+                    // Dropping `borrowed` closes the connection.
+                    return Ok(Attempt::SharedSession);
+                }
+                Attempt::SharedSession
+            }
+            // Dropping `borrowed` closes the connection.
+            Some(Answer::Moved | Answer::Armed(_) | Answer::Full) | None => {
+                return Err(SessionError::Unexpected(answer));
+            }
+        };
+        borrowed.give_back();
+        Ok(attempt)
+    }
 }
 
 /// What the statements of one try found.
@@ -626,16 +665,6 @@ pub(super) fn session_mark() -> String {
         .map_or(0, |t| t.as_nanos());
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{}-{nanos:x}-{n}", std::process::id())
-}
-
-pub(super) async fn bounded<T>(
-    bound: Duration,
-    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, SessionError> {
-    timeout(bound, query)
-        .await
-        .map_err(|_| SessionError::Timeout(bound))?
-        .map_err(SessionError::Query)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::PoolError;
+use tokio::time::timeout;
 
 /// Why a try or a check failed. Displays the server's own message for a server error.
 #[derive(Debug, thiserror::Error)]
@@ -26,4 +27,16 @@ pub(crate) enum SessionError {
     BorrowCancelled,
     #[error("the waiting session's task was cancelled")]
     WaitAborted,
+}
+
+/// `query`, bounded by `bound`: its error, or [`SessionError::Timeout`] when it did not
+/// answer in time.
+pub(crate) async fn bounded<T>(
+    bound: Duration,
+    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, SessionError> {
+    timeout(bound, query)
+        .await
+        .map_err(|_| SessionError::Timeout(bound))?
+        .map_err(SessionError::Query)
 }

@@ -13,7 +13,8 @@ use super::lock_table;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{
-    AppliedBounds, Attempt, LockMode, LockSession, SessionBounds, SessionError, try_acquire,
+    AppliedBounds, Attempt, LockMode, LockSession, MIN_TRY_BOUND, SessionBounds, SessionError,
+    try_acquire,
 };
 use super::settings::PgSettings;
 use super::waiter::{self, WaitSpec, Waiter};
@@ -23,12 +24,6 @@ use crate::state::Shared;
 const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
 
 const SHARED_TRY: &str = "this try ran on a server session that another elector holds the lock on; this replica stays standby";
-
-/// The least time a standby's try query is given. A try that times out costs a backend: its
-/// connection must be closed, since the lock may have been granted unseen. So a standby with
-/// a very short interval does not give up on a merely slow answer; this is far above any
-/// healthy round trip, and the try still waits at most I for a pool connection.
-pub(super) const MIN_TRY_BOUND: Duration = Duration::from_secs(1);
 
 /// How long a term whose lock was not handed over gracefully waits before it starts, counted
 /// from the grant. Such a lock was freed by a session that ended: its leader may be alive and

@@ -21,8 +21,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::session::bounded;
-use super::session_error::SessionError;
+use super::session_error::{SessionError, bounded};
 use crate::pooled::Borrowed;
 use crate::{Error, LockKey};
 
@@ -253,6 +252,44 @@ async fn create(client: &tokio_postgres::Client, bound: Duration) -> Result<(), 
     }
 }
 
+/// The parameters of [`defer!`]'s statements: the key, and the identity and preference of the
+/// replica that asks.
+struct Deferring<'a> {
+    class: i32,
+    object: i32,
+    identity: &'a str,
+    preference: String,
+}
+
+impl<'a> Deferring<'a> {
+    fn new(key: LockKey, identity: &'a str, preference: u64) -> Self {
+        Self {
+            class: key.class(),
+            object: key.object(),
+            identity,
+            preference: preference_text(preference),
+        }
+    }
+
+    async fn query(
+        &self,
+        client: &tokio_postgres::Client,
+        sql: &str,
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        client
+            .query_typed(
+                sql,
+                &[
+                    (&self.class, Type::INT4),
+                    (&self.object, Type::INT4),
+                    (&self.identity, Type::TEXT),
+                    (&self.preference, Type::TEXT),
+                ],
+            )
+            .await
+    }
+}
+
 /// What a grant found in the candidates table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Claim {
@@ -282,17 +319,8 @@ pub(crate) async fn claim(
         return Ok(keep(false, false));
     }
     bound_lock_waits(client, interval).await?;
-    let preference = preference_text(preference);
-    let rows = client
-        .query_typed(
-            CLAIM,
-            &[
-                (&key.class(), Type::INT4),
-                (&key.object(), Type::INT4),
-                (&identity, Type::TEXT),
-                (&preference, Type::TEXT),
-            ],
-        )
+    let rows = Deferring::new(key, identity, preference)
+        .query(client, CLAIM)
         .await?;
     let Some(row) = rows.first() else {
         return Ok(keep(false, true));
@@ -379,17 +407,8 @@ impl<'a> Gate<'a> {
         if !table_exists(client).await? {
             return Ok(false);
         }
-        let preference = preference_text(self.preference);
-        let rows = client
-            .query_typed(
-                DEFER,
-                &[
-                    (&key.class(), Type::INT4),
-                    (&key.object(), Type::INT4),
-                    (&self.identity, Type::TEXT),
-                    (&preference, Type::TEXT),
-                ],
-            )
+        let rows = Deferring::new(key, self.identity, self.preference)
+            .query(client, DEFER)
             .await?;
         Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
     }

@@ -172,21 +172,33 @@ async fn stands_by(
                 WHERE a.application_name = $1 AND (a.query LIKE '%advisory%' \
                   OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.pid = a.pid \
                              AND l.locktype = 'advisory' AND l.granted)))";
-    let deadline = Instant::now() + 10 * interval + Duration::from_secs(30);
+    let limit = 10 * interval + Duration::from_secs(30);
+    match until_true(admin, seen, name, limit).await? {
+        true => Ok(()),
+        false => Err(format!("{name} did not try the lock within {limit:?}")),
+    }
+}
+
+/// Polls `sql` (one boolean, `$1` = `name`) every 5 ms until it answers true (`true`) or
+/// `limit` has passed (`false`).
+async fn until_true(
+    admin: &tokio_postgres::Client,
+    sql: &str,
+    name: &str,
+    limit: Duration,
+) -> Result<bool, String> {
+    let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         let row = admin
-            .query_one(seen, &[&name])
+            .query_one(sql, &[&name])
             .await
             .map_err(|e| e.to_string())?;
         if row.get::<_, bool>(0) {
-            return Ok(());
+            return Ok(true);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Err(format!(
-        "{name} did not try the lock within {:?}",
-        10 * interval + Duration::from_secs(30)
-    ))
+    Ok(false)
 }
 
 /// With fast takeover a standby stands by once its session waits for the lock, as the server
@@ -202,16 +214,8 @@ async fn waits(
                 JOIN pg_catalog.pg_locks l ON l.pid = a.pid \
                 WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.objsubid = 2 \
                 AND (NOT l.granted OR l.mode = 'ExclusiveLock'))";
-    let deadline = Instant::now() + 3 * interval;
-    while Instant::now() < deadline {
-        let row = admin
-            .query_one(seen, &[&name])
-            .await
-            .map_err(|e| e.to_string())?;
-        if row.get::<_, bool>(0) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    if until_true(admin, seen, name, 3 * interval).await? {
+        return Ok(());
     }
     trace(format_args!("{name} got no waiting slot within 3·I"));
     Ok(())
