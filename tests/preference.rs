@@ -109,7 +109,11 @@ async fn a_more_preferred_standby_gets_the_lead_within_two_intervals() {
         let old = replica(&db, key, "old", None, fast);
         lead_within(&old, 3 * I, "the first replica").await;
         let term = old.elector.term();
-        tokio::time::sleep(I).await;
+        // Half an interval off the leader's checks, as a replica started at a random moment
+        // is on average: started right after a check, the new replica's tries would fall in
+        // step with the old leader's checks and, once it yields, with its tries, whose
+        // question can refuse the new one's try in the same millisecond.
+        tokio::time::sleep(I + I / 2).await;
 
         let new = replica(&db, key, "new", Some(1), fast);
         let sampler = Sampler::start(electors(&[&old, &new]));
