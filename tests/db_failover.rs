@@ -663,4 +663,45 @@ mod f7_2 {
         );
         assert!(epoch > Some(old), "{epoch:?} > {old}");
     }
+
+    /// F9 with a synchronous standby that stops confirming: the candidates table's writes (a
+    /// standby saying it is alive, the grant's claim, the leader's look) commit without waiting
+    /// for it, so a preferred standby still gets the lead within two intervals. (Were they to
+    /// wait, a claim would hold the granted lock in a backend waiting for the standby, and
+    /// nobody could lead.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_synchronous_standby_holds_no_preferred_handover_back() {
+        let _serial = serial();
+        let cluster = cluster(Follow::MultiHost, true).await;
+        let key = LockKey::new(0x4637, 10);
+        let preferring = |name: &str, preference: u64| {
+            pg_elector::Elector::builder(cluster.pool(3), key)
+                .check_interval(I)
+                .identity(name)
+                .preference(preference)
+                .build()
+                .unwrap()
+        };
+        let a = Replica::run(preferring("a", 1));
+        wait_a_leads(&a).await;
+        // The table exists before the standby goes silent: its creation is no part of this.
+        tokio::time::sleep(2 * I).await;
+        cluster.wal.blackhole();
+        let started = Instant::now();
+        let b = Replica::run(preferring("b", 2));
+        let led = wait_for(2 * I + I / 2, || b.elector.is_leader()).await;
+        cluster.wal.pass();
+        let a_leads = a.elector.is_leader();
+        b.stop().await.unwrap();
+        a.stop().await.unwrap();
+        let led = led.unwrap_or_else(|| {
+            panic!(
+                "the preferred standby did not lead within 2.5·I of its start ({:?}) while the \
+                 synchronous standby was silent",
+                started.elapsed()
+            )
+        });
+        assert!(!a_leads, "never two leaders");
+        eprintln!("standby silent: the preferred standby led {led:?} after it started");
+    }
 }

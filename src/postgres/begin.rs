@@ -1,7 +1,7 @@
 //! What stands between a grant and the term: a cooldown, a late grant's check, the epoch
 //! bump with fencing, the settle wait, and the lease the term starts with.
 
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 
 use super::candidates::{self, Claim, Standing};
@@ -49,6 +49,7 @@ pub(super) async fn start_term(
         shared.warn_no_idle_session_timeout(pg.key);
     }
     held.session = Some(grant.session);
+    held.settle_until = grant.settle_until;
     // A resign asked while the try was on the wire: its cooldown holds, and no epoch is
     // bumped for a term that will not start.
     if shared.cooling_down() {
@@ -66,7 +67,7 @@ pub(super) async fn start_term(
     };
     let standing = match claimed {
         Some(Claim::Keep(standing)) => standing,
-        other => return leave(held, other.is_some(), grant.settle_until).await,
+        other => return leave(held, other.is_some()).await,
     };
     let prepared = tokio::select! {
         biased;
@@ -111,19 +112,12 @@ pub(super) async fn start_term(
 
 /// Gives back a grant before its term began: for a live standby that should have it
 /// (`deferred`), or at shutdown.
-async fn leave(held: &mut Held<'_>, deferred: bool, settle_until: Option<Instant>) -> Start {
-    if !deferred {
-        held.give_back().await;
-        return Start::Stopped;
-    }
-    // A lock freed by a session that ended under its leader: that leader gets its settle time
-    // to step down before the graceful unlock, which would mark the next waiting session as
-    // handed over, and so spare it the wait.
-    if let Some(until) = settle_until {
-        tokio::time::sleep_until(until).await;
-    }
+async fn leave(held: &mut Held<'_>, deferred: bool) -> Start {
     held.give_back().await;
-    Start::Deferred
+    match deferred {
+        true => Start::Deferred,
+        false => Start::Stopped,
+    }
 }
 
 /// Whether this replica leaves the lock it was just granted to a live standby that should have

@@ -88,6 +88,7 @@ async fn run_with(
         shared,
         pg,
         session: None,
+        settle_until: None,
     };
     loop {
         let Some(grant) = standby.wait_for_grant(&mut ticks, &mut resigns).await else {
@@ -151,11 +152,19 @@ struct Held<'a> {
     shared: &'a Shared,
     pg: &'a PgSettings,
     session: Option<Box<LockSession>>,
+    /// The grant was not handed over gracefully: no graceful unlock before this instant.
+    settle_until: Option<tokio::time::Instant>,
 }
 
 impl Held<'_> {
-    /// Gives the lock back before a term began on it: unlocked, then closed.
+    /// Gives the lock back before a term began on it: unlocked, then closed. A lock freed by a
+    /// session that ended under its leader is unlocked only once that leader has had its
+    /// settle time to step down: the graceful unlock marks the next waiting session as handed
+    /// over, which spares it that wait.
     async fn give_back(&mut self) {
+        if let Some(until) = self.settle_until.take() {
+            tokio::time::sleep_until(until).await;
+        }
         if let Some(session) = self.session.take() {
             give_back::unlock(self.pg, session, false).await;
         }

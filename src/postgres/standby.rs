@@ -165,9 +165,13 @@ impl Standby<'_> {
                 () = self.shutdown.cancelled() => return None,
                 () = std::future::ready(()), if std::mem::take(&mut try_now) => None,
                 Ok(()) = resigns.changed() => {
-                    // No session may wait for the lock during the cooldown the resign set.
+                    // No session may wait for the lock during the cooldown the resign set,
+                    // and no leader may hand over to this replica meanwhile.
                     waiting.waiter = None;
                     self.borrower.let_go();
+                    if pg.preference.is_some() {
+                        candidates::withdraw(&pg.pool, pg.key, &pg.identity, pg.interval.max(MIN_TRY_BOUND)).await;
+                    }
                     self.shared.resign_handled();
                     continue;
                 }
@@ -224,7 +228,9 @@ impl Standby<'_> {
         alive: &mut Repeats,
     ) -> Option<(Result<Attempt, SessionError>, bool)> {
         let pg = self.pg;
-        let holds_slot = waiting.waiter.is_some();
+        // A standby without a preference reads the table while it holds a waiting slot, and
+        // while it is outranked (it would otherwise take a slot again at its next refused try).
+        let reads = waiting.waiter.is_some() || self.outranked;
         // A standby whose last try failed says nothing of itself: others would leave the lock
         // to a replica that cannot take it (a full lock table, a try that times out).
         let quiet = self.backoff.quiet(Instant::now()) || !self.tried_well;
@@ -240,7 +246,7 @@ impl Standby<'_> {
                 return Some((outcome, true));
             }
             tried = async {
-                let outranked = outranked(pg, holds_slot, quiet, alive).await;
+                let outranked = outranked(pg, reads, quiet, alive).await;
                 let attempt = try_acquire(
                     borrower,
                     pg.key,
@@ -259,6 +265,13 @@ impl Standby<'_> {
             tried,
             Ok(Attempt::Granted { .. } | Attempt::Refused | Attempt::Deferred | Attempt::QueueFull)
         );
+        // A try that failed (most often one that found the lock free and then timed out, as
+        // for a replica far from the server) counts as a lead not kept: otherwise a leader
+        // would hand over to it, it would fail to take the lock, fall silent, count again
+        // once refused, and so on.
+        if tried.is_err() && pg.preference.is_some() {
+            self.backoff.failed(Instant::now(), pg.interval);
+        }
         if outranked && waiting.waiter.take().is_some() {
             tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");
         }
@@ -292,13 +305,13 @@ impl Standby<'_> {
 /// standby learns it before each try:
 /// - with a preference, it says it is alive (its row upserted), unless it stays quiet after a
 ///   lead it could not keep ([`Backoff`]) or after a try that failed;
-/// - without one, it reads the table only while it holds a waiting slot (at most three
-///   standbys a key), which it gives up if outranked;
+/// - without one, with fast takeover, it reads the table only while it holds a waiting slot
+///   (at most three standbys a key), which it gives up if outranked, and while it is outranked;
 /// - otherwise it reads nothing.
 ///
 /// A failure is logged and counts as not outranked: the try goes on, and this replica only
 /// counts as less preferred than it is.
-async fn outranked(pg: &PgSettings, holds_slot: bool, quiet: bool, repeats: &mut Repeats) -> bool {
+async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, repeats: &mut Repeats) -> bool {
     let bound = pg.interval.max(MIN_TRY_BOUND);
     let said = match pg.preference {
         Some(_) if quiet => return false,
@@ -312,7 +325,7 @@ async fn outranked(pg: &PgSettings, holds_slot: bool, quiet: bool, repeats: &mut
             };
             candidates::register(&pg.pool, &candidate, bound).await
         }
-        None if holds_slot => match candidates::Gate::new(Some(0), &pg.identity) {
+        None if reads && pg.fast_takeover => match candidates::Gate::new(Some(0), &pg.identity) {
             Some(gate) => candidates::outranked(&pg.pool, gate, pg.key, bound).await,
             None => return false,
         },

@@ -40,6 +40,18 @@ pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_c
 /// Whether the table exists, as one column of the leader's check (a catalog lookup).
 pub(crate) const EXISTS: &str = "pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL";
 
+/// The first CTE of every statement that writes the table: its commit waits for no
+/// synchronous standby and no local flush (`synchronous_commit = off`, for this transaction).
+/// A row says only who is alive now, and a backend waiting for a standby that stopped
+/// confirming keeps its locks (the lock session's advisory lock among them) even after its
+/// client has gone. Each statement reads `bound`, so that the setting is made.
+macro_rules! no_wait {
+    () => {
+        "WITH bound AS MATERIALIZED (\
+           SELECT pg_catalog.set_config('synchronous_commit', 'off', true) AS s), "
+    };
+}
+
 /// Whether the lock of `$1, $2`, free or just granted to identity `$3` of preference `$4`,
 /// should go to another live standby: the live target of the newest handover asked (one
 /// target at a time, however many requests raced), or else (no live target) a more preferred
@@ -67,7 +79,8 @@ macro_rules! defer {
 /// [`defer!`]): such a standby keeps no waiting session, which would only take a waiting slot
 /// from the one it would leave the lock to.
 const REGISTER: &str = concat!(
-    "WITH up AS (INSERT INTO pg_elector_candidates AS c \
+    no_wait!(),
+    "up AS (INSERT INTO pg_elector_candidates AS c \
        (class, object, identity, preference, live_until, live_since, waits) \
        VALUES ($1::int4, $2::int4, $3::text, $4::text::numeric, \
                pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool) \
@@ -76,8 +89,10 @@ const REGISTER: &str = concat!(
            waits = EXCLUDED.waits, \
            live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
                              ELSE c.live_since END \
-       RETURNING 1) ",
-    defer!()
+       RETURNING 1) \
+     SELECT yes FROM (",
+    defer!(),
+    ") AS d(yes), bound"
 );
 
 /// [`defer!`] on a free lock, before a try would take it.
@@ -85,32 +100,46 @@ const DEFER: &str = defer!();
 
 /// [`defer!`] after a grant; if the lock stays, the grantee's own row goes (a leader is no
 /// standby: no replica waits for it once it stops), and the second column says whether it
-/// carried a handover asked to it.
+/// carried a handover asked to it. A grant taken on request also withdraws every other
+/// request of the key, which raced it and lost: it is done.
 const CLAIM: &str = concat!(
-    "WITH defer AS (",
+    no_wait!(),
+    "defer AS (",
     defer!(),
     " AS yes), \
      gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text \
        AND NOT (SELECT yes FROM defer) \
-       RETURNING requested_until > pg_catalog.statement_timestamp() AS asked) \
-     SELECT (SELECT yes FROM defer), coalesce((SELECT bool_or(asked) FROM gone), false)"
+       RETURNING requested_until > pg_catalog.statement_timestamp() AS asked), \
+     done AS (UPDATE pg_elector_candidates SET requested_until = NULL, stay_away_ms = NULL \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
+       AND requested_until IS NOT NULL AND coalesce((SELECT bool_or(asked) FROM gone), false) \
+       RETURNING 1) \
+     SELECT (SELECT yes FROM defer), coalesce((SELECT bool_or(asked) FROM gone), false), \
+       (SELECT s FROM bound)"
 );
 
 /// A standby's row, when it stops: nobody waits for it any more.
-const WITHDRAW: &str = "DELETE FROM pg_elector_candidates \
-     WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text";
+const WITHDRAW: &str = concat!(
+    no_wait!(),
+    "gone AS (DELETE FROM pg_elector_candidates \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text RETURNING 1) \
+     SELECT (SELECT s FROM bound), (SELECT count(*) FROM gone)"
+);
 
 /// The leader's look: its own row dropped (it is no standby), and rows dead for ten minutes
 /// (replicas gone for good); then the most preferred live standby that is ready to take the
-/// lock, the stay-away of a handover asked to a live one, and whether its own row carried a
-/// handover asked to it.
+/// lock, the stay-away of the newest handover asked to a live standby (none if that is this
+/// leader, whose own row the snapshot still shows), and whether its own row carried a handover
+/// asked to it.
 ///
 /// A standby with fast takeover is ready once its session waits for the lock (the server
 /// hands the lock to it at the unlock, in milliseconds), or after it has been live for `$4`
 /// ms (one of the leader's intervals: every waiting slot may be taken, and its tries get the
 /// lock within its interval all the same); one without is ready at once.
-const LOOK: &str = "WITH gone AS (DELETE FROM pg_elector_candidates \
+const LOOK: &str = concat!(
+    no_wait!(),
+    "gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 \
        AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes') \
        RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked) \
@@ -124,10 +153,14 @@ const LOOK: &str = "WITH gone AS (DELETE FROM pg_elector_candidates \
                        WHERE l.locktype = 'advisory' AND NOT l.granted \
                        AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid \
                        AND l.objsubid = 2 AND a.application_name = c.identity))), \
-            (SELECT max(coalesce(stay_away_ms, 0)) FROM pg_elector_candidates \
-               WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
-               AND live_until > pg_catalog.statement_timestamp() AND requested_until > pg_catalog.statement_timestamp()), \
-            coalesce((SELECT bool_or(asked) FROM gone), false)";
+            (SELECT CASE WHEN n.identity <> $3::text THEN coalesce(n.stay_away_ms, 0) END \
+               FROM (SELECT r.identity, r.stay_away_ms FROM pg_elector_candidates r \
+                 WHERE r.class = $1::int4 AND r.object = $2::int4 \
+                 AND r.live_until > pg_catalog.statement_timestamp() \
+                 AND r.requested_until > pg_catalog.statement_timestamp() \
+                 ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1) AS n), \
+            coalesce((SELECT bool_or(asked) FROM gone), false), (SELECT s FROM bound)"
+);
 
 /// A handover asked of `$1, $2`'s leader (identity `$3`): to the live standby named `$4`, or
 /// with `$4` NULL to the most preferred live one; valid for a minute, or until that standby
