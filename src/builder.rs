@@ -50,7 +50,7 @@ pub struct ElectorBuilder {
     fencing_table: String,
     drain_timeout: Option<Duration>,
     fast_takeover: bool,
-    prepared_statements: bool,
+    prepared_statements: Option<bool>,
     preference: Option<u64>,
 }
 
@@ -67,7 +67,7 @@ impl ElectorBuilder {
             fencing_table: DEFAULT_FENCING_TABLE.to_owned(),
             drain_timeout: None,
             fast_takeover: false,
-            prepared_statements: false,
+            prepared_statements: None,
             preference: None,
         }
     }
@@ -154,36 +154,45 @@ impl ElectorBuilder {
         self
     }
 
-    /// Prepared statements (default off): a standby's try and the leader's check go as
-    /// statements prepared once per pool connection instead of one unnamed statement each, which
-    /// the server parses and plans every time. It makes them cheaper for the server: the
-    /// leader's check costs about a third of its unnamed form, and a refused try about what a
-    /// bare prepared `pg_try_advisory_lock` costs (the figures are in the crate's
-    /// `BENCHMARKS.md`).
+    /// Prepared statements for a standby's tries and the leader's checks: `true` on every pool
+    /// connection, `false` on none. By default (without this call) on each pool connection that
+    /// reaches PostgreSQL directly, and unnamed elsewhere.
     ///
-    /// Turn it on only where every connection of the pool reaches one server session for as
-    /// long as it lives, or a pooler that keeps prepared statements per client: PostgreSQL
-    /// itself, a session-mode pooler, or PgBouncer 1.21 or later with
-    /// `max_prepared_statements` above 0. Behind a transaction-mode pooler that does not (older
-    /// PgBouncer, or `max_prepared_statements = 0`), the driver's statement names (`s0`, `s1`,
-    /// ..., the same in every process) can meet another client's statement of the same name on
-    /// a shared server session, and a statement of that client's could run with the elector's
-    /// values (or be closed by the elector, which closes a statement it finds lost). The elector turns prepared statements off for good, with an INFO line, the first
-    /// time a server session does not have one or a try finds a transaction pooler, but that
-    /// comes after such a meeting, not before.
+    /// A prepared statement is parsed and planned once per connection; an unnamed one at every
+    /// try and check. Prepared, a refused try costs the server about what a bare prepared
+    /// `pg_try_advisory_lock` costs, and the leader's check about a third of its unnamed form
+    /// (the figures are in the crate's `BENCHMARKS.md`).
+    ///
+    /// By default the elector asks each new pool connection once (`SELECT pg_backend_pid()`,
+    /// unnamed) whether the backend serving it is the one its cancel key names. PostgreSQL
+    /// gives a connection the key of its own backend; a pooler gives its own keys, since one
+    /// client connection of a pooler meets many server sessions. So behind any pooler the
+    /// statements go unnamed: behind a transaction-mode pooler that does not keep prepared
+    /// statements per client (PgBouncer before 1.21, or with `max_prepared_statements = 0`),
+    /// the driver's statement names (`s0`, `s1`, ..., the same in every process) could meet
+    /// another client's statement of the same name on a shared server session, and a statement
+    /// of that client's could run with the elector's values.
+    ///
+    /// Turn it on (`true`) behind a pooler that keeps prepared statements per client: a
+    /// session-mode pooler, or PgBouncer 1.21 or later with `max_prepared_statements` above 0.
+    /// Turn it off (`false`) if something between the pool and the server could give a
+    /// connection the key of a backend other than the one serving it. Whatever the choice,
+    /// the elector turns prepared statements off for good, with an INFO line, the first time a
+    /// server session does not have one (a `DEALLOCATE ALL` or `DISCARD ALL` between
+    /// statements, for one) or a try finds a transaction pooler.
     ///
     /// ```
     /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
     /// use pg_elector::{Elector, LockKey};
     ///
-    /// // Connected to PostgreSQL directly.
+    /// // Behind PgBouncer 1.21 or later, with `max_prepared_statements = 200`.
     /// let elector = Elector::builder(pool, LockKey::from_name("billing/sweep"))
     ///     .prepared_statements(true)
     ///     .build()?;
     /// # Ok(()) }
     /// ```
     pub fn prepared_statements(mut self, on: bool) -> Self {
-        self.prepared_statements = on;
+        self.prepared_statements = Some(on);
         self
     }
 

@@ -43,6 +43,8 @@ async fn both_connections(pool: &deadpool_postgres::Pool) -> bool {
 
 mod e3 {
     use super::*;
+    use pg_elector_testkit::PgServer;
+    use tokio::task::block_in_place;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ten_thousand_refused_tries_open_no_new_backend() {
@@ -98,21 +100,6 @@ mod e3 {
             standby.stop().await.unwrap();
         }
         leader.stop().await.unwrap();
-    }
-
-    /// The statements prepared on a pool connection that try the lock (found by their text:
-    /// `pg_try_advisory_lock` or `pg_try_advisory_xact_lock_shared`).
-    async fn prepared_tries(pool: &deadpool_postgres::Pool) -> i64 {
-        let client = pool.get().await.unwrap();
-        client
-            .query_typed(
-                "SELECT count(*) FROM pg_catalog.pg_prepared_statements \
-                 WHERE statement LIKE '%pg\\_try\\_advisory\\_%lock%(%' AND NOT from_sql",
-                &[],
-            )
-            .await
-            .unwrap()[0]
-            .get(0)
     }
 
     /// A replica leading `key` on a pool of its own, and beside it a standby with prepared
@@ -209,18 +196,93 @@ mod e3 {
         standby.stop().await.unwrap();
     }
 
-    /// E3: by default a standby prepares nothing on its connection (a statement name could meet
-    /// another client's behind a transaction pooler): six refused tries leave no prepared
-    /// statement.
+    /// E3: by default, on a pool connection that reaches the server directly, a refused try is
+    /// prepared once, as with the opt-in, and nothing says prepared statements were turned off.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn by_default_refused_tries_prepare_nothing() {
+    async fn by_default_a_direct_connections_try_is_prepared_once() {
         let _serial = serial();
         let db = fresh_db().await;
         let key = LockKey::new(3, 2_002);
         let leader = Replica::start(db.pool(1), key, I);
         wait_a_leads(&leader).await;
         let pool = db.pool(1);
-        let standby = Replica::start(pool.clone(), key, I);
+        let capture = common::capture::Capture::default();
+        let elector = Elector::builder(pool.clone(), key)
+            .check_interval(I)
+            .build()
+            .unwrap();
+        let standby = Replica::run_captured(elector, &capture);
+        tokio::time::sleep(6 * I).await;
+        assert!(!standby.elector.is_leader());
+        assert_eq!(
+            prepared_tries(&pool).await,
+            1,
+            "one prepared try on the standby's only connection after six tries"
+        );
+        let said: Vec<String> = capture
+            .at(tracing::Level::INFO, key)
+            .into_iter()
+            .filter(|line| line.contains("unnamed from now on"))
+            .collect();
+        assert!(said.is_empty(), "prepared statements stayed on: {said:?}");
+        standby.stop().await.unwrap();
+        leader.stop().await.unwrap();
+    }
+
+    /// E3: by default the leader's check is prepared on a direct connection too: on a private
+    /// server that logs every statement, the leader's checks are executed by name, none unnamed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn by_default_a_direct_leaders_check_is_prepared() {
+        let _serial = serial();
+        init_tracing();
+        let server = block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
+        let db = server.create_database().await.unwrap();
+        db.connect()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "ALTER DATABASE {} SET log_min_duration_statement = 0",
+                db.name()
+            ))
+            .await
+            .unwrap();
+        let key = LockKey::new(3, 2_003);
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        tokio::time::sleep(4 * I).await;
+        assert!(leader.elector.is_leader());
+        let log = server.log_tail(100_000);
+        const CHECK: &str = ": SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks";
+        let checks = |how: &str| {
+            log.lines()
+                .filter(|l| l.contains(CHECK) && l.contains(how))
+                .count()
+        };
+        let (named, unnamed) = (checks("execute s"), checks("execute <unnamed>"));
+        leader.stop().await.unwrap();
+        assert!(
+            named >= 3,
+            "{named} checks executed by name in 4·I\n{}",
+            server.log_tail(30)
+        );
+        assert_eq!(unnamed, 0, "checks executed unnamed");
+    }
+
+    /// E3: with prepared statements turned off, six refused tries leave no prepared statement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn turned_off_refused_tries_prepare_nothing() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_007);
+        let leader = Replica::start(db.pool(1), key, I);
+        wait_a_leads(&leader).await;
+        let pool = db.pool(1);
+        let elector = Elector::builder(pool.clone(), key)
+            .check_interval(I)
+            .prepared_statements(false)
+            .build()
+            .unwrap();
+        let standby = Replica::run(elector);
         tokio::time::sleep(6 * I).await;
         assert!(!standby.elector.is_leader());
         assert_eq!(prepared_tries(&pool).await, 0, "no prepared try");

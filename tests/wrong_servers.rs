@@ -351,6 +351,55 @@ mod e16 {
         }
     }
 
+    /// A standby through `bouncer` (one server session) on a pool of one connection, with
+    /// prepared statements as `prepared` says (`None`: the default), beside the leader of `key`:
+    /// the tries it prepared on that server session after 4·I.
+    async fn tries_prepared_through(
+        bouncer: &Pgbouncer,
+        db: &TestDb,
+        key: LockKey,
+        prepared: Option<bool>,
+    ) -> i64 {
+        let pool = bouncer.pool_for(db, 1);
+        let mut builder = Elector::builder(pool.clone(), key).check_interval(I);
+        if let Some(on) = prepared {
+            builder = builder.prepared_statements(on);
+        }
+        let standby = Replica::run(builder.build().expect("valid elector"));
+        tokio::time::sleep(4 * I).await;
+        assert!(!standby.elector.is_leader(), "the standby stayed one");
+        // The pool's one connection: in session mode the standby's server session, in
+        // transaction mode the only one there is.
+        let tries = prepared_tries(&pool).await;
+        standby.stop().await.unwrap();
+        drop(pool);
+        tries
+    }
+
+    /// E16, E3: by default a standby behind PgBouncer (either mode) prepares nothing on the
+    /// server session its tries land on: the pooler's cancel keys are not the server's. The
+    /// same standby with prepared statements turned on prepares its try there (so the count
+    /// can see them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn by_default_behind_each_pooler_mode_nothing_is_prepared() {
+        let _serial = serial();
+        let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
+        let db = fresh_db().await;
+        for (mode, object) in [(PoolMode::Session, 11), (PoolMode::Transaction, 12)] {
+            let key = LockKey::new(16, object);
+            let bouncer = block_in_place(|| Pgbouncer::start(server, mode, 1))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let leader = Replica::start(db.pool(1), key, I);
+            wait_a_leads(&leader).await;
+            let by_default = tries_prepared_through(&bouncer, &db, key, None).await;
+            assert_eq!(by_default, 0, "{mode:?}: by default nothing is prepared");
+            let turned_on = tries_prepared_through(&bouncer, &db, key, Some(true)).await;
+            assert!(turned_on >= 1, "{mode:?}: turned on, the try is prepared");
+            leader.stop().await.unwrap();
+            drop(bouncer);
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn through_a_session_pooler_election_works() {
         let _serial = serial();

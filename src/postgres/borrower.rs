@@ -60,7 +60,7 @@ pub(crate) struct Borrower {
     limit: Duration,
     pending: Option<Pending>,
     /// Whether the try (and the check of a lock session it is granted) goes as a statement
-    /// prepared once per connection: off unless the user opted in (see [`Prepared`]).
+    /// prepared once per connection (see [`Prepared`]).
     pub(super) prepared: Prepared,
 }
 
@@ -84,7 +84,7 @@ impl Borrower {
             first_limit: stuck_after,
             limit: stuck_after,
             pending: None,
-            prepared: Prepared::new(false),
+            prepared: Prepared::new(Some(false)),
         }
     }
 

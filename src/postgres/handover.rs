@@ -174,7 +174,7 @@ pub(super) fn halves(lock: i64) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::postgres::session::{Attempt, LockSession, SessionBounds};
+    use crate::postgres::session::{Attempt, LockSession, Prepared, SessionBounds};
     use crate::postgres::waiter::{Outcome, wait};
     use pg_elector_testkit::{PgServer, TestDb, serial};
     use tokio::time::Instant;
@@ -191,6 +191,7 @@ mod tests {
             bounds,
             INTERVAL,
             INTERVAL,
+            Prepared::new(Some(false)),
         ))
     }
 

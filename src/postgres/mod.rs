@@ -25,6 +25,7 @@ use standby::Standby;
 
 mod begin;
 mod borrower;
+mod cancel_key;
 pub(crate) mod candidates;
 pub(crate) mod fence;
 mod give_back;

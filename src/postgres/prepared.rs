@@ -1,61 +1,140 @@
-//! How the elector's statements go: unnamed by default, or prepared once per connection (the
-//! user's opt-in), and back to unnamed for good once a server session shows it does not keep
-//! them.
+//! How the elector's statements go: prepared once per connection where the connection reaches
+//! its server session directly (the default) or always (the user's opt-in), unnamed otherwise
+//! (or when the user says so), and back to unnamed for good once a server session shows it
+//! does not keep them.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use deadpool_postgres::ClientWrapper;
 use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::{ToSql, Type};
 
+use super::cancel_key::{self, CancelKey};
 use crate::LockKey;
 
-/// Sends `query` as a statement prepared once on this connection while `prepared` is on, and
-/// as one unnamed statement otherwise. A prepared statement that the server session does not
-/// have ([`lost_statement`]) is sent again at once, unnamed, and turns `prepared` off for good
-/// (logged once).
+/// Sends `query` (the elector's `statement`, named in the log) as a statement prepared once on
+/// this connection where `prepared` says so for it, and as one unnamed statement otherwise. A
+/// prepared statement that the server session does not have ([`lost_statement`]) is sent again
+/// at once, unnamed, and turns `prepared` off for good (logged once).
 pub(super) async fn send(
     prepared: &Prepared,
     key: LockKey,
+    statement: &str,
     client: &ClientWrapper,
     query: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    if prepared.on() {
+    if prepared.for_connection(key, client).await {
         match prepared_query(client, query, params).await {
-            Err(e) if lost_statement(&e, client) => prepared.lost(key, "try", &e),
+            Err(e) if lost_statement(&e, client) => prepared.lost(key, statement, &e),
             answer => return answer,
         }
     }
     client.query_typed(query, params).await
 }
 
-/// Whether an elector's tries and checks go as statements prepared once per connection (the
-/// user's opt-in, `ElectorBuilder::prepared_statements`): off by default, since behind a
-/// transaction-mode pooler that does not keep prepared statements per client (PgBouncer before
-/// 1.21, or with `max_prepared_statements = 0`), a statement name of the driver's (`s0`, `s1`,
-/// ..., the same in every process) can meet another client's statement of that name on a
-/// shared server session. When on, it turns off for good once a server session shows that it
-/// does not keep them ([`lost_statement`]) or a try finds a transaction pooler. Shared by the
-/// standby's tries and the check of the lock session they are granted.
+/// Whether an elector's tries and checks go as statements prepared once per connection, which
+/// the server does not parse and plan again at each one. Shared by the standby's tries and the
+/// check of the lock session they are granted.
+///
+/// By default ([`Prepared::new`] with `None`) only on a connection that reaches its server
+/// session directly: its cancel key names the backend that serves it ([`cancel_key`]; a pooler
+/// gives keys of its own). Behind a transaction-mode pooler that does not keep prepared
+/// statements per client (PgBouncer before 1.21, or with `max_prepared_statements = 0`), a
+/// statement name of the driver's (`s0`, `s1`, ..., the same in every process) could meet
+/// another client's statement of that name on a shared server session. `Some(true)` (the
+/// user's opt-in, for a pooler that keeps them per client) prepares on every connection,
+/// `Some(false)` on none. Either way it turns off for good once a server session shows that it
+/// does not keep them ([`lost_statement`]) or a try finds a transaction pooler.
 #[derive(Clone, Debug)]
-pub(crate) struct Prepared(Arc<AtomicBool>);
+pub(crate) struct Prepared(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    /// `None`: where the connection is direct; `Some(on)`: on every connection, or none.
+    chosen: Option<bool>,
+    /// Turned off for good.
+    off: AtomicBool,
+    /// What this elector found of each connection it used, by its cancel key: whether it reaches
+    /// its server session directly.
+    direct: Mutex<HashMap<CancelKey, bool>>,
+}
+
+/// The connections [`Inner::direct`] remembers at most; more (a pool that churns) and it starts
+/// again, which costs each connection one more `pg_backend_pid()`.
+const REMEMBERED: usize = 1024;
 
 impl Prepared {
-    /// Statements prepared once per connection when `on`, unnamed otherwise.
-    pub(crate) fn new(on: bool) -> Self {
-        Self(Arc::new(AtomicBool::new(on)))
+    /// Statements prepared where the connection is direct (`None`), on every connection
+    /// (`Some(true)`), or on none (`Some(false)`).
+    pub(crate) fn new(chosen: Option<bool>) -> Self {
+        Self(Arc::new(Inner {
+            chosen,
+            off: AtomicBool::new(chosen == Some(false)),
+            direct: Mutex::new(HashMap::new()),
+        }))
     }
 
-    pub(crate) fn on(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+    /// Whether statements go prepared on `client`. By default that is asked of the server once
+    /// per connection (`pg_backend_pid()`, unnamed), and remembered.
+    pub(super) async fn for_connection(
+        &self,
+        key: LockKey,
+        client: &tokio_postgres::Client,
+    ) -> bool {
+        if self.0.off.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.0.chosen == Some(true) {
+            return true;
+        }
+        let Some(cancel_key) = cancel_key::of(client) else {
+            return false;
+        };
+        if let Some(direct) = self.remembered(cancel_key) {
+            return direct;
+        }
+        // An error here is the connection's: the statement that follows meets it too.
+        let Ok(rows) = client
+            .query_typed("SELECT pg_catalog.pg_backend_pid()", &[])
+            .await
+        else {
+            return false;
+        };
+        let backend = rows.first().and_then(|row| row.try_get::<_, i32>(0).ok());
+        let direct = backend == Some(cancel_key.process_id);
+        tracing::debug!(
+            key = %key,
+            backend,
+            cancel_key_process = cancel_key.process_id,
+            direct,
+            "a new pool connection: its statements go {}",
+            if direct { "prepared" } else { "unnamed (a pooler's cancel key)" }
+        );
+        self.remember(cancel_key, direct);
+        direct
+    }
+
+    fn remembered(&self, cancel_key: CancelKey) -> Option<bool> {
+        let direct = self.0.direct.lock().unwrap_or_else(|e| e.into_inner());
+        direct.get(&cancel_key).copied()
+    }
+
+    fn remember(&self, cancel_key: CancelKey, is_direct: bool) {
+        let mut direct = self.0.direct.lock().unwrap_or_else(|e| e.into_inner());
+        if direct.len() >= REMEMBERED {
+            direct.clear();
+        }
+        direct.insert(cancel_key, is_direct);
     }
 
     /// Turns prepared statements off for good once a try found a transaction pooler, with an
-    /// INFO line if they were on.
+    /// INFO line if the user turned them on (by default they were only ever on for direct
+    /// connections, which no pooler shares).
     pub(super) fn behind_a_pooler(&self, key: LockKey) {
-        if self.0.swap(false, Ordering::Relaxed) {
+        if !self.0.off.swap(true, Ordering::Relaxed) && self.0.chosen == Some(true) {
             tracing::info!(
                 key = %key,
                 "a try landed on a server session a transaction pooler shares: this elector's \
@@ -67,7 +146,7 @@ impl Prepared {
     /// Turns prepared statements off for good after the server session lost one (`error`),
     /// with an INFO line the first time.
     pub(super) fn lost(&self, key: LockKey, statement: &str, error: &tokio_postgres::Error) {
-        if self.0.swap(false, Ordering::Relaxed) {
+        if !self.0.off.swap(true, Ordering::Relaxed) {
             tracing::info!(
                 key = %key,
                 statement,

@@ -11,7 +11,7 @@ use super::borrower::Borrower;
 use super::candidates::Gate;
 use super::handover::{self, Unlocked};
 pub(crate) use super::prepared::Prepared;
-use super::prepared::{lost_statement, prepared_query, send};
+use super::prepared::send;
 pub(crate) use super::session_error::SessionError;
 pub(super) use super::session_error::bounded;
 use crate::LockKey;
@@ -351,9 +351,10 @@ impl Check {
 ///
 /// For the key's exclusive lock, the try first asks whether the lock is free ([`ASK`]), and
 /// sends [`TRY_LOCK`] only then: a refused try is one small statement that grants nothing.
-/// Both go as one unnamed statement each (parse, bind and execute in one round trip), which
-/// works through any pooler; with [`Prepared`] on (the user's opt-in), as statements prepared
-/// once per pool connection (see [`send`]).
+/// Both go as statements prepared once per pool connection where [`Prepared`] says so for
+/// that connection (by default: it reaches the server directly), and as one unnamed statement
+/// each otherwise (parse, bind and execute in one round trip), which works through any pooler
+/// (see [`send`]).
 ///
 /// A try refused by [`ASK`] gives the connection back to the pool unchanged. A try that [`ASK`]
 /// found free and that was not granted closes it: had the application left the connection
@@ -525,7 +526,7 @@ async fn ask_then_try(
     sent_at: &mut u64,
 ) -> Result<Asked, tokio_postgres::Error> {
     if mode == LockMode::Exclusive {
-        let rows = send(prepared, key, client, ASK, &params[..2]).await?;
+        let rows = send(prepared, key, "try", client, ASK, &params[..2]).await?;
         // No row (which never happens) asks the full try, whose answer is the one that counts.
         let free = rows
             .first()
@@ -541,7 +542,7 @@ async fn ask_then_try(
         }
     }
     *sent_at = now_ms();
-    send(prepared, key, client, TRY_LOCK, params)
+    send(prepared, key, "try", client, TRY_LOCK, params)
         .await
         .map(Asked::Tried)
 }
@@ -587,10 +588,9 @@ impl LockSession {
         }
     }
 
-    /// The leader check, as one unnamed statement; with prepared statements on (the user's
-    /// opt-in), as a statement prepared once on the lock session, unnamed from the first time the
-    /// server session does not have it (which only a pooler between us and the server explains:
-    /// the check then finds the session shared).
+    /// The leader check, as a statement prepared once on the lock session where [`Prepared`]
+    /// says so for it, as one unnamed statement otherwise, and unnamed from the first time the
+    /// server session does not have it.
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
         self.check_seeing(bound).await.map(|(check, _)| check)
     }
@@ -608,20 +608,15 @@ impl LockSession {
             (&self.mark, Type::TEXT),
         ];
         let (holds, ours_alone, candidates): (bool, bool, bool) = bounded(bound, async {
-            let mut rows = None;
-            if self.prepared.on() {
-                match prepared_query(&self.client, CHECK, &params).await {
-                    Ok(found) => rows = Some(found),
-                    Err(e) if lost_statement(&e, &self.client) => {
-                        self.prepared.lost(self.key, "check", &e);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            let rows = match rows {
-                Some(rows) => rows,
-                None => self.client.query_typed(CHECK, &params).await?,
-            };
+            let rows = send(
+                &self.prepared,
+                self.key,
+                "check",
+                &self.client,
+                CHECK,
+                &params,
+            )
+            .await?;
             match rows.first() {
                 Some(row) => Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)),
                 // A SELECT without FROM always returns one row.

@@ -25,7 +25,7 @@ pub(crate) struct PgSettings {
     /// A standby keeps a session waiting for the lock.
     pub(crate) fast_takeover: bool,
     /// The try and the check go as statements prepared once per connection.
-    pub(crate) prepared_statements: bool,
+    pub(crate) prepared_statements: Option<bool>,
     /// How much this replica prefers to lead; `Some` registers it as a candidate while it
     /// stands by.
     pub(crate) preference: Option<u64>,
@@ -50,7 +50,7 @@ impl PgSettings {
             fencing: self.fencing.clone(),
             drain_timeout: self.drain_timeout,
             fast_takeover: false,
-            prepared_statements: false,
+            prepared_statements: None,
             preference: None,
         }
     }

@@ -151,6 +151,7 @@ impl Standby<'_> {
                 bounds: self.bounds,
                 interval: pg.interval,
                 setup_bound: pg.interval.max(MIN_TRY_BOUND),
+                prepared: self.borrower.prepared.clone(),
             }),
             waiter: None,
         };

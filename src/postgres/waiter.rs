@@ -133,6 +133,8 @@ pub(crate) struct WaitSpec {
     pub(crate) interval: Duration,
     /// The bound on getting a connection and on the first statement.
     pub(crate) setup_bound: Duration,
+    /// How the check of a session granted the lock sends it: the standby's tries' way.
+    pub(crate) prepared: Prepared,
 }
 
 impl Waiter {
@@ -145,6 +147,7 @@ impl Waiter {
             spec.bounds,
             spec.interval,
             spec.setup_bound,
+            spec.prepared.clone(),
         ));
         Self {
             task: AbortOnDropHandle::new(task),
@@ -170,6 +173,7 @@ pub(super) async fn wait(
     bounds: SessionBounds,
     interval: Duration,
     setup_bound: Duration,
+    prepared: Prepared,
 ) -> Outcome {
     let object = timeout(interval, pool.get())
         .await
@@ -200,7 +204,7 @@ pub(super) async fn wait(
     };
     // Out of the pool for good: the pool's size does not count it, and no outcome gives it
     // back. Dropped, it is closed (and the server frees its slot).
-    wait_on(Object::take(borrowed.keep()), key, mark, slot).await
+    wait_on(Object::take(borrowed.keep()), key, mark, slot, prepared).await
 }
 
 /// What arming a session came to: the waiting slot it took, or a refusal (the connection then
@@ -260,6 +264,7 @@ async fn wait_on(
     key: LockKey,
     mark: String,
     slot: i64,
+    prepared: Prepared,
 ) -> Outcome {
     let marker = key.handover_marker();
     let (marker_class, marker_object) = handover::halves(marker);
@@ -285,8 +290,7 @@ async fn wait_on(
     let (row, answer) = answer_of(rows)?;
     match Answer::parse(answer.as_deref()) {
         Some(granted @ (Answer::Granted | Answer::GrantedUnbounded)) => {
-            // The waiting session's statements are unnamed; its check stays so.
-            let session = LockSession::new(client, key, mark, Prepared::new(false));
+            let session = LockSession::new(client, key, mark, prepared);
             let handed_over = row.try_get::<_, Option<bool>>(6).ok().flatten();
             Ok(Attempt::granted(
                 session,
@@ -353,7 +357,16 @@ mod tests {
         }
         let (bounds, interval) = spec_bounds();
         let key = LockKey::new(0xf1, 0x3a);
-        let outcome = wait(pool.clone(), key, "w".into(), bounds, interval, interval).await;
+        let outcome = wait(
+            pool.clone(),
+            key,
+            "w".into(),
+            bounds,
+            interval,
+            interval,
+            Prepared::new(None),
+        )
+        .await;
         assert_eq!(describe(&outcome), "shared");
     }
 
@@ -416,6 +429,7 @@ mod tests {
                 bounds,
                 interval,
                 interval,
+                Prepared::new(None),
             ),
         )
         .await

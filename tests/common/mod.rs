@@ -400,3 +400,18 @@ pub async fn session_waiting(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The statements prepared on a pool connection that try the lock (found by their text:
+/// `pg_try_advisory_lock` or `pg_try_advisory_xact_lock_shared`).
+pub async fn prepared_tries(pool: &deadpool_postgres::Pool) -> i64 {
+    let client = pool.get().await.unwrap();
+    client
+        .query_typed(
+            "SELECT count(*) FROM pg_catalog.pg_prepared_statements \
+             WHERE statement LIKE '%pg\\_try\\_advisory\\_%lock%(%' AND NOT from_sql",
+            &[],
+        )
+        .await
+        .unwrap()[0]
+        .get(0)
+}

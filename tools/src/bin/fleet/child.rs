@@ -31,7 +31,7 @@ async fn run() {
     let interval = Duration::from_millis(number(ENV_INTERVAL_MS));
     let fast = std::env::var(ENV_FAST).is_ok();
     let bare = std::env::var(ENV_BARE).is_ok();
-    let prepared = std::env::var(ENV_PREPARED).is_ok();
+    let prepared = std::env::var(ENV_PREPARED).ok().map(|on| on == "on");
     let config: tokio_postgres::Config = setting(ENV_URL).parse().expect("a connection URL");
     let pool = pool_from_config(config, number(ENV_POOL) as usize);
     let registry = Registry::new();
@@ -46,14 +46,15 @@ async fn run() {
             tokio::spawn(bare_try(pool.clone(), key, interval, delay));
             continue;
         }
-        let elector = Elector::builder(pool.clone(), key)
+        let mut builder = Elector::builder(pool.clone(), key)
             .check_interval(interval)
             .identity(format!("fleet-{index}-{i}"))
             .fast_takeover(fast)
-            .prepared_statements(prepared)
-            .registry(&registry)
-            .build()
-            .expect("a valid elector");
+            .registry(&registry);
+        if let Some(on) = prepared {
+            builder = builder.prepared_statements(on);
+        }
+        let elector = builder.build().expect("a valid elector");
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;

@@ -16,7 +16,8 @@
 //! (default 1000), `--no-statements` (no `pg_stat_statements`), `--sweep` and `--sweep-max N`
 //! (default 16000), `--set name=value` (a server setting, repeatable), `--quick`, `--bare-try`
 //! (after each shape's runs, one more whose standbys are bare tries, see below),
-//! `--prepared` (the electors with `ElectorBuilder::prepared_statements(true)`).
+//! `--prepared` or `--unnamed` (the electors with `ElectorBuilder::prepared_statements(true)`
+//! or `(false)`; neither: the default, prepared on connections that reach the server directly).
 //!
 //! The fleet is made of replica processes (this binary run again with `--fleet-child`), each
 //! running `--per-proc` electors on one current-thread tokio runtime, all sharing one

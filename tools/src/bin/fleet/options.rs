@@ -37,8 +37,9 @@ pub(crate) struct Options {
     pub(crate) sweep_max: usize,
     /// `--bare-try`: after each shape's runs, one with bare prepared tries as the standbys.
     pub(crate) bare_try: bool,
-    /// `--prepared`: the electors send their tries and checks as prepared statements.
-    pub(crate) prepared: bool,
+    /// `--prepared`: the electors send their tries and checks as prepared statements
+    /// (`Some(true)`); `--unnamed`: as unnamed ones (`Some(false)`); neither: the default.
+    pub(crate) prepared: Option<bool>,
     /// Server settings (`name=value`) applied with `ALTER SYSTEM` before the first run.
     pub(crate) settings: Vec<String>,
 }
@@ -97,7 +98,13 @@ impl Options {
             sweep: has("--sweep"),
             sweep_max: number("--sweep-max").unwrap_or(16_000) as usize,
             bare_try: has("--bare-try"),
-            prepared: has("--prepared"),
+            prepared: if has("--prepared") {
+                Some(true)
+            } else if has("--unnamed") {
+                Some(false)
+            } else {
+                None
+            },
             settings: args
                 .iter()
                 .enumerate()

@@ -82,11 +82,10 @@ pub(crate) fn spawn_child(
     } else {
         command.env_remove(ENV_BARE);
     }
-    if options.prepared {
-        command.env(ENV_PREPARED, "1");
-    } else {
-        command.env_remove(ENV_PREPARED);
-    }
+    match options.prepared {
+        Some(on) => command.env(ENV_PREPARED, if on { "on" } else { "off" }),
+        None => command.env_remove(ENV_PREPARED),
+    };
     if plan.mode == Mode::Fast {
         command.env(ENV_FAST, "1");
     } else {
