@@ -59,6 +59,79 @@ mod f6 {
         );
     }
 
+    /// Each shard's owner (an index into `members`), once balanced.
+    fn owners(members: &[&Shards], count: u32) -> Vec<usize> {
+        let mut owner = vec![usize::MAX; count as usize];
+        for (m, shards) in members.iter().enumerate() {
+            for shard in shards.owned() {
+                owner[shard.index() as usize] = m;
+            }
+        }
+        owner
+    }
+
+    /// Waits up to `limit` for `found` to give something.
+    async fn wait_for_some<T>(limit: Duration, mut found: impl FnMut() -> Option<T>) -> Option<T> {
+        let mut seen = None;
+        wait_for(limit, || {
+            seen = found();
+            seen.is_some()
+        })
+        .await;
+        seen
+    }
+
+    /// F6.2: a join moves the newcomer's share and nothing else (no shard changes hands
+    /// between the members already there), and a graceful leave moves the leaver's shards
+    /// and nothing else.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_join_moves_only_the_newcomers_share_and_a_leave_only_the_leavers() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        const S: u32 = 50;
+        let mut members: Vec<Member> = (0..3)
+            .map(|_| Member::start(db.pool(2), "sticky", S, I))
+            .collect();
+        let balance = |members: &[Member]| {
+            let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
+            balanced(&handles, S).then(|| owners(&handles, S))
+        };
+        let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
+        joined(&handles, I).await;
+        let before = wait_for_some(6 * I, || balance(&members))
+            .await
+            .expect("3 balanced");
+        members.push(Member::start(db.pool(2), "sticky", S, I));
+        let after = wait_for_some(6 * I, || balance(&members))
+            .await
+            .expect("4 balanced");
+        let moved: Vec<usize> = (0..S as usize).filter(|&s| before[s] != after[s]).collect();
+        let newcomers = after.iter().filter(|&&m| m == 3).count();
+        assert!(newcomers == 12 || newcomers == 13, "{newcomers}");
+        assert!(
+            moved.iter().all(|&s| after[s] == 3),
+            "only the newcomer's shards moved: {moved:?} of {before:?} → {after:?}"
+        );
+        // The first member leaves; its shards go to the others, nothing else moves.
+        let leaver = members.remove(0);
+        leaver.stop().await.unwrap();
+        let left = wait_for_some(6 * I, || balance(&members))
+            .await
+            .expect("3 balanced again");
+        for s in 0..S as usize {
+            if after[s] != 0 {
+                assert_eq!(
+                    after[s] - 1,
+                    left[s],
+                    "shard {s}: only the leaver's shards moved"
+                );
+            }
+        }
+        for m in members {
+            m.stop().await.unwrap();
+        }
+    }
+
     fn handles_group(db: &common::TestDb) -> Shards {
         Shards::builder(db.pool(1), "balance", 32).build().unwrap()
     }

@@ -1,30 +1,84 @@
 //! Which member should own which shard: the same answer on every member that sees the same
-//! member list, balanced, and moving few shards when a member joins or leaves.
+//! member list and the same holders, balanced, and moving as few shards as balance needs when
+//! a member joins or leaves.
 //!
-//! Rendezvous hashing with a quota: every (shard, member) pair gets a weight from a hash of
-//! the group, the shard and the member; the pairs are taken in order of weight, and a shard
-//! goes to the first member of its pairs that still has room. Each member's quota is ⌊S/N⌋,
-//! and ⌈S/N⌉ for S mod N of them (chosen by a hash too, not by age). A join takes from every
-//! member about its share of the newcomer's quota; a leave gives the leaver's shards to the
-//! others. Pure: unit-tested here on fixed member lists.
+//! Sticky, with a quota. Each member's quota is ⌊S/N⌋, and ⌈S/N⌉ for S mod N of them: those
+//! holding the most shards now (ties by a hash of the group and the member, not by age), so
+//! that a member keeps an extra shard it already has. Each member keeps the shards it holds, up
+//! to its quota (the ones it weighs most, if it holds more). Every other shard (free, held by
+//! no member, or beyond its holder's quota) goes by rendezvous hashing: every (shard, member)
+//! pair gets a weight from a hash of the group, the shard and the member, the pairs are taken
+//! heaviest first, and a shard goes to the first member of its pairs that still has room.
+//!
+//! So a join moves the newcomer's quota and nothing else (each member gives up what it holds
+//! beyond its new quota), a leave moves the leaver's shards, and with nothing held it is plain
+//! rendezvous hashing with a quota. Pure: unit-tested here.
 
-/// The most shards a group may have: the assignment sorts S·N weights when the member list
-/// changes, and every owned shard takes a slot of the server's shared lock table.
+/// The most shards a group may have: the assignment sorts the free shards' weights (S·N at
+/// most) when shards come free, and every owned shard takes a slot of the server's shared
+/// lock table.
 pub(crate) const MAX_SHARDS: u32 = 16_384;
 
+use std::collections::HashMap;
+
 /// The target owner of every shard, as an index into `members` (the members' lock session
-/// pids, in any order); empty without members.
-pub(crate) fn assign(salt: u64, count: u32, members: &[i32]) -> Vec<usize> {
+/// pids, in any order); empty without members. `holders` are the pids holding shards now, by
+/// shard (`None`: free; a pid that is not a member counts as free; shards beyond `holders`
+/// are free).
+pub(crate) fn assign(
+    salt: u64,
+    count: u32,
+    members: &[i32],
+    holders: &[Option<i32>],
+) -> Vec<usize> {
     if members.is_empty() {
         return Vec::new();
     }
-    let n = members.len();
-    let quota = quotas(salt, count, members);
+    let held = held_by_member(count, members, holders);
+    let quota = quotas(salt, count, members, &held);
+    let mut owner = vec![usize::MAX; count as usize];
     let mut left = quota;
-    let mut pairs: Vec<(u64, u32, u32)> = Vec::with_capacity(count as usize * n);
-    for shard in 0..count {
-        for (m, &pid) in members.iter().enumerate() {
-            pairs.push((weight(salt, shard, pid), shard, m as u32));
+    for (m, shards) in held.into_iter().enumerate() {
+        for shard in kept(salt, members[m], shards, left[m]) {
+            owner[shard as usize] = m;
+            left[m] -= 1;
+        }
+    }
+    share_out(salt, members, &mut owner, left);
+    owner
+}
+
+/// The shards each member holds (by index into `members`), in shard order.
+fn held_by_member(count: u32, members: &[i32], holders: &[Option<i32>]) -> Vec<Vec<u32>> {
+    let index: HashMap<i32, usize> = members
+        .iter()
+        .enumerate()
+        .map(|(m, &pid)| (pid, m))
+        .collect();
+    let mut held = vec![Vec::new(); members.len()];
+    for (shard, holder) in holders.iter().enumerate().take(count as usize) {
+        if let Some(&m) = holder.and_then(|pid| index.get(&pid)) {
+            held[m].push(shard as u32);
+        }
+    }
+    held
+}
+
+/// The at most `quota` of `shards` that `pid` keeps: the ones it weighs most.
+fn kept(salt: u64, pid: i32, mut shards: Vec<u32>, quota: u32) -> Vec<u32> {
+    if shards.len() > quota as usize {
+        shards.sort_unstable_by_key(|&shard| (std::cmp::Reverse(weight(salt, shard, pid)), shard));
+        shards.truncate(quota as usize);
+    }
+    shards
+}
+
+/// Gives every shard without an owner yet to a member with room (`left`), heaviest pair first.
+fn share_out(salt: u64, members: &[i32], owner: &mut [usize], mut left: Vec<u32>) {
+    let mut pairs: Vec<(u64, u32, u32)> = Vec::new();
+    for (shard, _) in owner.iter().enumerate().filter(|(_, o)| **o == usize::MAX) {
+        for (m, &pid) in members.iter().enumerate().filter(|(m, _)| left[*m] > 0) {
+            pairs.push((weight(salt, shard as u32, pid), shard as u32, m as u32));
         }
     }
     // Heaviest first; ties (vanishingly rare) by shard, then by pid, so every member agrees.
@@ -33,30 +87,24 @@ pub(crate) fn assign(salt: u64, count: u32, members: &[i32]) -> Vec<usize> {
             .then(a.1.cmp(&b.1))
             .then(members[a.2 as usize].cmp(&members[b.2 as usize]))
     });
-    let mut owner = vec![usize::MAX; count as usize];
-    let mut unassigned = count;
     for (_, shard, m) in pairs {
         let (shard, m) = (shard as usize, m as usize);
         if owner[shard] == usize::MAX && left[m] > 0 {
             owner[shard] = m;
             left[m] -= 1;
-            unassigned -= 1;
-            if unassigned == 0 {
-                break;
-            }
         }
     }
-    owner
 }
 
-/// Each member's number of shards: ⌊S/N⌋, plus one for the S mod N members whose hash of the
-/// group ranks first.
-fn quotas(salt: u64, count: u32, members: &[i32]) -> Vec<u32> {
+/// Each member's number of shards: ⌊S/N⌋, plus one for the S mod N members that hold the most
+/// shards now (`held`), ties by their hash of the group.
+fn quotas(salt: u64, count: u32, members: &[i32], held: &[Vec<u32>]) -> Vec<u32> {
     let n = members.len() as u32;
     let (base, extra) = (count / n, count % n);
     let mut ranked: Vec<usize> = (0..members.len()).collect();
     ranked.sort_unstable_by_key(|&m| {
         (
+            std::cmp::Reverse(held[m].len()),
             std::cmp::Reverse(weight(salt, u32::MAX, members[m])),
             members[m],
         )
@@ -99,20 +147,36 @@ mod tests {
         c
     }
 
+    /// The holders once every member holds what `owner` gives it.
+    fn holding(members: &[i32], owner: &[usize]) -> Vec<Option<i32>> {
+        owner.iter().map(|&m| Some(members[m])).collect()
+    }
+
+    fn balanced(count: u32, n: usize, owner: &[usize]) -> bool {
+        let c = counts(n, owner);
+        let (lo, hi) = (count as usize / n, (count as usize).div_ceil(n));
+        owner.len() == count as usize && c.iter().all(|&k| k == lo || k == hi)
+    }
+
+    /// A small xorshift, for reproducible random holders.
+    fn next(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
     #[test]
     fn every_member_gets_the_floor_or_the_ceiling_of_its_share() {
         for count in [1, 2, 7, 32, 100, 1024] {
             for n in 1..=9usize {
                 let members: Vec<i32> = (0..n as i32).map(|i| 1000 + 37 * i).collect();
-                let owner = assign(7, count, &members);
-                assert_eq!(owner.len(), count as usize);
-                let c = counts(n, &owner);
-                let (lo, hi) = (count as usize / n, (count as usize).div_ceil(n));
+                let owner = assign(7, count, &members, &[]);
                 assert!(
-                    c.iter().all(|&k| k == lo || k == hi),
-                    "S={count} N={n}: {c:?}"
+                    balanced(count, n, &owner),
+                    "S={count} N={n}: {:?}",
+                    counts(n, &owner)
                 );
-                assert_eq!(c.iter().sum::<usize>(), count as usize);
             }
         }
     }
@@ -121,55 +185,112 @@ mod tests {
     fn every_member_computes_the_same_owners_whatever_its_list_order() {
         let members = [4411, 17, 902, 3, 65000];
         let reversed: Vec<i32> = members.iter().rev().copied().collect();
-        let a = assign(99, 1024, &members);
-        let b = assign(99, 1024, &reversed);
-        for shard in 0..1024 {
-            assert_eq!(members[a[shard]], reversed[b[shard]], "shard {shard}");
-        }
-    }
-
-    #[test]
-    fn a_join_moves_at_most_a_fair_share_and_five_percent() {
-        let count = 1024u32;
-        for n in 1..=8usize {
-            for salt in 0..20u64 {
-                let before: Vec<i32> = (0..n as i32).map(|i| 200 + 11 * i + salt as i32).collect();
-                let mut after = before.clone();
-                after.push(90_000 + salt as i32);
-                let (b, a) = (assign(salt, count, &before), assign(salt, count, &after));
-                let moves = moved((&before, &b), (&after, &a));
-                let bound = (count as usize).div_ceil(n + 1) + count as usize / 20;
-                assert!(
-                    moves <= bound,
-                    "N={n}→{} salt {salt}: {moves} moved, bound {bound}",
-                    n + 1
-                );
+        let mut seed = 0x9e37_79b9;
+        let holders: Vec<Option<i32>> = (0..1024)
+            .map(|_| match next(&mut seed) % 7 {
+                5 => None,
+                6 => Some(12345),
+                k => Some(members[k as usize % 5]),
+            })
+            .collect();
+        for holders in [&[][..], &holders[..]] {
+            let a = assign(99, 1024, &members, holders);
+            let b = assign(99, 1024, &reversed, holders);
+            for shard in 0..1024 {
+                assert_eq!(members[a[shard]], reversed[b[shard]], "shard {shard}");
             }
         }
     }
 
     #[test]
-    fn a_leave_moves_the_leavers_shards_and_few_others() {
-        let count = 1024u32;
-        for n in 2..=8usize {
-            for salt in 0..20u64 {
-                let before: Vec<i32> = (0..n as i32).map(|i| 500 + 13 * i + salt as i32).collect();
-                let after: Vec<i32> = before[1..].to_vec();
-                let (b, a) = (assign(salt, count, &before), assign(salt, count, &after));
-                let moves = moved((&before, &b), (&after, &a));
-                let leavers = counts(n, &b)[0];
-                let bound = leavers + count as usize / 20;
-                assert!(
-                    moves <= bound,
-                    "N={n}→{} salt {salt}: {moves} moved, the leaver had {leavers}",
-                    n - 1
-                );
+    fn a_join_moves_the_newcomers_share_and_nothing_else() {
+        for count in [7u32, 100, 1024] {
+            for n in 1..=8usize {
+                for salt in 0..20u64 {
+                    let before: Vec<i32> =
+                        (0..n as i32).map(|i| 200 + 11 * i + salt as i32).collect();
+                    let b = assign(salt, count, &before, &[]);
+                    let mut after = before.clone();
+                    after.push(90_000 + salt as i32);
+                    let a = assign(salt, count, &after, &holding(&before, &b));
+                    assert!(balanced(count, n + 1, &a), "S={count} N={}", n + 1);
+                    let moves = moved((&before, &b), (&after, &a));
+                    assert_eq!(
+                        moves,
+                        counts(n + 1, &a)[n],
+                        "S={count} N={n}→{} salt {salt}: only the newcomer's shards moved",
+                        n + 1
+                    );
+                    assert!(moves <= (count as usize).div_ceil(n + 1));
+                }
             }
         }
+    }
+
+    #[test]
+    fn a_leave_moves_the_leavers_shards_and_nothing_else() {
+        for count in [7u32, 100, 1024] {
+            for n in 2..=8usize {
+                for salt in 0..20u64 {
+                    let before: Vec<i32> =
+                        (0..n as i32).map(|i| 500 + 13 * i + salt as i32).collect();
+                    let b = assign(salt, count, &before, &[]);
+                    let after: Vec<i32> = before[1..].to_vec();
+                    // The leaver's shards are free once its session is gone.
+                    let holders: Vec<Option<i32>> = holding(&before, &b)
+                        .into_iter()
+                        .map(|h| h.filter(|&pid| pid != before[0]))
+                        .collect();
+                    let a = assign(salt, count, &after, &holders);
+                    assert!(balanced(count, n - 1, &a), "S={count} N={}", n - 1);
+                    let moves = moved((&before, &b), (&after, &a));
+                    let leavers = counts(n, &b)[0];
+                    assert_eq!(moves, leavers, "S={count} N={n}→{} salt {salt}", n - 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn from_any_holders_one_step_balances_and_the_next_moves_nothing() {
+        let mut seed = 0x2545_f491;
+        for round in 0..200 {
+            let n = 1 + (next(&mut seed) % 9) as usize;
+            let count = 1 + (next(&mut seed) % 300) as u32;
+            let members: Vec<i32> = (0..n).map(|_| (next(&mut seed) % 100_000) as i32).collect();
+            let mut members = members;
+            members.sort_unstable();
+            members.dedup();
+            let n = members.len();
+            let holders: Vec<Option<i32>> = (0..count)
+                .map(|_| match next(&mut seed) % (n as u64 + 2) {
+                    k if k as usize == n => None,
+                    k if k as usize == n + 1 => Some(-1),
+                    k => Some(members[k as usize]),
+                })
+                .collect();
+            let first = assign(round, count, &members, &holders);
+            assert!(balanced(count, n, &first), "round {round}");
+            let second = assign(round, count, &members, &holding(&members, &first));
+            assert_eq!(first, second, "round {round}: a balanced holding stays");
+        }
+    }
+
+    #[test]
+    fn a_member_over_its_quota_keeps_what_it_holds_up_to_it() {
+        let members = [10, 20];
+        // Member 10 holds all 8 shards: it keeps 4 of them, and gives up the other 4.
+        let holders = vec![Some(10); 8];
+        let owner = assign(3, 8, &members, &holders);
+        assert_eq!(counts(2, &owner), vec![4, 4]);
+        // With 9 shards, the one extra goes to the member holding more.
+        let holders = vec![Some(10); 9];
+        let owner = assign(3, 9, &members, &holders);
+        assert_eq!(counts(2, &owner), vec![5, 4]);
     }
 
     #[test]
     fn no_members_no_owners() {
-        assert!(assign(1, 10, &[]).is_empty());
+        assert!(assign(1, 10, &[], &[]).is_empty());
     }
 }

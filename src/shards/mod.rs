@@ -14,7 +14,9 @@
 //!   later). So a join cut off right after its grant, or right after its mark, moves no shard
 //!   (see the README for servers that hide other sessions' activity).
 //! - **Assignment**: every member computes the same target owner for every shard from the same
-//!   member list (rendezvous hashing with a quota of ⌊S/N⌋ or ⌈S/N⌉ shards per member).
+//!   member list and the same holders, both read by its check: a quota of ⌊S/N⌋ or ⌈S/N⌉
+//!   shards per member, each keeping what it holds up to its quota, the rest by rendezvous
+//!   hashing. A join moves the newcomer's share alone, a leave the leaver's shards alone.
 //! - **Ownership is the lock**: a member owns a shard while its session holds the shard's
 //!   advisory lock (a [`LockKey`] of the group's class and the shard's index). It takes a
 //!   target shard with a try; it gives a shard whose target moved away only after that shard's

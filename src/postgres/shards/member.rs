@@ -240,7 +240,7 @@ impl<'a> Member<'a> {
             let live = self
                 .marks
                 .counted(view.pid, object, &view.marks, &view.members);
-            self.follow(live);
+            self.follow(live, &view.holders);
         }
         let held = self.renew_or_lose(&view, deadline);
         self.release_moved();
@@ -366,27 +366,36 @@ impl<'a> Member<'a> {
     }
 
     /// The members that count (`members`, sorted, this one's pid among them once it is live),
-    /// and the shards they make this member's. A member not yet live owns nothing.
-    fn follow(&mut self, members: Vec<i32>) {
-        if members == self.members {
-            return;
+    /// and the shards they make this member's, given who holds which shard now (`holders`,
+    /// from the check). A member not yet live owns nothing.
+    fn follow(&mut self, members: Vec<i32>, holders: &[(u32, i32)]) {
+        let count = self.inner.shards.len();
+        let mut by_shard: Vec<Option<i32>> = vec![None; count];
+        for &(shard, pid) in holders {
+            if let Some(holder) = by_shard.get_mut(shard as usize) {
+                // Two holders of one exclusive lock cannot be: the first is kept.
+                holder.get_or_insert(pid);
+            }
         }
         let owner = assign(
             self.inner.class as u32 as u64,
-            self.inner.shards.len() as u32,
+            count as u32,
             &members,
+            &by_shard,
         );
         let me = self
             .pid
             .and_then(|me| members.iter().position(|&pid| pid == me));
         let share = self.ledger.retarget(owner.iter().map(|&m| Some(m) == me));
-        tracing::debug!(
-            key = %self.pg.key,
-            members = members.len(),
-            share,
-            "the member list changed"
-        );
-        self.members = members;
+        if members != self.members {
+            tracing::debug!(
+                key = %self.pg.key,
+                members = members.len(),
+                share,
+                "the member list changed"
+            );
+            self.members = members;
+        }
     }
 
     /// Renews the lease of every owned shard the check lists, and ends the term of one it no

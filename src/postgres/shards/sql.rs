@@ -21,8 +21,10 @@ macro_rules! mark_live_tag {
 /// The member's check, once per interval: the session answers, is still ours alone (this
 /// grant's mark and no other elector's visit: see [`ours_alone`], as the leader's check), and
 /// lists the group's locks: the shards this session holds, the members (every session
-/// holding the group's shared lock, by pid), and the members' live marks (the other shared
-/// locks of the group's class: by pid, and by object, which tells the member's shard count).
+/// holding the group's shared lock, by pid), the members' live marks (the other shared
+/// locks of the group's class: by pid, and by object, which tells the member's shard count),
+/// and every shard's holder in the group's database (shard, then pid), which the assignment
+/// keeps where balance allows.
 /// `$1` is the group's class, `$2` the member key's object, `$3` the mark.
 ///
 /// It takes no lock of the server's shared lock table, so that it still runs when that table
@@ -44,7 +46,11 @@ const CHECK: &str = concat!(
        ARRAY(SELECT pid FROM held WHERE objid <> $2 AND mode = 'ShareLock' \
              AND database = (SELECT database FROM db) ORDER BY pid, objid), \
        ARRAY(SELECT objid::int4 FROM held WHERE objid <> $2 AND mode = 'ShareLock' \
-             AND database = (SELECT database FROM db) ORDER BY pid, objid)"
+             AND database = (SELECT database FROM db) ORDER BY pid, objid), \
+       ARRAY(SELECT objid::int8 FROM held WHERE objid <> $2 AND mode = 'ExclusiveLock' \
+             AND database = (SELECT database FROM db) ORDER BY objid, pid), \
+       ARRAY(SELECT pid FROM held WHERE objid <> $2 AND mode = 'ExclusiveLock' \
+             AND database = (SELECT database FROM db) ORDER BY objid, pid)"
 );
 
 /// Whether each backend of `$1` (holders of live marks, seen by an earlier check) has started
@@ -129,6 +135,8 @@ pub(super) struct View {
     pub(super) members: Vec<i32>,
     /// The live marks, each with its holder.
     pub(super) marks: Vec<Mark>,
+    /// Every held shard of the group (any session's), with its holder's pid.
+    pub(super) holders: Vec<(u32, i32)>,
 }
 
 impl View {
@@ -188,13 +196,15 @@ pub(super) async fn check(
                     row.try_get::<_, Vec<i32>>(3)?,
                     row.try_get::<_, Vec<i32>>(4)?,
                     row.try_get::<_, Vec<i32>>(5)?,
+                    row.try_get::<_, Vec<i64>>(6)?,
+                    row.try_get::<_, Vec<i32>>(7)?,
                 ))
             })
             .transpose()
     })
     .await?;
     // A SELECT without FROM always returns one row.
-    let Some((pid, ours_alone, held, members, marked, objects)) = row else {
+    let Some((pid, ours_alone, held, members, marked, objects, shards, holders)) = row else {
         return Err(SessionError::Unexpected(None));
     };
     Ok(View {
@@ -209,6 +219,11 @@ pub(super) async fn check(
             .into_iter()
             .zip(objects)
             .map(|(pid, object)| Mark { pid, object })
+            .collect(),
+        holders: shards
+            .into_iter()
+            .zip(holders)
+            .filter_map(|(shard, pid)| Some((u32::try_from(shard).ok()?, pid)))
             .collect(),
     })
 }
