@@ -132,6 +132,57 @@ mod f6 {
         }
     }
 
+    /// F6.5, F6.2: a killed member's shards are owned again by the others within 1·I (each
+    /// takes its share at its next check, whatever the others took before it), and nothing
+    /// else moves: 50 shards over 4 members, then 3 (50 is not a multiple of 3, so the
+    /// survivors' shares differ).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kill_moves_only_the_killed_members_shards_within_one_check() {
+        let _serial = serial();
+        let db = fresh_db().await;
+        const S: u32 = 50;
+        let mut members: Vec<Member> = (0..4)
+            .map(|_| Member::start(db.pool(2), "kill", S, I))
+            .collect();
+        let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
+        joined(&handles, I).await;
+        let balance = |members: &[Member]| {
+            let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
+            balanced(&handles, S).then(|| owners(&handles, S))
+        };
+        let before = wait_for_some(6 * I, || balance(&members))
+            .await
+            .expect("4 balanced");
+        let victim = members.remove(3);
+        let killed: Vec<_> = victim.shards.owned();
+        victim.kill().await;
+        let took = wait_for(2 * I, || {
+            killed
+                .iter()
+                .all(|&s| members.iter().any(|m| m.shards.is_owner(s)))
+        })
+        .await
+        .expect("the killed member's shards owned again");
+        assert!(
+            took <= I + I / 2,
+            "owned again within 1·I (+ slack): {took:?}"
+        );
+        let after = wait_for_some(2 * I, || balance(&members))
+            .await
+            .expect("3 balanced");
+        for s in 0..S as usize {
+            if before[s] != 3 {
+                assert_eq!(
+                    before[s], after[s],
+                    "shard {s}: only the killed member's moved"
+                );
+            }
+        }
+        for m in members {
+            m.stop().await.unwrap();
+        }
+    }
+
     fn handles_group(db: &common::TestDb) -> Shards {
         Shards::builder(db.pool(1), "balance", 32).build().unwrap()
     }

@@ -2,10 +2,9 @@
 //! member list and the same holders, balanced, and moving as few shards as balance needs when
 //! a member joins or leaves.
 //!
-//! Sticky, with a quota. Each member's quota is ⌊S/N⌋, and ⌈S/N⌉ for S mod N of them: those
-//! holding the most shards now (ties by a hash of the group and the member, not by age), so
-//! that a member keeps an extra shard it already has. Each member keeps the shards it holds, up
-//! to its quota (the ones it weighs most, if it holds more). Every other shard (free, held by
+//! Sticky, with a quota. Each member's quota is ⌊S/N⌋, and ⌈S/N⌉ for S mod N of them (chosen
+//! by a hash of the group and the member, not by age or by what it holds). Each member keeps
+//! the shards it holds, up to its quota (the ones it weighs most, if it holds more). Every other shard (free, held by
 //! no member, or beyond its holder's quota) goes by rendezvous hashing: every (shard, member)
 //! pair gets a weight from a hash of the group, the shard and the member, the pairs are taken
 //! heaviest first, and a shard goes to the first member of its pairs that still has room.
@@ -35,7 +34,7 @@ pub(crate) fn assign(
         return Vec::new();
     }
     let held = held_by_member(count, members, holders);
-    let quota = quotas(salt, count, members, &held);
+    let quota = quotas(salt, count, members);
     let mut owner = vec![usize::MAX; count as usize];
     let mut left = quota;
     for (m, shards) in held.into_iter().enumerate() {
@@ -96,15 +95,16 @@ fn share_out(salt: u64, members: &[i32], owner: &mut [usize], mut left: Vec<u32>
     }
 }
 
-/// Each member's number of shards: ⌊S/N⌋, plus one for the S mod N members that hold the most
-/// shards now (`held`), ties by their hash of the group.
-fn quotas(salt: u64, count: u32, members: &[i32], held: &[Vec<u32>]) -> Vec<u32> {
+/// Each member's number of shards: ⌊S/N⌋, plus one for the S mod N members whose hash of the
+/// group ranks first. A function of the member list alone, not of who holds what: members
+/// whose checks see the holders at different moments of a move (one has taken its new shards,
+/// the next not yet) still agree on every quota, so each takes its share at its next check.
+fn quotas(salt: u64, count: u32, members: &[i32]) -> Vec<u32> {
     let n = members.len() as u32;
     let (base, extra) = (count / n, count % n);
     let mut ranked: Vec<usize> = (0..members.len()).collect();
     ranked.sort_unstable_by_key(|&m| {
         (
-            std::cmp::Reverse(held[m].len()),
             std::cmp::Reverse(weight(salt, u32::MAX, members[m])),
             members[m],
         )
@@ -277,16 +277,61 @@ mod tests {
     }
 
     #[test]
-    fn a_member_over_its_quota_keeps_what_it_holds_up_to_it() {
+    fn a_member_over_its_quota_keeps_the_shards_it_weighs_most() {
         let members = [10, 20];
         // Member 10 holds all 8 shards: it keeps 4 of them, and gives up the other 4.
         let holders = vec![Some(10); 8];
         let owner = assign(3, 8, &members, &holders);
         assert_eq!(counts(2, &owner), vec![4, 4]);
-        // With 9 shards, the one extra goes to the member holding more.
-        let holders = vec![Some(10); 9];
-        let owner = assign(3, 9, &members, &holders);
-        assert_eq!(counts(2, &owner), vec![5, 4]);
+        let kept: Vec<usize> = (0..8).filter(|&s| owner[s] == 0).collect();
+        let mut heaviest: Vec<usize> = (0..8).collect();
+        heaviest.sort_by_key(|&s| std::cmp::Reverse(weight(3, s as u32, 10)));
+        heaviest.truncate(4);
+        heaviest.sort_unstable();
+        assert_eq!(kept, heaviest);
+    }
+
+    /// A member is killed and its shards come free; the others check one after another, each
+    /// taking its targets among the free shards as it sees them then (with what those before
+    /// it took). Each takes at its first check what it would have taken had it checked first,
+    /// so every free shard is owned once each member has checked once.
+    #[test]
+    fn members_checking_one_after_another_take_every_free_shard_in_one_round() {
+        let mut seed = 0x5eed_0001;
+        for round in 0..200u64 {
+            let n = 2 + (next(&mut seed) % 8) as usize;
+            let count = 20 + (next(&mut seed) % 1000) as u32;
+            let all: Vec<i32> = (0..=n).map(|i| 100 + 7 * i as i32).collect();
+            let before = assign(round, count, &all, &[]);
+            let killed = all[(next(&mut seed) % (n as u64 + 1)) as usize];
+            let members: Vec<i32> = all.iter().copied().filter(|&p| p != killed).collect();
+            let mut holders: Vec<Option<i32>> = before
+                .iter()
+                .map(|&m| Some(all[m]).filter(|&p| p != killed))
+                .collect();
+            let first = assign(round, count, &members, &holders);
+            let mut order: Vec<usize> = (0..members.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (next(&mut seed) % (i as u64 + 1)) as usize);
+            }
+            for &m in &order {
+                let seen = assign(round, count, &members, &holders);
+                for s in 0..count as usize {
+                    if seen[s] == m && holders[s].is_none() {
+                        holders[s] = Some(members[m]);
+                    }
+                }
+            }
+            let after: Vec<Option<usize>> = holders
+                .iter()
+                .map(|h| members.iter().position(|&p| Some(p) == *h))
+                .collect();
+            let first: Vec<Option<usize>> = first.into_iter().map(Some).collect();
+            assert_eq!(
+                after, first,
+                "round {round}: one round took every free shard"
+            );
+        }
     }
 
     #[test]
