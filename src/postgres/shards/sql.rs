@@ -23,8 +23,9 @@ macro_rules! mark_live_tag {
 /// lists the group's locks: the shards this session holds, the members (every session
 /// holding the group's shared lock, by pid), the members' live marks (the other shared
 /// locks of the group's class: by pid, and by object, which tells the member's shard count),
-/// and every shard's holder in the group's database (shard, then pid), which the assignment
-/// keeps where balance allows.
+/// and every shard's holder in the group's database (one int8 each: the shard in the high
+/// half, the holder's pid in the low; unordered), which the assignment keeps where balance
+/// allows.
 /// `$1` is the group's class, `$2` the member key's object, `$3` the mark.
 ///
 /// It takes no lock of the server's shared lock table, so that it still runs when that table
@@ -47,10 +48,8 @@ const CHECK: &str = concat!(
              AND database = (SELECT database FROM db) ORDER BY pid, objid), \
        ARRAY(SELECT objid::int4 FROM held WHERE objid <> $2 AND mode = 'ShareLock' \
              AND database = (SELECT database FROM db) ORDER BY pid, objid), \
-       ARRAY(SELECT objid::int8 FROM held WHERE objid <> $2 AND mode = 'ExclusiveLock' \
-             AND database = (SELECT database FROM db) ORDER BY objid, pid), \
-       ARRAY(SELECT pid FROM held WHERE objid <> $2 AND mode = 'ExclusiveLock' \
-             AND database = (SELECT database FROM db) ORDER BY objid, pid)"
+       ARRAY(SELECT (objid::int8 << 32) | pid FROM held WHERE objid <> $2 \
+             AND mode = 'ExclusiveLock' AND database = (SELECT database FROM db))"
 );
 
 /// Whether each backend of `$1` (holders of live marks, seen by an earlier check) has started
@@ -197,14 +196,13 @@ pub(super) async fn check(
                     row.try_get::<_, Vec<i32>>(4)?,
                     row.try_get::<_, Vec<i32>>(5)?,
                     row.try_get::<_, Vec<i64>>(6)?,
-                    row.try_get::<_, Vec<i32>>(7)?,
                 ))
             })
             .transpose()
     })
     .await?;
     // A SELECT without FROM always returns one row.
-    let Some((pid, ours_alone, held, members, marked, objects, shards, holders)) = row else {
+    let Some((pid, ours_alone, held, members, marked, objects, holders)) = row else {
         return Err(SessionError::Unexpected(None));
     };
     Ok(View {
@@ -220,12 +218,15 @@ pub(super) async fn check(
             .zip(objects)
             .map(|(pid, object)| Mark { pid, object })
             .collect(),
-        holders: shards
-            .into_iter()
-            .zip(holders)
-            .filter_map(|(shard, pid)| Some((u32::try_from(shard).ok()?, pid)))
-            .collect(),
+        holders: holders.into_iter().filter_map(shard_and_holder).collect(),
     })
+}
+
+/// A shard and its holder's pid from the check's int8 (the shard in the high half, the pid in
+/// the low); `None` for a shard number no group has (the high half negative).
+fn shard_and_holder(packed: i64) -> Option<(u32, i32)> {
+    let shard = u32::try_from(packed >> 32).ok()?;
+    Some((shard, packed as u32 as i32))
 }
 
 /// Whether each of `pids` (holders of live marks) has spoken since its mark: `None` where the
@@ -383,4 +384,20 @@ async fn one_row(
     rows.into_iter()
         .next()
         .ok_or(SessionError::Unexpected(None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_holder_gives_its_shard_and_pid() {
+        assert_eq!(
+            shard_and_holder((7 << 32) | 4_194_303),
+            Some((7, 4_194_303))
+        );
+        assert_eq!(shard_and_holder(16_383 << 32), Some((16_383, 0)));
+        // objid ≥ 2^31 shifted into the sign bit: no shard of any group.
+        assert_eq!(shard_and_holder(((1u64 << 31) << 32) as i64 | 5), None);
+    }
 }
