@@ -173,13 +173,19 @@ impl ElectorBuilder {
     /// another client's statement of the same name on a shared server session, and a statement
     /// of that client's could run with the elector's values.
     ///
+    /// The test is a heuristic: a pooler that hands a client a real backend's key (pgagroal
+    /// replays the key of the server session the client logged in on) passes it. Every
+    /// prepared answer also names the backend that gave it, and the first from another backend
+    /// than the key names turns prepared statements off for good, with a WARN line; behind
+    /// such a pooler, turn them off (`false`) from the start.
+    ///
     /// Turn it on (`true`) behind a pooler that keeps prepared statements per client: a
     /// session-mode pooler, or PgBouncer 1.21 or later with `max_prepared_statements` above 0.
-    /// Turn it off (`false`) if something between the pool and the server could give a
-    /// connection the key of a backend other than the one serving it. Whatever the choice,
+    /// A shard group's statements go unnamed whatever this says. Whatever the choice,
     /// the elector turns prepared statements off for good, with an INFO line, the first time a
     /// server session does not have one (a `DEALLOCATE ALL` or `DISCARD ALL` between
-    /// statements, for one) or a try finds a transaction pooler.
+    /// statements, for one, which the server also logs as an ERROR, once per elector) or a try
+    /// finds a transaction pooler.
     ///
     /// ```
     /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {

@@ -70,15 +70,25 @@ mod f6 {
         owner
     }
 
-    /// Waits up to `limit` for `found` to give something.
-    async fn wait_for_some<T>(limit: Duration, mut found: impl FnMut() -> Option<T>) -> Option<T> {
-        let mut seen = None;
-        wait_for(limit, || {
-            seen = found();
-            seen.is_some()
-        })
-        .await;
-        seen
+    /// Waits up to `limit` for the owners of `members`' shards to be balanced and to stay the
+    /// same for 2·I (so not a passing state of a race between members that started together);
+    /// then each shard's owner.
+    async fn settled(limit: Duration, members: &[Member], count: u32) -> Option<Vec<usize>> {
+        let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
+        let start = std::time::Instant::now();
+        let (mut last, mut since) = (None, std::time::Instant::now());
+        while start.elapsed() < limit {
+            let now = balanced(&handles, count).then(|| owners(&handles, count));
+            if now.is_some() && now == last {
+                if since.elapsed() >= 2 * I {
+                    return now;
+                }
+            } else {
+                (last, since) = (now, std::time::Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
     }
 
     /// F6.2: a join moves the newcomer's share and nothing else (no shard changes hands
@@ -92,19 +102,11 @@ mod f6 {
         let mut members: Vec<Member> = (0..3)
             .map(|_| Member::start(db.pool(2), "sticky", S, I))
             .collect();
-        let balance = |members: &[Member]| {
-            let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
-            balanced(&handles, S).then(|| owners(&handles, S))
-        };
         let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
         joined(&handles, I).await;
-        let before = wait_for_some(6 * I, || balance(&members))
-            .await
-            .expect("3 balanced");
+        let before = settled(8 * I, &members, S).await.expect("3 balanced");
         members.push(Member::start(db.pool(2), "sticky", S, I));
-        let after = wait_for_some(6 * I, || balance(&members))
-            .await
-            .expect("4 balanced");
+        let after = settled(8 * I, &members, S).await.expect("4 balanced");
         let moved: Vec<usize> = (0..S as usize).filter(|&s| before[s] != after[s]).collect();
         let newcomers = after.iter().filter(|&&m| m == 3).count();
         assert!(newcomers == 12 || newcomers == 13, "{newcomers}");
@@ -115,9 +117,7 @@ mod f6 {
         // The first member leaves; its shards go to the others, nothing else moves.
         let leaver = members.remove(0);
         leaver.stop().await.unwrap();
-        let left = wait_for_some(6 * I, || balance(&members))
-            .await
-            .expect("3 balanced again");
+        let left = settled(8 * I, &members, S).await.expect("3 balanced again");
         for s in 0..S as usize {
             if after[s] != 0 {
                 assert_eq!(
@@ -146,13 +146,7 @@ mod f6 {
             .collect();
         let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
         joined(&handles, I).await;
-        let balance = |members: &[Member]| {
-            let handles: Vec<&Shards> = members.iter().map(|m| &m.shards).collect();
-            balanced(&handles, S).then(|| owners(&handles, S))
-        };
-        let before = wait_for_some(6 * I, || balance(&members))
-            .await
-            .expect("4 balanced");
+        let before = settled(8 * I, &members, S).await.expect("4 balanced");
         let victim = members.remove(3);
         let killed: Vec<_> = victim.shards.owned();
         victim.kill().await;
@@ -167,9 +161,7 @@ mod f6 {
             took <= I + I / 2,
             "owned again within 1·I (+ slack): {took:?}"
         );
-        let after = wait_for_some(2 * I, || balance(&members))
-            .await
-            .expect("3 balanced");
+        let after = settled(5 * I, &members, S).await.expect("3 balanced");
         for s in 0..S as usize {
             if before[s] != 3 {
                 assert_eq!(

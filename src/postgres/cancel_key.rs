@@ -3,9 +3,11 @@
 //! socket.
 //!
 //! PostgreSQL's key names the backend process that serves the connection. A pooler gives its
-//! clients keys of its own (PgBouncer, for one, random ones), since one client connection meets
-//! many server sessions. So a key whose process id is the session's `pg_backend_pid()` shows a
-//! connection that reaches its server session directly, for as long as it lives.
+//! clients keys of its own (PgBouncer and pgcat random ones), since one client connection meets
+//! many server sessions. So a key whose process id is the session's `pg_backend_pid()` is taken
+//! for a connection that reaches its server session directly. A heuristic: a pooler that hands
+//! out real backends' keys (pgagroal) passes it, which every prepared answer then checks
+//! (`prepared::send`).
 
 use std::future::Future;
 use std::io;

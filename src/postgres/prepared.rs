@@ -18,6 +18,11 @@ use crate::LockKey;
 /// this connection where `prepared` says so for it, and as one unnamed statement otherwise. A
 /// prepared statement that the server session does not have ([`lost_statement`]) is sent again
 /// at once, unnamed, and turns `prepared` off for good (logged once).
+///
+/// Every such query ends with a `pg_backend_pid()` column. Where the connection was judged
+/// direct by its cancel key (the default), an answer from another backend than the key names
+/// shows a pooler that gave out a real backend's key (pgagroal replays the key of the server
+/// session its client logged in on): prepared statements turn off for good, with a WARN line.
 pub(super) async fn send(
     prepared: &Prepared,
     key: LockKey,
@@ -26,10 +31,16 @@ pub(super) async fn send(
     query: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    if prepared.for_connection(key, client).await {
+    if let Some(verify) = prepared.for_connection(key, client).await {
         match prepared_query(client, query, params).await {
             Err(e) if lost_statement(&e, client) => prepared.lost(key, statement, &e),
-            answer => return answer,
+            Ok(rows) => {
+                if let Some(expected) = verify {
+                    prepared.verify(key, expected, &rows);
+                }
+                return Ok(rows);
+            }
+            Err(e) => return Err(e),
         }
     }
     client.query_typed(query, params).await
@@ -77,22 +88,37 @@ impl Prepared {
         }))
     }
 
-    /// Whether statements go prepared on `client`. By default that is asked of the server once
-    /// per connection (`pg_backend_pid()`, unnamed), and remembered.
+    /// Whether statements go prepared on `client` (`Some`), and if so the backend every answer
+    /// must come from (`Some(pid)`: by default, where the connection was judged direct). By
+    /// default that is asked of the server once per connection (`pg_backend_pid()`, unnamed),
+    /// and remembered.
     pub(super) async fn for_connection(
         &self,
         key: LockKey,
         client: &tokio_postgres::Client,
-    ) -> bool {
+    ) -> Option<Option<i32>> {
         if self.0.off.load(Ordering::Relaxed) {
-            return false;
+            return None;
         }
         if self.0.chosen == Some(true) {
-            return true;
+            return Some(None);
         }
         let Some(cancel_key) = cancel_key::of(client) else {
-            return false;
+            tracing::debug!(key = %key, "no cancel key to read: statements go unnamed");
+            return None;
         };
+        let direct = self.judged(key, client, cancel_key).await;
+        direct.then_some(Some(cancel_key.process_id))
+    }
+
+    /// Whether the connection with `cancel_key` reaches its server session directly, asked of
+    /// the server the first time.
+    async fn judged(
+        &self,
+        key: LockKey,
+        client: &tokio_postgres::Client,
+        cancel_key: CancelKey,
+    ) -> bool {
         if let Some(direct) = self.remembered(cancel_key) {
             return direct;
         }
@@ -130,11 +156,49 @@ impl Prepared {
         direct.insert(cancel_key, is_direct);
     }
 
-    /// Turns prepared statements off for good once a try found a transaction pooler, with an
-    /// INFO line if the user turned them on (by default they were only ever on for direct
-    /// connections, which no pooler shares).
-    pub(super) fn behind_a_pooler(&self, key: LockKey) {
-        if !self.0.off.swap(true, Ordering::Relaxed) && self.0.chosen == Some(true) {
+    /// Turns prepared statements off for good, with a WARN line, if `rows` (a prepared answer on
+    /// a connection judged direct) came from another backend than `expected`, the one its
+    /// cancel key names: its last column is the answering backend's pid.
+    fn verify(&self, key: LockKey, expected: i32, rows: &[tokio_postgres::Row]) {
+        let Some(row) = rows.first() else {
+            return;
+        };
+        let Some(last) = row.len().checked_sub(1) else {
+            return;
+        };
+        let backend = row.try_get::<_, i32>(last).ok();
+        if backend != Some(expected) && !self.0.off.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                key = %key,
+                expected,
+                backend,
+                "a connection whose cancel key named its backend was answered by another one: \
+                 a pooler hands out real backends' keys (pgagroal does); this elector's \
+                 statements go unnamed from now on (set prepared_statements(false) behind \
+                 such a pooler)"
+            );
+        }
+    }
+
+    /// Turns prepared statements off for good once a try on `client` found a transaction
+    /// pooler, with an INFO line if the user turned them on, and a WARN line if `client` was
+    /// judged direct by its cancel key (a pooler that hands out real backends' keys); by
+    /// default they were on only for connections judged direct.
+    pub(super) fn behind_a_pooler(&self, key: LockKey, client: &tokio_postgres::Client) {
+        let judged_direct = self.0.chosen.is_none()
+            && cancel_key::of(client).and_then(|k| self.remembered(k)) == Some(true);
+        if self.0.off.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if judged_direct {
+            tracing::warn!(
+                key = %key,
+                "a try on a connection whose cancel key named its backend landed on a server \
+                 session a transaction pooler shares: the pooler hands out real backends' keys \
+                 (pgagroal does); this elector's statements go unnamed from now on (set \
+                 prepared_statements(false) behind such a pooler)"
+            );
+        } else if self.0.chosen == Some(true) {
             tracing::info!(
                 key = %key,
                 "a try landed on a server session a transaction pooler shares: this elector's \

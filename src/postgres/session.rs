@@ -54,7 +54,8 @@ const TRY_LOCK: &str = "SELECT answer, \
      CASE WHEN granted THEN pg_catalog.current_setting('tcp_user_timeout', true) END, \
      CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_idle', true) END, \
      CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_interval', true) END, \
-     CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_count', true) END \
+     CASE WHEN granted THEN pg_catalog.current_setting('tcp_keepalives_count', true) END, \
+     pg_catalog.pg_backend_pid() \
    FROM (SELECT answer, answer LIKE 'granted%' AS granted FROM (SELECT CASE \
      WHEN pg_catalog.pg_is_in_recovery() THEN 'recovery' \
      WHEN coalesce(pg_catalog.current_setting('pg_elector.session', true), '') <> '' THEN \
@@ -98,10 +99,12 @@ const TRY_LOCK: &str = "SELECT answer, \
 ///
 /// On a pool connection the application left inside a transaction, the hold lasts until that
 /// transaction ends: [`try_acquire`] closes the connection when the question answered true
-/// and the try was not granted.
+/// and the try was not granted. Its last column, as [`TRY_LOCK`]'s, is the answering backend
+/// (see [`send`]).
 const ASK: &str = "SELECT CASE \
      WHEN pg_catalog.current_setting('pg_elector.session', true) <> '' THEN true \
-     ELSE pg_catalog.pg_try_advisory_xact_lock_shared($1::int4, $2::int4) END";
+     ELSE pg_catalog.pg_try_advisory_xact_lock_shared($1::int4, $2::int4) END, \
+     pg_catalog.pg_backend_pid()";
 
 /// The SQL test that the server session is this grant's alone: it carries the grant's mark
 /// (the text parameter `$mark`, such as `"$3"`) and no other elector's visit (which a try that
@@ -121,7 +124,8 @@ pub(crate) use ours_alone;
 
 /// The leader check: the session answers, still holds the lock, and is still ours alone
 /// ([`ours_alone`]). Its third column says whether the candidates table of preferred leaders
-/// exists (a catalog lookup), so that a leader reads that table only once it does.
+/// exists (a catalog lookup), so that a leader reads that table only once it does; its last,
+/// the answering backend (see [`send`]).
 ///
 /// It reads `pg_locks` alone and takes no lock of the server's shared lock table (a shared
 /// catalog such as `pg_database` would take one), so a leader keeps passing its check when
@@ -131,7 +135,7 @@ const CHECK: &str = concat!(
      WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = 2 \
      AND granted AND pid = pg_catalog.pg_backend_pid()), ",
     ours_alone!("$3"),
-    ", pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL"
+    ", pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL, pg_catalog.pg_backend_pid()"
 );
 
 /// How often the leader looks at its connection and its lease between checks, in both modes: a
@@ -486,7 +490,7 @@ impl Visit {
             Some(Answer::Marked) => {
                 // A transaction pooler shares server sessions: a statement prepared on one is
                 // not on the next.
-                prepared.behind_a_pooler(key);
+                prepared.behind_a_pooler(key, borrowed.client());
                 if asked {
                     // Dropping `borrowed` closes the connection.
                     return Ok(Attempt::SharedSession);

@@ -91,6 +91,8 @@ pub(super) struct Member<'a> {
     drains: Drains,
     /// The members of the last check, sorted.
     members: Vec<i32>,
+    /// The members and the holders (by shard) the targets were last assigned from.
+    assigned_from: Option<(Vec<i32>, Vec<Option<i32>>)>,
     /// The member's complaints (a full lock table, a failed bump), across its sessions.
     repeats: &'a mut Repeats,
 }
@@ -114,6 +116,7 @@ impl<'a> Member<'a> {
             ledger: Ledger::new(count),
             drains: Drains::default(),
             members: Vec::new(),
+            assigned_from: None,
             repeats,
         }
     }
@@ -377,12 +380,19 @@ impl<'a> Member<'a> {
                 holder.get_or_insert(pid);
             }
         }
+        // Unchanged holders and members (the steady state) leave the targets as they are: the
+        // assignment sorts the free shards' pairs, S·N of them at most.
+        let input = (members.clone(), by_shard);
+        if self.assigned_from.as_ref() == Some(&input) {
+            return;
+        }
         let owner = assign(
             self.inner.class as u32 as u64,
             count as u32,
-            &members,
-            &by_shard,
+            &input.0,
+            &input.1,
         );
+        self.assigned_from = Some(input);
         let me = self
             .pid
             .and_then(|me| members.iter().position(|&pid| pid == me));
