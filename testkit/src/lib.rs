@@ -13,6 +13,7 @@ mod fenced_writes;
 #[cfg(feature = "replica")]
 mod fleet;
 mod host;
+mod load;
 mod locks;
 mod members;
 mod pgbouncer;
@@ -23,10 +24,9 @@ pub mod replicas;
 mod runtime;
 mod server;
 mod shard_members;
+mod slots;
 mod standby;
 mod watchdog;
-
-use std::sync::{Mutex, MutexGuard};
 
 pub use database::TestDb;
 pub use error::KitError;
@@ -35,6 +35,7 @@ pub use fenced_writes::FencedWrites;
 pub use proxy::FaultProxy;
 pub use recorder::Timeline;
 pub use server::{PgServer, ShutdownMode};
+pub use slots::{SerialGuard, serial, timing};
 
 /// Replicas of a service as child processes, which a test can freeze (SIGSTOP), thaw and kill;
 /// [`Fleet::serve_child`] is the child's side. Feature `replica`, on by default; the rest of
@@ -126,35 +127,4 @@ pub mod replica {
         ENV_PREFERENCE, ENV_URL, Proc, WOKE_GAP_US, for_each_line, key_setting, leaders,
         log_to_stderr, ms_setting, on_current_thread, parse, setting, transitions, unix_us, us,
     };
-}
-
-/// Holds the process-wide test lock; see [`serial`].
-#[must_use = "the lock is released as soon as the guard is dropped"]
-#[derive(Debug)]
-pub struct SerialGuard {
-    _guard: MutexGuard<'static, ()>,
-}
-
-/// Takes the process-wide lock that makes timing-sensitive tests of one test
-/// binary run one at a time.
-///
-/// Call it first thing in the test and keep the guard for the whole test:
-///
-/// ```no_run
-/// #[tokio::test]
-/// async fn failover_is_fast() {
-///     let _serial = pg_elector_testkit::serial();
-///     // ...
-/// }
-/// ```
-///
-/// A test that panicked while holding it does not poison it for the others.
-/// The guard is not `Send`: hold it in the test's own future (as above), not
-/// in a spawned task. It only orders tests within one process (a runner that
-/// starts a process per test, like cargo-nextest, is not covered).
-pub fn serial() -> SerialGuard {
-    static LOCK: Mutex<()> = Mutex::new(());
-    SerialGuard {
-        _guard: LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
-    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use pg_elector::LockKey;
 use pg_elector_testkit::replicas::{ReplicasBuilder, identity};
 use pg_elector_testkit::sql::lock_sessions;
-use pg_elector_testkit::{PgServer, Replicas, TestDb, Who, serial};
+use pg_elector_testkit::{PgServer, Replicas, TestDb, Who, timing};
 
 const I: Duration = Duration::from_millis(200);
 
@@ -44,7 +44,7 @@ async fn no_overlap(replicas: Replicas) {
 
 #[tokio::test]
 async fn kill_session_moves_the_lead_within_one_interval() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (replicas, old) = leading(&db, 3).await;
     let killed = replicas.kill_session(Who::Leader).await.unwrap();
@@ -88,7 +88,7 @@ async fn kill_session_of_a_poll_standby_is_an_error() {
 
 #[tokio::test]
 async fn partition_demotes_the_leader_before_another_leads() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (replicas, old) = leading(&db, 3).await;
     replicas.partition(Who::Leader).unwrap();
@@ -128,7 +128,7 @@ async fn partition_demotes_the_leader_before_another_leads() {
 
 #[tokio::test]
 async fn reset_connections_ends_the_term_and_a_leader_follows() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (replicas, old) = leading(&db, 3).await;
     let accepted = replicas.proxy(old).accepted();
@@ -148,7 +148,7 @@ async fn reset_connections_ends_the_term_and_a_leader_follows() {
 
 #[tokio::test]
 async fn a_slow_server_makes_the_leader_step_down() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (replicas, old) = leading(&db, 3).await;
     // Answers 3·I late: the leader's check cannot finish within its bound.
@@ -174,7 +174,7 @@ async fn a_slow_server_makes_the_leader_step_down() {
 
 #[tokio::test]
 async fn a_slightly_slow_server_keeps_its_leader() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (replicas, old) = leading(&db, 2).await;
     replicas.slow_server(I / 10);
@@ -185,7 +185,7 @@ async fn a_slightly_slow_server_keeps_its_leader() {
 
 #[tokio::test]
 async fn an_exhausted_pool_keeps_its_replica_from_taking_over() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (mut replicas, old) = leading(&db, 2).await;
     let standby = 1 - old;
@@ -212,7 +212,7 @@ async fn an_exhausted_pool_keeps_its_replica_from_taking_over() {
 
 #[tokio::test]
 async fn crash_frees_the_lock_for_the_next_try() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (mut replicas, old) = leading(&db, 3).await;
     replicas.crash(old).await;
@@ -230,7 +230,7 @@ async fn crash_frees_the_lock_for_the_next_try() {
 
 #[tokio::test]
 async fn stop_hands_over_gracefully() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let (mut replicas, old) = leading(&db, 2).await;
     replicas.stop(old).await;
@@ -244,7 +244,7 @@ async fn stop_hands_over_gracefully() {
 
 #[tokio::test]
 async fn restart_server_ends_every_term_and_a_leader_follows() {
-    let _serial = serial();
+    let _timing = timing();
     let server = Arc::new(
         tokio::task::spawn_blocking(PgServer::spawn)
             .await
@@ -344,7 +344,7 @@ async fn has_idle_session_timeout(db: &TestDb) -> bool {
 /// `idle_in_transaction_session_timeout`.
 #[tokio::test]
 async fn cut_off_mid_transaction_holds_the_next_term_back() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     // PostgreSQL 13 has no idle_session_timeout: the silent lock session is never ended, and
     // nobody leads after the partition with the transaction's timeout or without.
@@ -377,7 +377,7 @@ async fn cut_off_mid_transaction_holds_the_next_term_back() {
 /// it looked for `replica-<index>` only, and `kill_session` failed with "no lock session".)
 #[tokio::test]
 async fn kill_session_finds_a_replica_by_the_identity_it_was_given() {
-    let _serial = serial();
+    let _timing = timing();
     let db = db().await;
     let replicas = Replicas::builder(&db, LockKey::new(21, 9))
         .count(2)

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
 use pg_elector_testkit::{
-    FaultProxy, KitError, PgServer, SerialGuard, ShutdownMode, TestDb, serial,
+    FaultProxy, KitError, PgServer, SerialGuard, ShutdownMode, TestDb, timing,
 };
 use tokio::time::timeout;
 
@@ -30,14 +30,14 @@ async fn try_lock(client: &tokio_postgres::Client, key: i64) -> bool {
         .get(0)
 }
 
-/// Holds the serial lock, then makes a fresh database on the shared server and a
+/// Takes a timing slot, then makes a fresh database on the shared server and a
 /// [`FaultProxy`] in front of that server.
 async fn proxied_db() -> (SerialGuard, TestDb, FaultProxy) {
-    let serial = serial();
+    let timing = timing();
     let server = shared();
     let db = server.create_database().await.unwrap();
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
-    (serial, db, proxy)
+    (timing, db, proxy)
 }
 
 /// A client through `proxy`, its connection driven by a spawned task.
@@ -226,7 +226,7 @@ async fn external_server_is_usable_but_not_controllable() {
 
 #[tokio::test]
 async fn proxy_pass_forwards() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     assert_eq!(query_one_i64(&client, "SELECT 7::bigint").await, 7);
     assert_eq!(proxy.accepted(), 1);
@@ -252,7 +252,7 @@ async fn proxy_pass_forwards() {
 
 #[tokio::test]
 async fn proxy_blackhole_then_pass() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let pool = db.pool_via(proxy.addr(), 4);
     let old = pool.get().await.unwrap();
     old.simple_query("SELECT 1").await.unwrap();
@@ -290,7 +290,7 @@ async fn proxy_blackhole_then_pass() {
 
 #[tokio::test]
 async fn proxy_reset_kills_connections_on_both_sides() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let (client, conn) = db
         .config_via(proxy.addr())
         .connect(tokio_postgres::NoTls)
@@ -332,7 +332,7 @@ async fn proxy_reset_kills_connections_on_both_sides() {
 
 #[tokio::test]
 async fn dropping_the_proxy_closes_everything() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let addr = proxy.addr();
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
@@ -350,7 +350,7 @@ const SLACK: Duration = Duration::from_millis(250);
 
 #[tokio::test]
 async fn proxy_delay_adds_latency_per_answer() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
 
@@ -375,7 +375,7 @@ async fn proxy_delay_adds_latency_per_answer() {
 
 #[tokio::test]
 async fn proxy_delay_is_per_chunk_not_cumulative() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
 
@@ -422,7 +422,7 @@ async fn proxy_delay_is_per_chunk_not_cumulative() {
 
 #[tokio::test]
 async fn proxy_delay_zero_turns_it_off() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     proxy.delay(DELAY);
     let t = Instant::now();
@@ -459,7 +459,7 @@ async fn proxy_delay_zero_turns_it_off() {
 
 #[tokio::test]
 async fn proxy_blackhole_holds_delayed_answers() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     client.simple_query("SELECT 1").await.unwrap();
     proxy.delay(DELAY);
@@ -512,7 +512,7 @@ async fn proxy_blackhole_holds_delayed_answers() {
 
 #[tokio::test]
 async fn proxy_reset_works_while_delayed() {
-    let (_serial, db, proxy) = proxied_db().await;
+    let (_timing, db, proxy) = proxied_db().await;
     let client = client_via(&db, &proxy).await;
     assert!(try_lock(&client, 77).await);
     let direct = db.connect().await.unwrap();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pg_elector_testkit::{PgServer, ShardMembers, TestDb, Who, serial};
+use pg_elector_testkit::{PgServer, ShardMembers, TestDb, Who, timing};
 
 const I: Duration = Duration::from_millis(200);
 const SHARDS: u32 = 8;
@@ -36,7 +36,7 @@ async fn one_owner_at_a_time(members: ShardMembers) {
 
 #[tokio::test]
 async fn shards_spread_and_each_has_one_owner() {
-    let _serial = serial();
+    let _timing = timing();
     let (_db, members) = balanced("kit-spread").await;
     let shares: Vec<usize> = (0..members.len())
         .map(|m| members.owned_by(m).len())
@@ -55,7 +55,7 @@ async fn shards_spread_and_each_has_one_owner() {
 
 #[tokio::test]
 async fn killing_an_owners_session_moves_its_shards() {
-    let _serial = serial();
+    let _timing = timing();
     let (_db, members) = balanced("kit-kill").await;
     let owner = members.kill_session(Who::Owner(0)).await.unwrap();
     // Its session held every shard it owned: each begins a new term within a few intervals
@@ -77,7 +77,7 @@ async fn killing_an_owners_session_moves_its_shards() {
 
 #[tokio::test]
 async fn a_crashed_member_loses_its_shards_to_the_others() {
-    let _serial = serial();
+    let _timing = timing();
     let (_db, mut members) = balanced("kit-crash").await;
     let owner = members.resolve(Who::Owner(3)).unwrap();
     let had = members.owned_by(owner);
@@ -98,7 +98,7 @@ async fn a_crashed_member_loses_its_shards_to_the_others() {
 
 #[tokio::test]
 async fn a_partitioned_owner_gives_up_its_shards_before_others_take_them() {
-    let _serial = serial();
+    let _timing = timing();
     let (_db, members) = balanced("kit-partition").await;
     let owner = members.partition(Who::Owner(1)).unwrap();
     // Every term of the member ends within 2·I (next check and its timeout).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use expire_invoices::{SCHEMA, serve};
 use pg_elector::LockKey;
-use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, serial};
+use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, timing};
 
 const INVOICES: i64 = 150;
 /// The sweep's period: 150 invoices, 10 a tick, take about 15 ticks.
@@ -89,7 +89,7 @@ async fn every_invoice_sent_once(db: &TestDb, replicas: Replicas) {
 
 #[tokio::test]
 async fn the_leaders_session_is_killed() {
-    let _serial = serial(); // timing-sensitive tests of one binary run one at a time
+    let _timing = timing(); // a few timing-sensitive tests of one binary run at once
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // in the middle of the sweep
@@ -108,7 +108,7 @@ async fn the_leaders_session_is_killed() {
 
 #[tokio::test]
 async fn no_fault() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let replicas = service(&db).await;
     every_invoice_sent_once(&db, replicas).await;
@@ -116,7 +116,7 @@ async fn no_fault() {
 
 #[tokio::test]
 async fn the_leader_is_partitioned() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -129,7 +129,7 @@ async fn the_leader_is_partitioned() {
 
 #[tokio::test]
 async fn the_leaders_connections_are_reset() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -139,7 +139,7 @@ async fn the_leaders_connections_are_reset() {
 
 #[tokio::test]
 async fn the_server_is_slow_for_the_leader() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -153,7 +153,7 @@ async fn the_server_is_slow_for_the_leader() {
 
 #[tokio::test]
 async fn the_leaders_pool_is_exhausted_then_it_crashes() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let mut replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -166,7 +166,7 @@ async fn the_leaders_pool_is_exhausted_then_it_crashes() {
 
 #[tokio::test]
 async fn the_leader_crashes_mid_sweep() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let mut replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -177,7 +177,7 @@ async fn the_leader_crashes_mid_sweep() {
 
 #[tokio::test]
 async fn the_leader_is_deployed_away() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let mut replicas = service(&db).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -188,7 +188,7 @@ async fn the_leader_is_deployed_away() {
 
 #[tokio::test]
 async fn the_server_restarts() {
-    let _serial = serial();
+    let _timing = timing();
     let server = std::sync::Arc::new(
         tokio::task::spawn_blocking(PgServer::spawn)
             .await

@@ -24,7 +24,7 @@ fn replica_child() {
 
 #[tokio::test]
 async fn a_frozen_leader_sends_nothing_when_it_runs_again() {
-    let _serial = serial();
+    let _serial = serial(); // a fleet of processes, one of them frozen: the machine to itself
     let db = PgServer::shared().unwrap().create_database().await.unwrap();
     let admin = db.connect().await.unwrap();
     admin.batch_execute(SCHEMA).await.unwrap();

@@ -11,7 +11,7 @@ use deadpool_postgres::Pool;
 use expire_invoices::{BATCH, SCHEMA};
 use pg_elector::background::{LeaderTicker, Supervisor};
 use pg_elector::{LockKey, Term};
-use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, serial};
+use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, timing};
 use tokio::sync::watch;
 
 const INVOICES: i64 = 100;
@@ -76,7 +76,7 @@ async fn invoices_db(server: &PgServer) -> TestDb {
 
 #[tokio::test]
 async fn an_unfenced_sweep_sends_twice_and_the_checks_say_so() {
-    let _serial = serial();
+    let _timing = timing();
     let db = invoices_db(PgServer::shared().unwrap()).await;
     let starts: Starts = Arc::new(watch::Sender::new(0));
     let service_starts = starts.clone();
