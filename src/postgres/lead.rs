@@ -6,14 +6,14 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::begin::Begun;
-use super::candidates::{self, Standing, Yield};
+use super::candidates::{self, Request, Standing, Yield};
 use super::give_back::hand_over;
 use super::loss::{Loss, Statement, proven};
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{LockSession, SessionError, WATCH_POLL, bounded};
 use super::settings::PgSettings;
 use super::{Held, lease_length};
-use crate::lease::{Lease, deadline_after, instant_after, now_ms};
+use crate::lease::{Lease, deadline_after, now_ms};
 use crate::metrics::Change;
 use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
@@ -28,10 +28,11 @@ enum Led {
 }
 
 /// How [`lead_term`] ended a term: `Gracefully` for a shutdown or a resign, `Yielded` after a
-/// handover to a preferred standby (or one asked from outside), `Lost` when leadership was lost.
+/// handover to a preferred standby (or, with the request, one asked from outside), `Lost` when
+/// leadership was lost.
 pub(super) enum Ended {
     Gracefully(TermEnd),
-    Yielded,
+    Yielded(Option<Request>),
     Lost,
 }
 
@@ -63,11 +64,11 @@ pub(super) async fn lead_term(
         Led::Shutdown => (TermEnd::Shutdown, Change::Released),
         Led::Resign => (TermEnd::Resigned, Change::Resigned),
         Led::Yield(why) => {
-            yield_term(shared, pg, why);
+            let request = yield_term(pg, why);
             if let Some(session) = held.session.take() {
                 hand_over(shared, pg, session, TermEnd::HandedOver, Change::HandedOver).await;
             }
-            return Ended::Yielded;
+            return Ended::Yielded(request);
         }
     };
     if let Some(session) = held.session.take() {
@@ -89,19 +90,22 @@ async fn look(
     candidates::look(session.client(), pg.key, &pg.identity, pg.interval).await
 }
 
-/// Says why the term is given up to another replica; a handover asked from outside also keeps
-/// this replica a standby for the time it asked.
-fn yield_term(shared: &Shared, pg: &PgSettings, why: Yield) {
+/// Says why the term is given up to another replica; the request of a handover asked from
+/// outside, after which this replica stays away (see [`StayAway`](candidates::StayAway)).
+fn yield_term(pg: &PgSettings, why: Yield) -> Option<Request> {
     match why {
-        Yield::ToPreferred { best } => tracing::info!(
-            key = %pg.key,
-            preference = pg.own_preference(),
-            standby_preference = best,
-            "a more preferred standby is live; handing the lead over"
-        ),
-        Yield::OnRequest { stay_away } => {
-            shared.cool_down_until(instant_after(Instant::now(), stay_away));
-            tracing::info!(key = %pg.key, ?stay_away, "a handover was asked; handing the lead over");
+        Yield::ToPreferred { best } => {
+            tracing::info!(
+                key = %pg.key,
+                preference = pg.own_preference(),
+                standby_preference = best,
+                "a more preferred standby is live; handing the lead over"
+            );
+            None
+        }
+        Yield::OnRequest(request) => {
+            tracing::info!(key = %pg.key, target = %request.target, stay_away = ?request.stay_away, "a handover was asked; handing the lead over");
+            Some(request)
         }
     }
 }

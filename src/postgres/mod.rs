@@ -16,7 +16,7 @@ use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 use begin::{Start, start_term};
 use borrower::Borrower;
-use candidates::{Backoff, SHORT_TERM_INTERVALS};
+use candidates::{Backoff, SHORT_TERM_INTERVALS, StayAway};
 use lead::Ended;
 use repeats::Repeats;
 use session::{LockSession, SessionBounds};
@@ -83,6 +83,7 @@ async fn run_with(
         outranked: false,
         backoff: Backoff::default(),
         tried_well: true,
+        stay_away: None,
     };
     let mut repeats = Repeats::default();
     let mut held = Held {
@@ -130,7 +131,10 @@ async fn run_with(
         }
         match ended {
             Ended::Lost => continue,
-            Ended::Yielded => standby.hold_off = true,
+            Ended::Yielded(request) => {
+                standby.hold_off = true;
+                standby.stay_away = request.map(|r| StayAway::new(r, tokio::time::Instant::now()));
+            }
             Ended::Gracefully(TermEnd::Shutdown) => return Ok(()),
             Ended::Gracefully(_) => shared.resign_handled(),
         }

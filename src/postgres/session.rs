@@ -8,7 +8,7 @@ use deadpool_postgres::{ClientWrapper, Object};
 use tokio_postgres::types::{ToSql, Type};
 
 use super::borrower::Borrower;
-use super::candidates::Gate;
+use super::candidates::{Deferred, Gate};
 use super::handover::{self, Unlocked};
 pub(crate) use super::prepared::Prepared;
 use super::prepared::send;
@@ -351,7 +351,8 @@ impl Check {
 /// `defer_as`, for a leader's lock, is this replica's preference: once the question found the
 /// lock free, a live standby that should have it instead (see
 /// [`candidates`](super::candidates)) makes the try answer [`Attempt::Deferred`] without
-/// taking it, and the connection is closed (as after a refused try that asked).
+/// taking it; the connection goes back to the pool unless the question's hold outlasts the
+/// question there (a transaction the application left open), which only closing it ends.
 ///
 /// For the key's exclusive lock, the try first asks whether the lock is free ([`ASK`]), and
 /// sends [`TRY_LOCK`] only then: a refused try is one small statement that grants nothing.
@@ -361,7 +362,9 @@ impl Check {
 /// (see [`send`]).
 ///
 /// A try refused by [`ASK`] gives the connection back to the pool unchanged. A try that [`ASK`]
-/// found free and that was not granted closes it: had the application left the connection
+/// found free, that left the lock to another standby and whose session no longer holds the
+/// question's hold, gives it back too. Any other try that [`ASK`] found free and that was not
+/// granted closes it: had the application left the connection
 /// inside a transaction, the shared hold of [`ASK`] would last until that transaction ends
 /// and refuse every other standby meanwhile (and [`TRY_LOCK`] refuses a grant there). That
 /// costs a new backend when the lock was free at the question and not at the try: another
@@ -373,15 +376,49 @@ impl Check {
 /// an answer this elector does not know, or this future being dropped mid-way) closes the
 /// connection instead of returning it, because the lock may have been granted on it without
 /// our hearing of it.
-pub(crate) async fn try_acquire(
+pub(crate) async fn try_acquire(borrower: &mut Borrower, asked: &TryFor<'_>) -> Tried {
+    let mut sent_at = None;
+    let attempt = attempt(borrower, asked, &mut sent_at).await;
+    Tried {
+        granting: attempt.is_err() && sent_at.is_some(),
+        attempt,
+    }
+}
+
+/// What a try asks for: `key`'s lock in `mode`, for `identity`, with the lock session's
+/// `bounds` and the standby's `interval`; `defer_as` as [`try_acquire`] says.
+pub(crate) struct TryFor<'a> {
+    pub(crate) key: LockKey,
+    pub(crate) mode: LockMode,
+    pub(crate) identity: &'a str,
+    pub(crate) bounds: &'a SessionBounds,
+    pub(crate) interval: Duration,
+    pub(crate) defer_as: Option<u64>,
+}
+
+/// What [`try_acquire`] found, and how far a failed try got.
+pub(crate) struct Tried {
+    pub(crate) attempt: Result<Attempt, SessionError>,
+    /// The try failed after [`TRY_LOCK`] was sent: the lock was free and not left to another
+    /// standby, and it may even have been granted unseen (the connection is closed, which
+    /// frees it). A failure before that (the borrow, the question) came nowhere near the lock.
+    pub(crate) granting: bool,
+}
+
+/// [`try_acquire`]'s work; `sent_at` is set when [`TRY_LOCK`] is sent.
+async fn attempt(
     borrower: &mut Borrower,
-    key: LockKey,
-    mode: LockMode,
-    identity: &str,
-    bounds: &SessionBounds,
-    interval: Duration,
-    defer_as: Option<u64>,
+    asked: &TryFor<'_>,
+    sent_at: &mut Option<u64>,
 ) -> Result<Attempt, SessionError> {
+    let &TryFor {
+        key,
+        mode,
+        identity,
+        bounds,
+        interval,
+        defer_as,
+    } = asked;
     let bound = interval.max(MIN_TRY_BOUND);
     let object = borrower.get(interval).await?;
     let borrowed = Borrowed::new(object);
@@ -401,7 +438,6 @@ pub(crate) async fn try_acquire(
         (&shared, Type::BOOL),
     ];
     let client: &ClientWrapper = borrowed.client();
-    let mut sent_at = now_ms();
     let asking = ask_then_try(
         &borrower.prepared,
         key,
@@ -409,15 +445,21 @@ pub(crate) async fn try_acquire(
         client,
         &params,
         Gate::new(defer_as, identity),
-        &mut sent_at,
+        sent_at,
     );
     let rows = match bounded(bound, asking).await? {
         Asked::Held => {
             borrowed.give_back();
             return Ok(Attempt::Refused);
         }
-        // Dropping `borrowed` closes the connection, which the question's hold may outlast.
-        Asked::Deferred => return Ok(Attempt::Deferred),
+        // A connection whose question's hold outlasts the question (a transaction the
+        // application left open) is closed by dropping `borrowed`; any other goes back clean.
+        Asked::Deferred(left) => {
+            if !left.hold_outlasts {
+                borrowed.give_back();
+            }
+            return Ok(Attempt::Deferred);
+        }
         Asked::Tried(rows) => rows,
     };
     let visit = Visit {
@@ -427,6 +469,7 @@ pub(crate) async fn try_acquire(
         mark,
         bound,
     };
+    let sent_at = sent_at.unwrap_or_else(now_ms);
     visit.outcome(&borrower.prepared, rows, sent_at).await
 }
 
@@ -512,7 +555,7 @@ enum Asked {
     /// The question found the lock held.
     Held,
     /// The lock is free, and left to a live standby that should have it.
-    Deferred,
+    Deferred(Deferred),
     /// [`TRY_LOCK`]'s rows.
     Tried(Vec<tokio_postgres::Row>),
 }
@@ -527,7 +570,7 @@ async fn ask_then_try(
     client: &ClientWrapper,
     params: &[(&(dyn ToSql + Sync), Type)],
     gate: Option<Gate<'_>>,
-    sent_at: &mut u64,
+    sent_at: &mut Option<u64>,
 ) -> Result<Asked, tokio_postgres::Error> {
     if mode == LockMode::Exclusive {
         let rows = send(prepared, key, "try", client, ASK, &params[..2]).await?;
@@ -540,12 +583,12 @@ async fn ask_then_try(
             return Ok(Asked::Held);
         }
         if let Some(gate) = gate
-            && gate.defers(client, key).await?
+            && let Some(left) = gate.defers(client, key).await?
         {
-            return Ok(Asked::Deferred);
+            return Ok(Asked::Deferred(left));
         }
     }
-    *sent_at = now_ms();
+    *sent_at = Some(now_ms());
     send(prepared, key, "try", client, TRY_LOCK, params)
         .await
         .map(Asked::Tried)

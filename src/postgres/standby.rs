@@ -8,13 +8,13 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::borrower::Borrower;
-use super::candidates::{self, Backoff};
+use super::candidates::{self, Backoff, StayAway};
 use super::lock_table;
 use super::loss::POOLER;
 use super::repeats::{Repeats, loud_or_debug};
 use super::session::{
     AppliedBounds, Attempt, LockMode, LockSession, MIN_TRY_BOUND, SessionBounds, SessionError,
-    try_acquire,
+    Tried, TryFor, try_acquire,
 };
 use super::settings::PgSettings;
 use super::waiter::{self, WaitSpec, Waiter};
@@ -68,6 +68,8 @@ pub(super) struct Standby<'a> {
     pub(super) backoff: Backoff,
     /// Its last try got an answer that a replica able to lead gets.
     pub(super) tried_well: bool,
+    /// It handed over on request, and stays away while its target may still lead.
+    pub(super) stay_away: Option<StayAway>,
 }
 
 /// The standby's failures, for [`Repeats`]: the tries', and the waiting session's apart (a
@@ -129,6 +131,30 @@ impl Standby<'_> {
         .await;
     }
 
+    /// Whether this replica still stays away after a handover asked of it: it looks at the
+    /// target once a tick (see [`StayAway`]), and stands by again, said at INFO, once the time
+    /// asked is over or the target can no longer lead.
+    async fn staying_away(&mut self) -> bool {
+        let Some(away) = &mut self.stay_away else {
+            return false;
+        };
+        let pg = self.pg;
+        let bound = pg.interval.max(MIN_TRY_BOUND);
+        let seen = match candidates::target_seen(&pg.pool, pg.key, away.target(), bound).await {
+            Ok(seen) => Some(seen),
+            Err(e) => {
+                tracing::debug!(key = %pg.key, error = %e, "cannot see the handover's target; staying away");
+                None
+            }
+        };
+        if away.still(Instant::now(), seen) {
+            return true;
+        }
+        tracing::info!(key = %pg.key, target = away.target(), "the stay-away after a handover is over (its time is up, or its target is gone or lost its term); this replica stands by again");
+        self.stay_away = None;
+        false
+    }
+
     /// Tries the lock every tick until it is granted (`Some`) or shutdown comes (`None`).
     /// During a resign's cooldown it does not try; a resign asked of a standby is answered at
     /// once.
@@ -184,7 +210,7 @@ impl Standby<'_> {
                     waiting.waiter = None;
                     (outcome, true)
                 }
-                None if self.shared.cooling_down() => {
+                None if self.shared.cooling_down() || self.staying_away().await => {
                     // No session may wait for the lock while this replica stays away from it,
                     // and no borrow of an earlier try may hold a pool connection meanwhile.
                     waiting.waiter = None;
@@ -248,30 +274,39 @@ impl Standby<'_> {
             }
             tried = async {
                 let outranked = outranked(pg, reads, quiet, alive).await;
-                let attempt = try_acquire(
-                    borrower,
-                    pg.key,
-                    LockMode::Exclusive,
-                    &pg.identity,
+                let asked = TryFor {
+                    key: pg.key,
+                    mode: LockMode::Exclusive,
+                    identity: &pg.identity,
                     bounds,
-                    pg.interval,
-                    Some(pg.own_preference()),
-                )
-                .await;
-                (outranked, attempt)
+                    interval: pg.interval,
+                    defer_as: Some(pg.own_preference()),
+                };
+                (outranked, try_acquire(borrower, &asked).await)
             } => tried,
         };
         self.outranked = outranked;
+        let Tried {
+            attempt: tried,
+            granting,
+        } = tried;
         self.tried_well = matches!(
             tried,
             Ok(Attempt::Granted { .. } | Attempt::Refused | Attempt::Deferred | Attempt::QueueFull)
         );
-        // A try that failed (most often one that found the lock free and then timed out, as
-        // for a replica far from the server) counts as a lead not kept: otherwise a leader
-        // would hand over to it, it would fail to take the lock, fall silent, count again
-        // once refused, and so on.
-        if tried.is_err() && pg.preference.is_some() {
-            self.backoff.failed(Instant::now(), pg.interval);
+        let now = Instant::now();
+        if self.tried_well {
+            self.backoff.tried_well(now);
+        }
+        // A try that failed once the lock was free and not left to another standby (most
+        // often one that then timed out, as for a replica far from the server) is a lead this
+        // replica could not take when it was handed to it: otherwise a leader would hand over
+        // to it, it would fail to take the lock, fall silent, come back once refused, and so
+        // on. A failed borrow or question came nowhere near the lock: it only makes the next
+        // try quiet (`tried_well`), so that a cut link or a restarted server costs a
+        // preferred standby nothing once they are back.
+        if granting && pg.preference.is_some() {
+            self.backoff.failed(now, pg.interval);
         }
         if outranked && waiting.waiter.take().is_some() {
             tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");

@@ -21,6 +21,7 @@ mod lifecycle;
 mod no_overlap;
 mod pitfalls;
 mod preference;
+mod preference_faults;
 mod processes;
 mod readiness;
 mod resign;

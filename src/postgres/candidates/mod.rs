@@ -27,7 +27,9 @@ use crate::{Error, LockKey};
 
 pub(crate) mod rule;
 
-pub(crate) use rule::{Backoff, Look, SHORT_TERM_INTERVALS, Standing, Yield};
+pub(crate) use rule::{
+    Backoff, Look, Request, SHORT_TERM_INTERVALS, Standing, StayAway, TargetSeen, Yield,
+};
 
 /// The statement that creates the table, for a migration or an administrator.
 pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_candidates (\
@@ -95,28 +97,28 @@ const REGISTER: &str = concat!(
     ") AS d(yes), bound"
 );
 
-/// [`defer!`] on a free lock, before a try would take it.
-const DEFER: &str = defer!();
-
-/// [`defer!`] after a grant; if the lock stays, the grantee's own row goes (a leader is no
-/// standby: no replica waits for it once it stops), and the second column says whether it
-/// carried a handover asked to it. A grant taken on request also withdraws every other
-/// request of the key, which raced it and lost: it is done.
-const CLAIM: &str = concat!(
-    no_wait!(),
-    "defer AS (",
+/// [`defer!`] on a free lock, before a try would take it; and whether this session still
+/// holds the key's shared lock of the question the try asked first (see the try's `ASK`): it
+/// does only inside a transaction the application left open on the pool connection, where
+/// that hold lasts until the transaction ends.
+const DEFER: &str = concat!(
     defer!(),
-    " AS yes), \
-     gone AS (DELETE FROM pg_elector_candidates \
-       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text \
-       AND NOT (SELECT yes FROM defer) \
-       RETURNING requested_until > pg_catalog.statement_timestamp() AS asked), \
-     done AS (UPDATE pg_elector_candidates SET requested_until = NULL, stay_away_ms = NULL \
-       WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
-       AND requested_until IS NOT NULL AND coalesce((SELECT bool_or(asked) FROM gone), false) \
-       RETURNING 1) \
-     SELECT (SELECT yes FROM defer), coalesce((SELECT bool_or(asked) FROM gone), false), \
-       (SELECT s FROM bound)"
+    ", EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
+       AND pid = pg_catalog.pg_backend_pid() AND mode = 'ShareLock' \
+       AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2)"
+);
+
+/// [`defer!`] after a grant, and whether the grantee's own row carries a handover asked to it.
+/// Its row stays until its first look ([`LOOK`]), after its term's first check: until the
+/// target of a handover has begun a term that held, its request stands, so that the other
+/// standbys leave the lock to it still if this grant is given back (a fencing bump that
+/// fails), and the replica that handed over stays away only while the target may still lead.
+const CLAIM: &str = concat!(
+    "SELECT (",
+    defer!(),
+    "), coalesce((SELECT requested_until > pg_catalog.statement_timestamp() \
+       FROM pg_elector_candidates WHERE class = $1::int4 AND object = $2::int4 \
+       AND identity = $3::text), false)"
 );
 
 /// A standby's row, when it stops: nobody waits for it any more.
@@ -129,9 +131,10 @@ const WITHDRAW: &str = concat!(
 
 /// The leader's look: its own row dropped (it is no standby), and rows dead for ten minutes
 /// (replicas gone for good); then the most preferred live standby that is ready to take the
-/// lock, the stay-away of the newest handover asked to a live standby (none if that is this
-/// leader, whose own row the snapshot still shows), and whether its own row carried a handover
-/// asked to it.
+/// lock, the stay-away and the target of the newest handover asked to a live standby (none if
+/// that is this leader, whose own row the snapshot still shows), and whether its own row
+/// carried a handover asked to it. A leader that took the lead on request withdraws, at its
+/// first look, every other request of the key, which raced it and lost: it is done.
 ///
 /// A standby with fast takeover is ready once its session waits for the lock (the server
 /// hands the lock to it at the unlock, in milliseconds), or after it has been live for `$4`
@@ -142,7 +145,11 @@ const LOOK: &str = concat!(
     "gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 \
        AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes') \
-       RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked) \
+       RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked), \
+     done AS (UPDATE pg_elector_candidates SET requested_until = NULL, stay_away_ms = NULL \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
+       AND requested_until IS NOT NULL AND coalesce((SELECT bool_or(asked) FROM gone), false) \
+       RETURNING 1) \
      SELECT (SELECT max(c.preference)::text FROM pg_elector_candidates c \
                WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
                AND c.live_until > pg_catalog.statement_timestamp() \
@@ -153,13 +160,15 @@ const LOOK: &str = concat!(
                        WHERE l.locktype = 'advisory' AND NOT l.granted \
                        AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid \
                        AND l.objsubid = 2 AND a.application_name = c.identity))), \
-            (SELECT CASE WHEN n.identity <> $3::text THEN coalesce(n.stay_away_ms, 0) END \
-               FROM (SELECT r.identity, r.stay_away_ms FROM pg_elector_candidates r \
-                 WHERE r.class = $1::int4 AND r.object = $2::int4 \
-                 AND r.live_until > pg_catalog.statement_timestamp() \
-                 AND r.requested_until > pg_catalog.statement_timestamp() \
-                 ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1) AS n), \
-            coalesce((SELECT bool_or(asked) FROM gone), false), (SELECT s FROM bound)"
+            n.stay_away, n.target, \
+            coalesce((SELECT bool_or(asked) FROM gone), false), (SELECT s FROM bound) \
+     FROM (SELECT 1) AS one LEFT JOIN ( \
+       SELECT coalesce(r.stay_away_ms, 0) AS stay_away, r.identity AS target \
+       FROM pg_elector_candidates r \
+       WHERE r.class = $1::int4 AND r.object = $2::int4 \
+       AND r.live_until > pg_catalog.statement_timestamp() \
+       AND r.requested_until > pg_catalog.statement_timestamp() \
+       ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1) AS n ON n.target <> $3::text"
 );
 
 /// A handover asked of `$1, $2`'s leader (identity `$3`): to the live standby named `$4`, or
@@ -333,8 +342,9 @@ pub(crate) enum Claim {
 }
 
 /// Whether a grant of `key` to this replica (`identity`, `preference`) should go to another
-/// live standby instead, asked on the session that was granted it; if not, its own row is
-/// dropped. Keeps the grant while the table does not exist.
+/// live standby instead, asked on the session that was granted it, in a transaction of its
+/// own whose lock waits are bounded ([`waits_bounded`]). Keeps the grant while the table does
+/// not exist.
 pub(crate) async fn claim(
     client: &tokio_postgres::Client,
     key: LockKey,
@@ -342,33 +352,58 @@ pub(crate) async fn claim(
     preference: u64,
     interval: Duration,
 ) -> Result<Claim, tokio_postgres::Error> {
-    let keep = |on_request, waits_bounded| {
+    let keep = |on_request| {
         Claim::Keep(Standing {
             on_request,
-            waits_bounded,
+            waits_bounded: false,
         })
     };
     if !table_exists(client).await? {
-        return Ok(keep(false, false));
+        return Ok(keep(false));
     }
-    bound_lock_waits(client, interval).await?;
-    let rows = Deferring::new(key, identity, preference)
-        .query(client, CLAIM)
-        .await?;
+    let asking = Deferring::new(key, identity, preference);
+    let rows = waits_bounded(client, interval, asking.query(client, CLAIM)).await?;
     let Some(row) = rows.first() else {
-        return Ok(keep(false, true));
+        return Ok(keep(false));
     };
     Ok(match row.try_get(0)? {
         true => Claim::Defer,
-        false => keep(row.try_get(1)?, true),
+        false => keep(row.try_get(1)?),
     })
 }
 
-/// Bounds every lock wait of the lock session at half an interval (`lock_timeout`, for the
-/// session), before its first statement on the candidates table: a table locked by an
-/// operator (an `ALTER TABLE` queued behind a long transaction) then fails that statement,
-/// which is logged, instead of holding the session past its check. The session's other
-/// statements wait for no lock, or set their own bound (the fencing bump).
+/// `query` on `client` in a transaction of its own whose lock waits are bounded at half an
+/// interval (`lock_timeout`, for that transaction only): a table locked by an operator (an
+/// `ALTER TABLE` queued behind a long transaction) then fails the statement instead of holding
+/// the session past its check. A grant's session may still be a transaction pooler's, shared
+/// with other clients (its first check finds out), so nothing is set for the session. The
+/// three statements are sent at once: one round trip.
+async fn waits_bounded<T>(
+    client: &tokio_postgres::Client,
+    interval: Duration,
+    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    let ms = (millis(interval) / 2).max(1);
+    let begin = format!("BEGIN; SET LOCAL lock_timeout = {ms}");
+    // `join!` polls them first in this order, and each sends its statement when first polled.
+    let (begun, answered, ended) = tokio::join!(
+        client.batch_execute(&begin),
+        query,
+        client.batch_execute("COMMIT")
+    );
+    begun?;
+    let answer = answered?;
+    ended?;
+    Ok(answer)
+}
+
+/// Bounds every lock wait of the leader's lock session at half an interval (`lock_timeout`,
+/// for the session), before its first look at the candidates table: a table locked by an
+/// operator (an `ALTER TABLE` queued behind a long transaction) then fails the look, which is
+/// logged, instead of holding the session past its check. Only after a check has proved the
+/// session this elector's alone (no transaction pooler shares it), so that no other client's
+/// session gets the setting. The session's other statements wait for no lock, or set their
+/// own bound (the fencing bump).
 pub(crate) async fn bound_lock_waits(
     client: &tokio_postgres::Client,
     interval: Duration,
@@ -414,19 +449,20 @@ impl<'a> Gate<'a> {
         })
     }
 
-    /// Whether the free lock of `key` is left to another live standby; `false` while the
-    /// table does not exist, and when the server refuses to read it (a role without `SELECT`
-    /// on a table another service created): said at WARN, and the try goes on as without
-    /// preferences, rather than never leading.
+    /// Whether the free lock of `key` is left to another live standby (`Some`), and then
+    /// whether the question's hold outlasts its statement on this session (see [`DEFER`]).
+    /// `None` while the table does not exist, and when the server refuses to read it (a role
+    /// without `SELECT` on a table another service created): said at WARN, and the try goes
+    /// on as without preferences, rather than never leading.
     pub(crate) async fn defers(
         &self,
         client: &tokio_postgres::Client,
         key: LockKey,
-    ) -> Result<bool, tokio_postgres::Error> {
+    ) -> Result<Option<Deferred>, tokio_postgres::Error> {
         match self.asks(client, key).await {
             Err(e) if e.as_db_error().is_some() => {
                 tracing::warn!(key = %key, error = %crate::error::chain(&e), "cannot read the candidates table; the try goes on without preferences");
-                Ok(false)
+                Ok(None)
             }
             asked => asked,
         }
@@ -436,15 +472,28 @@ impl<'a> Gate<'a> {
         &self,
         client: &tokio_postgres::Client,
         key: LockKey,
-    ) -> Result<bool, tokio_postgres::Error> {
+    ) -> Result<Option<Deferred>, tokio_postgres::Error> {
         if !table_exists(client).await? {
-            return Ok(false);
+            return Ok(None);
         }
         let rows = Deferring::new(key, self.identity, self.preference)
             .query(client, DEFER)
             .await?;
-        Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        Ok(row.try_get::<_, bool>(0)?.then_some(Deferred {
+            hold_outlasts: row.try_get(1)?,
+        }))
     }
+}
+
+/// A free lock left to another live standby.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Deferred {
+    /// The session still holds the question's shared hold: a transaction the application
+    /// left open, which only closing the connection ends.
+    pub(crate) hold_outlasts: bool,
 }
 
 /// Whether a live standby outranks this one (`gate`), read on a connection of `pool`: for a
@@ -463,7 +512,48 @@ pub(crate) async fn outranked(
     let borrowed = Borrowed::new(object);
     let outranked = bounded(bound, gate.defers(borrowed.client(), key)).await?;
     borrowed.give_back();
-    Ok(outranked)
+    Ok(outranked.is_some())
+}
+
+/// What a replica that handed over on request sees of the target ([`StayAway`]): whether a
+/// session named as the target holds the key's lock in this database, and whether the
+/// target's row says it is a live standby.
+const TARGET: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
+       JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
+       WHERE l.locktype = 'advisory' AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid \
+       AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted \
+       AND a.application_name = $3::text \
+       AND l.database = (SELECT oid FROM pg_catalog.pg_database \
+                         WHERE datname = pg_catalog.current_database())), \
+     EXISTS (SELECT 1 FROM pg_elector_candidates c \
+       WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity = $3::text \
+       AND c.live_until > pg_catalog.statement_timestamp())";
+
+/// [`TARGET`], on a connection of `pool`, bounded as [`register`].
+pub(crate) async fn target_seen(
+    pool: &deadpool_postgres::Pool,
+    key: LockKey,
+    target: &str,
+    bound: Duration,
+) -> Result<TargetSeen, RegisterError> {
+    let object = tokio::time::timeout(bound, pool.get())
+        .await
+        .map_err(|_| RegisterError::NoConnection(bound))?
+        .map_err(SessionError::Pool)?;
+    let borrowed = Borrowed::new(object);
+    let (class, object) = (key.class(), key.object());
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&class, Type::INT4),
+        (&object, Type::INT4),
+        (&target, Type::TEXT),
+    ];
+    let rows = bounded(bound, borrowed.client().query_typed(TARGET, &params)).await?;
+    borrowed.give_back();
+    let row = rows.first().ok_or(SessionError::Unexpected(None))?;
+    Ok(TargetSeen {
+        leads: row.try_get(0).map_err(SessionError::Query)?,
+        live: row.try_get(1).map_err(SessionError::Query)?,
+    })
 }
 
 /// Drops this standby's row as it stops, on a connection of `pool`, bounded by `bound` (the
@@ -528,12 +618,16 @@ pub(crate) async fn look(
         return Ok(Look::default());
     };
     let best: Option<String> = row.try_get(0)?;
-    let requested: Option<i64> = row.try_get(1)?;
+    let stay_away: Option<i64> = row.try_get(1)?;
+    let target: Option<String> = row.try_get(2)?;
     Ok(Look {
-        asked_for_me: row.try_get(2)?,
+        asked_for_me: row.try_get(3)?,
         // A preference that does not parse (written by hand) counts as none.
         best: best.and_then(|b| b.parse().ok()),
-        requested: requested.map(|ms| Duration::from_millis(ms.max(0).unsigned_abs())),
+        requested: stay_away.zip(target).map(|(ms, target)| Request {
+            target,
+            stay_away: Duration::from_millis(ms.max(0).unsigned_abs()),
+        }),
     })
 }
 
@@ -557,8 +651,10 @@ pub enum HandoverTo {
 /// Only a *live* standby can be named: a replica built with a
 /// [`preference`](crate::ElectorBuilder::preference) (any, 0 included) that tried the lock
 /// within its last two check intervals. The request stays valid for a minute, or until the
-/// target leads; if the target stops trying meanwhile, the other standbys stop waiting for it
-/// within two of its intervals.
+/// target's term has begun and passed its first check; if the target stops trying meanwhile,
+/// the other standbys stop waiting for it within two of its intervals. The old leader stays
+/// away only while the target may still lead: once the target is neither live nor leading,
+/// or has led and no longer does, it stands by again.
 ///
 /// # Errors
 ///

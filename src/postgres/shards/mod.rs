@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::borrower::Borrower;
 use super::repeats::Repeats;
-use super::session::{Attempt, LockMode, SessionBounds, try_acquire};
+use super::session::{Attempt, LockMode, SessionBounds, TryFor, try_acquire};
 use super::standby::report_try;
 use crate::error::Error;
 use crate::shards::group::Inner;
@@ -39,16 +39,15 @@ pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<()
             () = shutdown.cancelled() => return Ok(()),
             attempt = async {
                 ticks.tick().await;
-                try_acquire(
-                    &mut borrower,
-                    pg.key,
-                    LockMode::Shared,
-                    &pg.identity,
-                    &bounds,
-                    pg.interval,
-                    None,
-                )
-                .await
+                let asked = TryFor {
+                    key: pg.key,
+                    mode: LockMode::Shared,
+                    identity: &pg.identity,
+                    bounds: &bounds,
+                    interval: pg.interval,
+                    defer_as: None,
+                };
+                try_acquire(&mut borrower, &asked).await.attempt
             } => attempt,
         };
         let Ok(Attempt::Granted {
