@@ -582,10 +582,11 @@ async fn ask_then_try(
         if free == Some(false) {
             return Ok(Asked::Held);
         }
-        if let Some(gate) = gate
-            && let Some(left) = gate.defers(client, key).await?
-        {
-            return Ok(Asked::Deferred(left));
+        if let Some(gate) = gate {
+            let left = gate.defers(client, key).await?;
+            if left.defers {
+                return Ok(Asked::Deferred(left));
+            }
         }
     }
     *sent_at = Some(now_ms());

@@ -258,3 +258,61 @@ async fn a_try_that_leaves_the_lock_to_a_preferred_standby_keeps_its_connection(
     assert!(!deferring.elector.is_leader());
     deferring.stop().await.unwrap();
 }
+
+/// A preferred standby on the application's pool of one connection, which the application
+/// hands back inside a transaction (a `BEGIN` without its `COMMIT`, an application bug): the
+/// standby's "I am alive" write does not land in that transaction (before, it set
+/// `synchronous_commit` for the application's transaction and left its row uncommitted there,
+/// try after try); the connection is closed instead, which ends the transaction, and the
+/// standby says it is alive again on a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_never_writes_inside_a_transaction_the_application_left_open() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf95, 1);
+    let leader = preferring(db.pool(3), key, "leader", 9);
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("the leader leads");
+    let app = db.pool(1);
+    let standby = preferring(app.clone(), key, "standby", 1);
+    let admin = db.connect().await.unwrap();
+    let live = || async {
+        query_i64(
+            &admin,
+            "SELECT count(*) FROM pg_elector_candidates \
+             WHERE identity = 'standby' AND live_until > statement_timestamp()",
+        )
+        .await
+            == 1
+    };
+    wait_for_async(3 * I, live)
+        .await
+        .expect("the standby says it is alive");
+
+    let leaked = {
+        let object = app.get().await.unwrap();
+        object.batch_execute("BEGIN").await.unwrap();
+        query_i64(&object, "SELECT pg_backend_pid()::int8").await
+    };
+    let gone = || async {
+        query_i64(
+            &admin,
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {leaked}"),
+        )
+        .await
+            == 0
+    };
+    wait_for_async(3 * I, gone)
+        .await
+        .expect("the connection left inside a transaction is closed at the standby's next try");
+    // Alive again, written and committed on a fresh connection.
+    tokio::time::sleep(2 * I).await;
+    assert!(live().await, "the standby says it is alive again");
+    let fresh = app.get().await.unwrap();
+    let pid = query_i64(&fresh, "SELECT pg_backend_pid()::int8").await;
+    assert_ne!(pid, leaked, "the pool's connection is a fresh one");
+    drop(fresh);
+    standby.stop().await.unwrap();
+    leader.stop().await.unwrap();
+}

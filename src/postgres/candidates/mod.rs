@@ -54,6 +54,48 @@ macro_rules! no_wait {
     };
 }
 
+/// Whether the statement runs inside a transaction [`PROBE`] marked: one the application left
+/// open on the pool connection.
+macro_rules! open {
+    () => {
+        "coalesce(pg_catalog.current_setting('pg_elector.probe', true), '') = 'open'"
+    };
+}
+
+/// The first CTEs of every statement that writes the table on a pool connection, which the
+/// application may have left inside a transaction (a `BEGIN` without its `COMMIT`): `open`,
+/// whether it is (see [`PROBE`]), and [`no_wait!`]'s setting, made only when it is not. The
+/// statement writes nothing inside such a transaction, and the connection is closed, which
+/// ends it: the crate never changes a transaction it did not open.
+macro_rules! no_wait_outside_transactions {
+    () => {
+        concat!(
+            "WITH open AS MATERIALIZED (SELECT ",
+            open!(),
+            " AS yes), \
+             bound AS MATERIALIZED (SELECT CASE WHEN NOT (SELECT yes FROM open) THEN \
+               pg_catalog.set_config('synchronous_commit', 'off', true) END AS s), "
+        )
+    };
+}
+
+/// Sent in the same round trip before a statement on a pool connection: it marks the
+/// transaction it runs in. Outside a transaction block that is its own, over at once, and the
+/// statement after it reads no mark; inside a transaction the application left open, the
+/// statement reads it ([`open!`]).
+const PROBE: &str = "SELECT pg_catalog.set_config('pg_elector.probe', 'open', true)";
+
+/// `query` on `client`, a pool connection, right after [`PROBE`] (one round trip).
+async fn probed<T>(
+    client: &tokio_postgres::Client,
+    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    // `join!` polls the probe first, which sends it first.
+    let (marked, answer) = tokio::join!(client.query_typed(PROBE, &[]), query);
+    marked?;
+    answer
+}
+
 /// Whether the lock of `$1, $2`, free or just granted to identity `$3` of preference `$4`,
 /// should go to another live standby: the live target of the newest handover asked (one
 /// target at a time, however many requests raced), or else (no live target) a more preferred
@@ -81,18 +123,19 @@ macro_rules! defer {
 /// [`defer!`]): such a standby keeps no waiting session, which would only take a waiting slot
 /// from the one it would leave the lock to.
 const REGISTER: &str = concat!(
-    no_wait!(),
+    no_wait_outside_transactions!(),
     "up AS (INSERT INTO pg_elector_candidates AS c \
        (class, object, identity, preference, live_until, live_since, waits) \
-       VALUES ($1::int4, $2::int4, $3::text, $4::text::numeric, \
-               pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool) \
+       SELECT $1::int4, $2::int4, $3::text, $4::text::numeric, \
+               pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool \
+       WHERE NOT (SELECT yes FROM open) \
        ON CONFLICT (class, object, identity) DO UPDATE \
        SET preference = EXCLUDED.preference, live_until = EXCLUDED.live_until, \
            waits = EXCLUDED.waits, \
            live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
                              ELSE c.live_since END \
        RETURNING 1) \
-     SELECT yes FROM (",
+     SELECT d.yes, (SELECT yes FROM open) FROM (",
     defer!(),
     ") AS d(yes), bound"
 );
@@ -105,7 +148,8 @@ const DEFER: &str = concat!(
     defer!(),
     ", EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
        AND pid = pg_catalog.pg_backend_pid() AND mode = 'ShareLock' \
-       AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2)"
+       AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2), ",
+    open!()
 );
 
 /// [`defer!`] after a grant, and whether the grantee's own row carries a handover asked to it.
@@ -123,10 +167,11 @@ const CLAIM: &str = concat!(
 
 /// A standby's row, when it stops: nobody waits for it any more.
 const WITHDRAW: &str = concat!(
-    no_wait!(),
+    no_wait_outside_transactions!(),
     "gone AS (DELETE FROM pg_elector_candidates \
-       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text RETURNING 1) \
-     SELECT (SELECT s FROM bound), (SELECT count(*) FROM gone)"
+       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text \
+       AND NOT (SELECT yes FROM open) RETURNING 1) \
+     SELECT (SELECT s FROM bound), (SELECT count(*) FROM gone), (SELECT yes FROM open)"
 );
 
 /// The leader's look: its own row dropped (it is no standby), and rows dead for ten minutes
@@ -197,6 +242,10 @@ pub(crate) enum RegisterError {
     CannotCreate { source: SessionError },
     #[error("{0}")]
     Session(#[from] SessionError),
+    #[error(
+        "the pool connection was inside a transaction the application left open; nothing was written, and the connection was closed, which ends that transaction"
+    )]
+    InTransaction,
 }
 
 impl RegisterError {
@@ -224,6 +273,29 @@ pub(crate) struct Candidate<'a> {
     pub(crate) waits: bool,
 }
 
+/// A connection of `pool`, waiting at most `bound` for it.
+async fn borrow(
+    pool: &deadpool_postgres::Pool,
+    bound: Duration,
+) -> Result<Borrowed, RegisterError> {
+    let object = tokio::time::timeout(bound, pool.get())
+        .await
+        .map_err(|_| RegisterError::NoConnection(bound))?
+        .map_err(SessionError::Pool)?;
+    Ok(Borrowed::new(object))
+}
+
+/// Gives `borrowed` back, unless its statement ran inside a transaction the application left
+/// open (`open`): then it is closed, which ends that transaction, and that is an error.
+fn give_back_unless_open(borrowed: Borrowed, open: bool) -> Result<(), RegisterError> {
+    if open {
+        // Dropping `borrowed` closes the connection.
+        return Err(RegisterError::InTransaction);
+    }
+    borrowed.give_back();
+    Ok(())
+}
+
 /// Upserts this standby's row on a connection of `pool`: live for two intervals. Creates the
 /// table when it is missing. Answers whether another live standby outranks this one. Waits at
 /// most `bound` for the connection and `bound` for each statement; a connection whose statement
@@ -240,11 +312,7 @@ pub(crate) async fn register(
         interval,
         waits,
     } = *candidate;
-    let object = tokio::time::timeout(bound, pool.get())
-        .await
-        .map_err(|_| RegisterError::NoConnection(bound))?
-        .map_err(SessionError::Pool)?;
-    let borrowed = Borrowed::new(object);
+    let borrowed = borrow(pool, bound).await?;
     let client = borrowed.client();
     let preference = preference_text(preference);
     let live = millis(2 * interval);
@@ -257,7 +325,7 @@ pub(crate) async fn register(
         (&live, Type::INT8),
         (&waits, Type::BOOL),
     ];
-    let upsert = || client.query_typed(REGISTER, &params);
+    let upsert = || probed(client, client.query_typed(REGISTER, &params));
     let rows = match bounded(bound, upsert()).await {
         Ok(rows) => rows,
         Err(SessionError::Query(e)) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
@@ -266,11 +334,9 @@ pub(crate) async fn register(
         }
         Err(e) => return Err(e.into()),
     };
-    borrowed.give_back();
-    Ok(rows
-        .first()
-        .and_then(|row| row.try_get::<_, bool>(0).ok())
-        .unwrap_or(false))
+    let column = |i| rows.first().and_then(|row| row.try_get::<_, bool>(i).ok());
+    give_back_unless_open(borrowed, column(1).unwrap_or(false))?;
+    Ok(column(0).unwrap_or(false))
 }
 
 /// Creates the table; a concurrent creation by another replica is no error.
@@ -449,20 +515,19 @@ impl<'a> Gate<'a> {
         })
     }
 
-    /// Whether the free lock of `key` is left to another live standby (`Some`), and then
-    /// whether the question's hold outlasts its statement on this session (see [`DEFER`]).
-    /// `None` while the table does not exist, and when the server refuses to read it (a role
-    /// without `SELECT` on a table another service created): said at WARN, and the try goes
-    /// on as without preferences, rather than never leading.
+    /// What [`DEFER`] answers on `client` for `key`: all false while the table does not
+    /// exist, and when the server refuses to read it (a role without `SELECT` on a table
+    /// another service created): said at WARN, and the try goes on as without preferences,
+    /// rather than never leading.
     pub(crate) async fn defers(
         &self,
         client: &tokio_postgres::Client,
         key: LockKey,
-    ) -> Result<Option<Deferred>, tokio_postgres::Error> {
+    ) -> Result<Deferred, tokio_postgres::Error> {
         match self.asks(client, key).await {
             Err(e) if e.as_db_error().is_some() => {
                 tracing::warn!(key = %key, error = %crate::error::chain(&e), "cannot read the candidates table; the try goes on without preferences");
-                Ok(None)
+                Ok(Deferred::default())
             }
             asked => asked,
         }
@@ -472,28 +537,34 @@ impl<'a> Gate<'a> {
         &self,
         client: &tokio_postgres::Client,
         key: LockKey,
-    ) -> Result<Option<Deferred>, tokio_postgres::Error> {
+    ) -> Result<Deferred, tokio_postgres::Error> {
         if !table_exists(client).await? {
-            return Ok(None);
+            return Ok(Deferred::default());
         }
         let rows = Deferring::new(key, self.identity, self.preference)
             .query(client, DEFER)
             .await?;
         let Some(row) = rows.first() else {
-            return Ok(None);
+            return Ok(Deferred::default());
         };
-        Ok(row.try_get::<_, bool>(0)?.then_some(Deferred {
+        Ok(Deferred {
+            defers: row.try_get(0)?,
             hold_outlasts: row.try_get(1)?,
-        }))
+            open: row.try_get(2)?,
+        })
     }
 }
 
-/// A free lock left to another live standby.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What [`DEFER`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Deferred {
+    /// The free lock is left to another live standby.
+    pub(crate) defers: bool,
     /// The session still holds the question's shared hold: a transaction the application
     /// left open, which only closing the connection ends.
     pub(crate) hold_outlasts: bool,
+    /// It ran inside a transaction [`PROBE`] marked.
+    pub(crate) open: bool,
 }
 
 /// Whether a live standby outranks this one (`gate`), read on a connection of `pool`: for a
@@ -505,20 +576,18 @@ pub(crate) async fn outranked(
     key: LockKey,
     bound: Duration,
 ) -> Result<bool, RegisterError> {
-    let object = tokio::time::timeout(bound, pool.get())
-        .await
-        .map_err(|_| RegisterError::NoConnection(bound))?
-        .map_err(SessionError::Pool)?;
-    let borrowed = Borrowed::new(object);
-    let outranked = bounded(bound, gate.defers(borrowed.client(), key)).await?;
-    borrowed.give_back();
-    Ok(outranked.is_some())
+    let borrowed = borrow(pool, bound).await?;
+    let client = borrowed.client();
+    let found = bounded(bound, probed(client, gate.defers(client, key))).await?;
+    give_back_unless_open(borrowed, found.open)?;
+    Ok(found.defers)
 }
 
 /// What a replica that handed over on request sees of the target ([`StayAway`]): whether a
 /// session named as the target holds the key's lock in this database, and whether the
 /// target's row says it is a live standby.
-const TARGET: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
+const TARGET: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
        JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
        WHERE l.locktype = 'advisory' AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid \
        AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted \
@@ -527,7 +596,9 @@ const TARGET: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
                          WHERE datname = pg_catalog.current_database())), \
      EXISTS (SELECT 1 FROM pg_elector_candidates c \
        WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity = $3::text \
-       AND c.live_until > pg_catalog.statement_timestamp())";
+       AND c.live_until > pg_catalog.statement_timestamp()), ",
+    open!()
+);
 
 /// [`TARGET`], on a connection of `pool`, bounded as [`register`].
 pub(crate) async fn target_seen(
@@ -536,24 +607,23 @@ pub(crate) async fn target_seen(
     target: &str,
     bound: Duration,
 ) -> Result<TargetSeen, RegisterError> {
-    let object = tokio::time::timeout(bound, pool.get())
-        .await
-        .map_err(|_| RegisterError::NoConnection(bound))?
-        .map_err(SessionError::Pool)?;
-    let borrowed = Borrowed::new(object);
+    let borrowed = borrow(pool, bound).await?;
+    let client = borrowed.client();
     let (class, object) = (key.class(), key.object());
     let params: [(&(dyn ToSql + Sync), Type); 3] = [
         (&class, Type::INT4),
         (&object, Type::INT4),
         (&target, Type::TEXT),
     ];
-    let rows = bounded(bound, borrowed.client().query_typed(TARGET, &params)).await?;
-    borrowed.give_back();
+    let rows = bounded(bound, probed(client, client.query_typed(TARGET, &params))).await?;
     let row = rows.first().ok_or(SessionError::Unexpected(None))?;
-    Ok(TargetSeen {
-        leads: row.try_get(0).map_err(SessionError::Query)?,
-        live: row.try_get(1).map_err(SessionError::Query)?,
-    })
+    let column = |i| row.try_get::<_, bool>(i).map_err(SessionError::Query);
+    let seen = TargetSeen {
+        leads: column(0)?,
+        live: column(1)?,
+    };
+    give_back_unless_open(borrowed, column(2)?)?;
+    Ok(seen)
 }
 
 /// Drops this standby's row as it stops, on a connection of `pool`, bounded by `bound` (the
@@ -567,20 +637,17 @@ pub(crate) async fn withdraw(
     let withdrawn = tokio::time::timeout(bound, async {
         let object = pool.get().await.map_err(|e| e.to_string())?;
         let borrowed = Borrowed::new(object);
-        borrowed
-            .client()
-            .query_typed(
-                WITHDRAW,
-                &[
-                    (&key.class(), Type::INT4),
-                    (&key.object(), Type::INT4),
-                    (&identity, Type::TEXT),
-                ],
-            )
+        let client = borrowed.client();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&key.class(), Type::INT4),
+            (&key.object(), Type::INT4),
+            (&identity, Type::TEXT),
+        ];
+        let rows = probed(client, client.query_typed(WITHDRAW, &params))
             .await
             .map_err(|e| crate::error::chain(&e))?;
-        borrowed.give_back();
-        Ok::<_, String>(())
+        let open = rows.first().and_then(|row| row.try_get(2).ok());
+        give_back_unless_open(borrowed, open.unwrap_or(false)).map_err(|e| e.to_string())
     })
     .await;
     match withdrawn {
