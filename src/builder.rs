@@ -74,8 +74,12 @@ impl ElectorBuilder {
 
     /// Who this replica is, as the lock session's `application_name` (in `pg_stat_activity`
     /// and [`current_leader`](crate::current_leader)), the epoch row's holder and the
-    /// `identity` field of the election's log lines. Default `<hostname>-<pid>`. PostgreSQL
-    /// keeps the first 63 bytes.
+    /// `identity` field of the election's log lines. Default `<hostname>-<pid>` (the host name
+    /// cut to fit). PostgreSQL keeps the first 63 bytes, and shows a character outside
+    /// printable ASCII otherwise; with a [`preference`](Self::preference), which finds standbys
+    /// by their identity, [`build`](Self::build) refuses such an identity. Give each replica of
+    /// a key its own: two live replicas with one identity are logged at ERROR, since preferences
+    /// cannot tell them apart.
     pub fn identity(mut self, name: impl Into<String>) -> Self {
         self.identity = Some(name.into());
         self
@@ -291,7 +295,9 @@ impl ElectorBuilder {
     ///
     /// [`Error::IntervalTooSmall`] and [`Error::IntervalTooLarge`] for an interval out of
     /// range; [`Error::InvalidFencingTable`] for an empty or overlong table or schema name;
-    /// [`Error::InvalidIdentity`] for an identity with a NUL byte;
+    /// [`Error::InvalidIdentity`] for an identity with a NUL byte, or, with a
+    /// [`preference`](Self::preference), one over 63 bytes or with a character outside
+    /// printable ASCII;
     /// `Error::MetricClash` or `Error::Metric` when the registry refuses a metric.
     pub fn build(self) -> Result<Elector, Error> {
         let interval = self.check_interval;
@@ -303,7 +309,7 @@ impl ElectorBuilder {
         }
         let metrics = self.metrics.register(&self.key.to_string())?;
         let identity = self.identity.unwrap_or_else(default_identity);
-        if identity.contains('\0') {
+        if identity.contains('\0') || (self.preference.is_some() && !kept_whole(&identity)) {
             return Err(Error::InvalidIdentity { identity });
         }
         let fencing = match self.fencing {
@@ -424,9 +430,29 @@ impl LocalBuilder {
     }
 }
 
-/// `<hostname>-<pid>`.
+/// The most of an `application_name` PostgreSQL keeps: `NAMEDATALEN - 1` bytes.
+const APPLICATION_NAME_BYTES: usize = 63;
+
+/// Whether PostgreSQL shows `identity` as it is in `application_name`: at most
+/// [`APPLICATION_NAME_BYTES`] bytes, each printable ASCII (it replaces any other byte). A
+/// replica with a preference is found by its identity in both its candidates row and
+/// `pg_stat_activity`, so it needs one that both show alike.
+fn kept_whole(identity: &str) -> bool {
+    identity.len() <= APPLICATION_NAME_BYTES && identity.bytes().all(|b| (b' '..=b'~').contains(&b))
+}
+
+/// `<hostname>-<pid>`, the host name cut so that the whole is kept in `application_name`
+/// (a host name is printable ASCII).
 fn default_identity() -> String {
-    format!("{}-{}", hostname(), std::process::id())
+    let pid = format!("-{}", std::process::id());
+    let host = hostname();
+    let mut cut = APPLICATION_NAME_BYTES
+        .saturating_sub(pid.len())
+        .min(host.len());
+    while !host.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{pid}", &host[..cut])
 }
 
 #[cfg(target_os = "linux")]

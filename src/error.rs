@@ -95,8 +95,12 @@ pub enum Error {
     #[error("request_handover: the query failed: {}", chain(.0))]
     HandoverQuery(tokio_postgres::Error),
 
-    /// The identity holds a NUL byte, which PostgreSQL refuses in `application_name`.
-    #[error("invalid identity {identity:?}: no NUL byte")]
+    /// The identity holds a NUL byte, which PostgreSQL refuses in `application_name`; or the
+    /// replica has a preference and the identity is over 63 bytes or holds a character
+    /// outside printable ASCII, which `application_name` would not show as it is.
+    #[error(
+        "invalid identity {identity:?}: no NUL byte, and with a preference at most 63 bytes of printable ASCII (what PostgreSQL keeps of an application_name)"
+    )]
     InvalidIdentity {
         /// The identity that was given.
         identity: String,

@@ -163,6 +163,9 @@ async fn lead(
         };
         match looked {
             Ok(look) => {
+                if standing.duplicate(&look) {
+                    loud_or_debug!(repeats.loud("duplicate"), error, key = %pg.key, identity = %pg.identity, "another live replica of this key has this leader's identity: the leader drops its row at every check, so preferences cannot see it; give each replica its own identity (the default, hostname-pid, is unique on a host)");
+                }
                 if let Some(why) = standing.after(&look, pg.own_preference()) {
                     return Led::Yield(why);
                 }

@@ -79,7 +79,17 @@ pub(super) struct Standby<'a> {
 struct Records {
     tries: Repeats,
     wait: Repeats,
-    alive: Repeats,
+    alive: Alive,
+}
+
+/// What a standby with a preference remembers of saying it is alive: its failures and the
+/// duplicates of its identity it saw, for [`Repeats`], and the `live_until` its last upsert
+/// wrote, by which the next one sees another replica of the key with the same identity.
+#[derive(Default)]
+struct Alive {
+    repeats: Repeats,
+    duplicates: Repeats,
+    written: Option<i64>,
 }
 
 /// The waiting session of fast takeover, and what starts one.
@@ -252,7 +262,7 @@ impl Standby<'_> {
     async fn try_once(
         &mut self,
         waiting: &mut Waiting,
-        alive: &mut Repeats,
+        alive: &mut Alive,
     ) -> Option<(Result<Attempt, SessionError>, bool)> {
         let pg = self.pg;
         // A standby without a preference reads the table while it holds a waiting slot, and
@@ -347,7 +357,7 @@ impl Standby<'_> {
 ///
 /// A failure is logged and counts as not outranked: the try goes on, and this replica only
 /// counts as less preferred than it is.
-async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, repeats: &mut Repeats) -> bool {
+async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, alive: &mut Alive) -> bool {
     let bound = pg.interval.max(MIN_TRY_BOUND);
     let said = match pg.preference {
         Some(_) if quiet => return false,
@@ -358,8 +368,10 @@ async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, repeats: &mut Repe
                 preference,
                 interval: pg.interval,
                 waits: pg.fast_takeover,
+                written_before: alive.written,
             };
-            candidates::register(&pg.pool, &candidate, bound).await
+            let registered = candidates::register(&pg.pool, &candidate, bound).await;
+            registered.map(|registered| said_alive(pg, registered, alive))
         }
         None if reads && pg.fast_takeover => match candidates::Gate::new(Some(0), &pg.identity) {
             Some(gate) => candidates::outranked(&pg.pool, gate, pg.key, bound).await,
@@ -367,6 +379,7 @@ async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, repeats: &mut Repe
         },
         None => return false,
     };
+    let repeats = &mut alive.repeats;
     match said {
         Ok(outranked) => {
             repeats.clear();
@@ -381,6 +394,18 @@ async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, repeats: &mut Repe
             false
         }
     }
+}
+
+/// What a standby's upsert found: whether it is outranked. A row another replica wrote since
+/// this one's last upsert is another live replica of the key with this identity: said at
+/// ERROR once a minute, since their rows overwrite each other's and a leader of that identity
+/// drops them, so that preferences cannot see the more preferred of them.
+fn said_alive(pg: &PgSettings, registered: candidates::Registered, alive: &mut Alive) -> bool {
+    if registered.duplicate {
+        loud_or_debug!(alive.duplicates.loud("duplicate"), error, key = %pg.key, identity = %pg.identity, "another live replica of this key has this replica's identity: their rows in the candidates table overwrite each other's, so preferences cannot tell them apart; give each replica its own identity (the default, hostname-pid, is unique on a host)");
+    }
+    alive.written = registered.written;
+    registered.outranked
 }
 
 /// Logs a try that was not granted; a repeated failure at DEBUG in between. Shard members

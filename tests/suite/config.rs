@@ -70,6 +70,39 @@ mod e17 {
         }
     }
 
+    /// With a preference, standbys are found by their identity in the candidates table and
+    /// in `pg_stat_activity`'s `application_name`, which keeps 63 bytes of printable ASCII:
+    /// an identity it would show otherwise is refused; without one it is fine (it shows cut).
+    #[test]
+    fn with_a_preference_an_identity_postgres_would_not_show_whole_is_rejected() {
+        let long = "x".repeat(64);
+        for identity in [long.as_str(), "café", "tab\there"] {
+            match Elector::builder(pool(), KEY)
+                .identity(identity)
+                .preference(1)
+                .build()
+            {
+                Err(Error::InvalidIdentity { identity: given }) => assert_eq!(given, identity),
+                other => panic!("{identity:?}: expected InvalidIdentity, got {other:?}"),
+            }
+            Elector::builder(pool(), KEY)
+                .identity(identity)
+                .build()
+                .unwrap_or_else(|e| panic!("{identity:?} without a preference: {e}"));
+        }
+        let fits = "y".repeat(63);
+        let elector = Elector::builder(pool(), KEY)
+            .identity(fits.as_str())
+            .preference(1)
+            .build()
+            .unwrap();
+        assert_eq!(elector.identity(), Some(fits.as_str()));
+        // The default identity always fits.
+        let default = Elector::builder(pool(), KEY).preference(1).build().unwrap();
+        let identity = default.identity().unwrap();
+        assert!(identity.len() <= 63, "{identity}");
+    }
+
     #[test]
     fn a_metric_name_taken_by_another_collector_type_is_rejected() {
         let registry = prometheus::Registry::new();

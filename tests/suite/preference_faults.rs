@@ -316,3 +316,63 @@ async fn a_standby_never_writes_inside_a_transaction_the_application_left_open()
     standby.stop().await.unwrap();
     leader.stop().await.unwrap();
 }
+
+/// Two live replicas of one key named alike (`.identity("svc")` on every replica): the leader
+/// drops the standby's row at every check, so the more preferred one is invisible; and two
+/// standbys overwrite each other's row. Each is said at ERROR, naming the fix (before, nothing
+/// was said and preferences silently did nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_live_replicas_with_one_identity_are_said_at_error() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let capture = common::capture::Capture::default();
+    let run = |name: &str, preference: u64| {
+        Replica::run_captured(
+            Elector::builder(db.pool(2), LockKey::new(0xf96, 1))
+                .check_interval(I)
+                .identity(name)
+                .preference(preference)
+                .build()
+                .unwrap(),
+            &capture,
+        )
+    };
+    let leader = run("svc", 1);
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("the first replica leads");
+    let twin = run("svc", 5);
+    let said = capture
+        .logged(
+            "another live replica of this key has this leader's identity",
+            6 * I,
+        )
+        .await;
+    assert!(said.is_some(), "the leader says so at ERROR");
+    let event = &capture.events("another live replica of this key has this leader's identity")[0];
+    assert_eq!(event.level, tracing::Level::ERROR);
+    assert_eq!(event.field("identity"), "svc");
+    assert!(
+        leader.elector.is_leader(),
+        "the twin stays invisible to the leader"
+    );
+
+    // Two standbys named alike, beside a leader of another name.
+    twin.stop().await.unwrap();
+    leader.stop().await.unwrap();
+    let other = run("other", 9);
+    wait_for(3 * I, || other.elector.is_leader())
+        .await
+        .expect("another leads");
+    let (a, b) = (run("twin", 1), run("twin", 2));
+    let said = capture
+        .logged(
+            "another live replica of this key has this replica's identity",
+            6 * I,
+        )
+        .await;
+    assert!(said.is_some(), "a standby says so at ERROR");
+    for r in [a, b, other] {
+        r.stop().await.unwrap();
+    }
+}

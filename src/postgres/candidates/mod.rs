@@ -122,9 +122,16 @@ macro_rules! defer {
 /// handover asked of it stays. Answers whether another live standby outranks it (see
 /// [`defer!`]): such a standby keeps no waiting session, which would only take a waiting slot
 /// from the one it would leave the lock to.
+///
+/// `$7` is the `live_until` this replica wrote at its last upsert (in microseconds since 1970;
+/// NULL when it knows none): a live row whose `live_until` is another was written since by
+/// another replica of the same key and identity, whose rows overwrite each other's (the last
+/// column says so).
 const REGISTER: &str = concat!(
     no_wait_outside_transactions!(),
-    "up AS (INSERT INTO pg_elector_candidates AS c \
+    "prev AS (SELECT live_until FROM pg_elector_candidates \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text), \
+     up AS (INSERT INTO pg_elector_candidates AS c \
        (class, object, identity, preference, live_until, live_since, waits) \
        SELECT $1::int4, $2::int4, $3::text, $4::text::numeric, \
                pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool \
@@ -134,8 +141,11 @@ const REGISTER: &str = concat!(
            waits = EXCLUDED.waits, \
            live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
                              ELSE c.live_since END \
-       RETURNING 1) \
-     SELECT d.yes, (SELECT yes FROM open) FROM (",
+       RETURNING (extract(epoch FROM live_until) * 1000000)::int8 AS written) \
+     SELECT d.yes, (SELECT yes FROM open), (SELECT written FROM up), \
+       coalesce($7::int8 <> (SELECT (extract(epoch FROM live_until) * 1000000)::int8 FROM prev) \
+                AND (SELECT live_until FROM prev) > pg_catalog.statement_timestamp(), false) \
+     FROM (",
     defer!(),
     ") AS d(yes), bound"
 );
@@ -178,8 +188,10 @@ const WITHDRAW: &str = concat!(
 /// (replicas gone for good); then the most preferred live standby that is ready to take the
 /// lock, the stay-away and the target of the newest handover asked to a live standby (none if
 /// that is this leader, whose own row the snapshot still shows), and whether its own row
-/// carried a handover asked to it. A leader that took the lead on request withdraws, at its
-/// first look, every other request of the key, which raced it and lost: it is done.
+/// carried a handover asked to it, and whether a live row of its identity was there (after a
+/// term's first look, only another replica of that identity writes one). A leader that took
+/// the lead on request withdraws, at its first look, every other request of the key, which
+/// raced it and lost: it is done.
 ///
 /// A standby with fast takeover is ready once its session waits for the lock (the server
 /// hands the lock to it at the unlock, in milliseconds), or after it has been live for `$4`
@@ -190,7 +202,8 @@ const LOOK: &str = concat!(
     "gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 \
        AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes') \
-       RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked), \
+       RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked, \
+         identity = $3::text AND live_until > pg_catalog.statement_timestamp() AS live_own), \
      done AS (UPDATE pg_elector_candidates SET requested_until = NULL, stay_away_ms = NULL \
        WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
        AND requested_until IS NOT NULL AND coalesce((SELECT bool_or(asked) FROM gone), false) \
@@ -206,7 +219,8 @@ const LOOK: &str = concat!(
                        AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid \
                        AND l.objsubid = 2 AND a.application_name = c.identity))), \
             n.stay_away, n.target, \
-            coalesce((SELECT bool_or(asked) FROM gone), false), (SELECT s FROM bound) \
+            coalesce((SELECT bool_or(asked) FROM gone), false), (SELECT s FROM bound), \
+            coalesce((SELECT bool_or(live_own) FROM gone), false) \
      FROM (SELECT 1) AS one LEFT JOIN ( \
        SELECT coalesce(r.stay_away_ms, 0) AS stay_away, r.identity AS target \
        FROM pg_elector_candidates r \
@@ -263,6 +277,18 @@ fn millis(d: Duration) -> i64 {
     d.as_millis().try_into().unwrap_or(i64::MAX)
 }
 
+/// What a standby's upsert found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Registered {
+    /// Another live standby outranks this one.
+    pub(crate) outranked: bool,
+    /// The `live_until` it wrote, in microseconds (the next upsert's `written_before`).
+    pub(crate) written: Option<i64>,
+    /// Its row was written by another replica since its last upsert: two live replicas of
+    /// the key share its identity.
+    pub(crate) duplicate: bool,
+}
+
 /// A standby that says it is alive.
 pub(crate) struct Candidate<'a> {
     pub(crate) key: LockKey,
@@ -271,6 +297,8 @@ pub(crate) struct Candidate<'a> {
     pub(crate) interval: Duration,
     /// It keeps a session waiting for the lock (fast takeover).
     pub(crate) waits: bool,
+    /// The `live_until` its last upsert wrote ([`Registered::written`]).
+    pub(crate) written_before: Option<i64>,
 }
 
 /// A connection of `pool`, waiting at most `bound` for it.
@@ -304,26 +332,28 @@ pub(crate) async fn register(
     pool: &deadpool_postgres::Pool,
     candidate: &Candidate<'_>,
     bound: Duration,
-) -> Result<bool, RegisterError> {
+) -> Result<Registered, RegisterError> {
     let Candidate {
         key,
         identity,
         preference,
         interval,
         waits,
+        written_before,
     } = *candidate;
     let borrowed = borrow(pool, bound).await?;
     let client = borrowed.client();
     let preference = preference_text(preference);
     let live = millis(2 * interval);
     let (class, object) = (key.class(), key.object());
-    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+    let params: [(&(dyn ToSql + Sync), Type); 7] = [
         (&class, Type::INT4),
         (&object, Type::INT4),
         (&identity, Type::TEXT),
         (&preference, Type::TEXT),
         (&live, Type::INT8),
         (&waits, Type::BOOL),
+        (&written_before, Type::INT8),
     ];
     let upsert = || probed(client, client.query_typed(REGISTER, &params));
     let rows = match bounded(bound, upsert()).await {
@@ -336,7 +366,11 @@ pub(crate) async fn register(
     };
     let column = |i| rows.first().and_then(|row| row.try_get::<_, bool>(i).ok());
     give_back_unless_open(borrowed, column(1).unwrap_or(false))?;
-    Ok(column(0).unwrap_or(false))
+    Ok(Registered {
+        outranked: column(0).unwrap_or(false),
+        written: rows.first().and_then(|row| row.try_get(2).ok()).flatten(),
+        duplicate: column(3).unwrap_or(false),
+    })
 }
 
 /// Creates the table; a concurrent creation by another replica is no error.
@@ -421,7 +455,7 @@ pub(crate) async fn claim(
     let keep = |on_request| {
         Claim::Keep(Standing {
             on_request,
-            waits_bounded: false,
+            ..Standing::default()
         })
     };
     if !table_exists(client).await? {
@@ -688,6 +722,7 @@ pub(crate) async fn look(
     let stay_away: Option<i64> = row.try_get(1)?;
     let target: Option<String> = row.try_get(2)?;
     Ok(Look {
+        own_row_live: row.try_get(5)?,
         asked_for_me: row.try_get(3)?,
         // A preference that does not parse (written by hand) counts as none.
         best: best.and_then(|b| b.parse().ok()),

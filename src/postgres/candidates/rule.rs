@@ -14,6 +14,8 @@ pub(crate) struct Look {
     pub(crate) requested: Option<Request>,
     /// This leader's own row carried a handover asked to it: it took the lead on request.
     pub(crate) asked_for_me: bool,
+    /// A live row with this leader's identity was there (and is gone now).
+    pub(crate) own_row_live: bool,
 }
 
 /// A handover asked from outside: to whom, and how long the leader then stays away.
@@ -97,9 +99,20 @@ pub(crate) struct Standing {
     pub(crate) on_request: bool,
     /// The lock session's lock waits are bounded (see `bound_lock_waits`).
     pub(crate) waits_bounded: bool,
+    /// Looks taken in this term.
+    pub(crate) looks: u32,
 }
 
 impl Standing {
+    /// Counts `look` and says whether it shows another live replica of this key with this
+    /// leader's identity: a live row of that identity after the term's first look (which
+    /// drops the row this replica wrote as a standby) was written by another replica, which
+    /// a leader does not do.
+    pub(crate) fn duplicate(&mut self, look: &Look) -> bool {
+        self.looks = self.looks.saturating_add(1);
+        self.looks > 1 && look.own_row_live
+    }
+
     /// Whether a leader of preference `own` hands over after `look`: on a request, whatever
     /// the preferences; otherwise only to a strictly more preferred live standby, so that
     /// equal preferences never move the lead, and never in a term taken on request.
@@ -269,6 +282,21 @@ mod tests {
     }
 
     #[test]
+    fn a_live_row_of_the_leaders_identity_after_its_first_look_is_a_duplicate() {
+        let mut standing = Standing::default();
+        let own = Look {
+            own_row_live: true,
+            ..Look::default()
+        };
+        assert!(
+            !standing.duplicate(&own),
+            "its own row from its standby days"
+        );
+        assert!(!standing.duplicate(&Look::default()));
+        assert!(standing.duplicate(&own), "written by another replica since");
+    }
+
+    #[test]
     fn only_a_strictly_higher_preference_moves_the_lead() {
         let verdict = |best, own| Standing::default().after(&look(best), own);
         assert_eq!(verdict(None, 0), None);
@@ -294,7 +322,7 @@ mod tests {
         let asked = Look {
             best: Some(0),
             requested: Some(request(Duration::from_secs(3))),
-            asked_for_me: false,
+            ..Look::default()
         };
         let mut standing = Standing::default();
         assert_eq!(
@@ -337,8 +365,8 @@ mod tests {
         let mut standing = Standing::default();
         let first = Look {
             best: Some(9),
-            requested: None,
             asked_for_me: true,
+            ..Look::default()
         };
         assert_eq!(standing.after(&first, 1), None, "taken on request");
         assert_eq!(
