@@ -188,8 +188,8 @@ async fn a_ghost_more_preferred(client: &tokio_postgres::Client, key: LockKey) {
     client
         .execute(
             "INSERT INTO pg_elector_candidates \
-               (class, object, identity, preference, live_until, live_since, waits) \
-             VALUES ($1, $2, 'ghost', 100, now() + interval '1 hour', now(), false)",
+               (class, object, identity, preference, live_until, live_since, waits, heard_at) \
+             VALUES ($1, $2, 'ghost', 100, now() + interval '1 hour', now(), false, now())",
             &[&key.class(), &key.object()],
         )
         .await
@@ -375,4 +375,38 @@ async fn two_live_replicas_with_one_identity_are_said_at_error() {
     for r in [a, b, other] {
         r.stop().await.unwrap();
     }
+}
+
+/// The database host's clock steps back a minute (a VM restored, NTP): a dead standby's row,
+/// written just before the step, says it is live for a minute more by the new clock. It no
+/// longer counts (it was heard "in the future"), so a less preferred standby does not leave
+/// the free lock to it for that minute: it leads within two intervals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_standby_heard_before_a_clock_step_back_does_not_count() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf97, 1);
+    let admin = db.connect().await.unwrap();
+    // The table, made by a preferred replica's first try.
+    let maker = preferring(db.pool(1), key, "maker", 1);
+    wait_for(3 * I, || maker.elector.is_leader())
+        .await
+        .expect("the maker leads");
+    maker.stop().await.unwrap();
+    // Written a moment before the clock stepped back by a minute, at I = 200 ms.
+    admin
+        .execute(
+            "INSERT INTO pg_elector_candidates \
+               (class, object, identity, preference, live_until, live_since, waits, heard_at) \
+             VALUES ($1, $2, 'stepped', 100, now() + interval '60.4 s', now(), false, \
+                     now() + interval '60 s')",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap();
+    let standby = preferring(db.pool(2), key, "standby", 1);
+    wait_for(2 * I + I / 2, || standby.elector.is_leader())
+        .await
+        .expect("the live standby leads, not leaving the lock to the stepped row");
+    standby.stop().await.unwrap();
 }

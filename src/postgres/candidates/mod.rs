@@ -4,7 +4,12 @@
 //! One row per key and identity, in `pg_elector_candidates` (created when first needed):
 //! - a standby built with a preference upserts its row at each try, on a connection of the
 //!   pool it tries from, with `live_until` two intervals ahead; a standby that stops trying
-//!   (stopped, frozen, cut off) stops counting two intervals after its last try;
+//!   (stopped, frozen, cut off) stops counting two intervals after its last try. A row is
+//!   live while `live_until` has not passed and `heard_at`, when it was written, is not
+//!   ahead of the server's clock: a step of that clock backwards (a VM restored, NTP) makes
+//!   the rows written before it dead until their standbys write again (within an interval),
+//!   rather than keep a dead standby live for the step's length; a step forwards ends every
+//!   row early, and live standbys write theirs again within an interval;
 //! - the leader's check also asks whether the table exists (a catalog lookup); once it does,
 //!   the leader reads the most preferred live standby and any handover asked, after each
 //!   check, on its lock session, and drops its own row there ([`look`]);
@@ -36,8 +41,9 @@ pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_c
      class int4 NOT NULL, object int4 NOT NULL, identity text NOT NULL, \
      preference numeric(20,0) NOT NULL, live_until timestamptz NOT NULL, \
      live_since timestamptz NOT NULL, waits bool NOT NULL, \
-     requested_until timestamptz, stay_away_ms bigint, \
-     PRIMARY KEY (class, object, identity))";
+     requested_until timestamptz, stay_away_ms bigint, heard_at timestamptz, \
+     PRIMARY KEY (class, object, identity)); \
+     ALTER TABLE pg_elector_candidates ADD COLUMN IF NOT EXISTS heard_at timestamptz";
 
 /// Whether the table exists, as one column of the leader's check (a catalog lookup).
 pub(crate) const EXISTS: &str = "pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL";
@@ -107,10 +113,10 @@ macro_rules! defer {
     () => {
         "SELECT EXISTS (SELECT 1 FROM pg_elector_candidates c \
          WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
-         AND c.live_until > pg_catalog.statement_timestamp() \
+         AND c.live_until > pg_catalog.statement_timestamp() AND c.heard_at <= pg_catalog.statement_timestamp() \
          AND coalesce(c.identity = (SELECT r.identity FROM pg_elector_candidates r \
                 WHERE r.class = $1::int4 AND r.object = $2::int4 \
-                AND r.live_until > pg_catalog.statement_timestamp() \
+                AND r.live_until > pg_catalog.statement_timestamp() AND r.heard_at <= pg_catalog.statement_timestamp() \
                 AND r.requested_until > pg_catalog.statement_timestamp() \
                 ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1), \
               c.preference > $4::text::numeric))"
@@ -129,22 +135,25 @@ macro_rules! defer {
 /// column says so).
 const REGISTER: &str = concat!(
     no_wait_outside_transactions!(),
-    "prev AS (SELECT live_until FROM pg_elector_candidates \
+    "prev AS (SELECT live_until, heard_at FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text), \
      up AS (INSERT INTO pg_elector_candidates AS c \
-       (class, object, identity, preference, live_until, live_since, waits) \
+       (class, object, identity, preference, live_until, live_since, waits, heard_at) \
        SELECT $1::int4, $2::int4, $3::text, $4::text::numeric, \
-               pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool \
+               pg_catalog.statement_timestamp() + $5::int8 * interval '1 millisecond', pg_catalog.statement_timestamp(), $6::bool, \
+               pg_catalog.statement_timestamp() \
        WHERE NOT (SELECT yes FROM open) \
        ON CONFLICT (class, object, identity) DO UPDATE \
        SET preference = EXCLUDED.preference, live_until = EXCLUDED.live_until, \
-           waits = EXCLUDED.waits, \
-           live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
+           waits = EXCLUDED.waits, heard_at = EXCLUDED.heard_at, \
+           live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() \
+                                  OR c.heard_at > pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
                              ELSE c.live_since END \
        RETURNING (extract(epoch FROM live_until) * 1000000)::int8 AS written) \
      SELECT d.yes, (SELECT yes FROM open), (SELECT written FROM up), \
        coalesce($7::int8 <> (SELECT (extract(epoch FROM live_until) * 1000000)::int8 FROM prev) \
-                AND (SELECT live_until FROM prev) > pg_catalog.statement_timestamp(), false) \
+                AND (SELECT live_until > pg_catalog.statement_timestamp() \
+                     AND heard_at <= pg_catalog.statement_timestamp() FROM prev), false) \
      FROM (",
     defer!(),
     ") AS d(yes), bound"
@@ -203,14 +212,14 @@ const LOOK: &str = concat!(
        WHERE class = $1::int4 AND object = $2::int4 \
        AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes') \
        RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked, \
-         identity = $3::text AND live_until > pg_catalog.statement_timestamp() AS live_own), \
+         identity = $3::text AND live_until > pg_catalog.statement_timestamp() AND heard_at <= pg_catalog.statement_timestamp() AS live_own), \
      done AS (UPDATE pg_elector_candidates SET requested_until = NULL, stay_away_ms = NULL \
        WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
        AND requested_until IS NOT NULL AND coalesce((SELECT bool_or(asked) FROM gone), false) \
        RETURNING 1) \
      SELECT (SELECT max(c.preference)::text FROM pg_elector_candidates c \
                WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity <> $3::text \
-               AND c.live_until > pg_catalog.statement_timestamp() \
+               AND c.live_until > pg_catalog.statement_timestamp() AND c.heard_at <= pg_catalog.statement_timestamp() \
                AND (NOT c.waits \
                     OR c.live_since <= pg_catalog.statement_timestamp() - $4::int8 * interval '1 millisecond' \
                     OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks l \
@@ -225,7 +234,7 @@ const LOOK: &str = concat!(
        SELECT coalesce(r.stay_away_ms, 0) AS stay_away, r.identity AS target \
        FROM pg_elector_candidates r \
        WHERE r.class = $1::int4 AND r.object = $2::int4 \
-       AND r.live_until > pg_catalog.statement_timestamp() \
+       AND r.live_until > pg_catalog.statement_timestamp() AND r.heard_at <= pg_catalog.statement_timestamp() \
        AND r.requested_until > pg_catalog.statement_timestamp() \
        ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1) AS n ON n.target <> $3::text"
 );
@@ -235,7 +244,7 @@ const LOOK: &str = concat!(
 /// leads. Any other standby's request is withdrawn. Answers the target, or no row.
 const REQUEST: &str = "WITH target AS (SELECT identity FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
-       AND live_until > pg_catalog.statement_timestamp() AND ($4::text IS NULL OR identity = $4::text) \
+       AND live_until > pg_catalog.statement_timestamp() AND heard_at <= pg_catalog.statement_timestamp() AND ($4::text IS NULL OR identity = $4::text) \
        ORDER BY preference DESC, live_until DESC, identity LIMIT 1) \
      UPDATE pg_elector_candidates c SET \
        requested_until = CASE WHEN c.identity = t.identity \
@@ -358,7 +367,13 @@ pub(crate) async fn register(
     let upsert = || probed(client, client.query_typed(REGISTER, &params));
     let rows = match bounded(bound, upsert()).await {
         Ok(rows) => rows,
-        Err(SessionError::Query(e)) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+        // No table, or one made before a column was added: the DDL makes both right.
+        Err(SessionError::Query(e))
+            if matches!(
+                e.code(),
+                Some(&SqlState::UNDEFINED_TABLE | &SqlState::UNDEFINED_COLUMN)
+            ) =>
+        {
             create(client, bound).await?;
             bounded(bound, upsert()).await?
         }
@@ -630,7 +645,7 @@ const TARGET: &str = concat!(
                          WHERE datname = pg_catalog.current_database())), \
      EXISTS (SELECT 1 FROM pg_elector_candidates c \
        WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity = $3::text \
-       AND c.live_until > pg_catalog.statement_timestamp()), ",
+       AND c.live_until > pg_catalog.statement_timestamp() AND c.heard_at <= pg_catalog.statement_timestamp()), ",
     open!()
 );
 
