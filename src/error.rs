@@ -41,22 +41,6 @@ pub enum Error {
     #[error("current_leader: no answer within {0:?}")]
     CurrentLeaderTimeout(Duration),
 
-    /// Replaced by [`CurrentLeaderPoolTimeout`](Self::CurrentLeaderPoolTimeout), which
-    /// `current_leader` returns instead; never returned.
-    #[deprecated(
-        note = "never returned: current_leader returns Error::CurrentLeaderPoolTimeout instead"
-    )]
-    #[error("no pool connection within {0:?}")]
-    PoolTimeout(Duration),
-
-    /// Replaced by [`CurrentLeaderTimeout`](Self::CurrentLeaderTimeout), which
-    /// `current_leader` returns instead; never returned.
-    #[deprecated(
-        note = "never returned: current_leader returns Error::CurrentLeaderTimeout instead"
-    )]
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-
     /// The pool could not hand out a connection. The text carries the pool's error and, for a
     /// connection the server refused, the server's message; the error itself is the field.
     // The text is the whole chain, so the error is not also exposed as the source: a report
@@ -69,12 +53,6 @@ pub enum Error {
     /// with [`as_db_error`](tokio_postgres::Error::as_db_error), is the field.
     #[error("the query failed: {}", chain(.0))]
     CurrentLeaderQuery(tokio_postgres::Error),
-
-    /// Replaced by [`CurrentLeaderQuery`](Self::CurrentLeaderQuery), which `current_leader`
-    /// returns instead; never returned.
-    #[deprecated(note = "never returned: current_leader returns Error::CurrentLeaderQuery instead")]
-    #[error("the query failed: {}", chain(.0))]
-    Database(tokio_postgres::Error),
 
     /// [`request_handover`](crate::request_handover): no replica leads the key, so there is
     /// nothing to hand over.
@@ -128,12 +106,6 @@ pub enum Error {
     /// the group's `Shards::run` runs every shard.
     #[error("run was called on a shard's elector: its group's Shards::run runs every shard")]
     RunOnShard,
-
-    /// Replaced by [`RunOnShard`](Self::RunOnShard), which `run` returns instead; never
-    /// returned.
-    #[deprecated(note = "never returned: a shard elector's run returns Error::RunOnShard instead")]
-    #[error("a shard's elector is run by its group: call Shards::run")]
-    ShardRunByGroup,
 
     /// The registry already holds a metric of this name that is not one of `pg-elector`'s
     /// (another collector type, or a metric of the application's own).

@@ -47,13 +47,6 @@ impl Gate {
         Self::new(None)
     }
 
-    /// A gate that is always open; the old name of [`always_open`](Self::always_open), which
-    /// read as an action.
-    #[deprecated(note = "renamed to Gate::always_open")]
-    pub fn open() -> Self {
-        Self::always_open()
-    }
-
     /// The elector this gate follows: the one it was given, or its always-leader one.
     pub fn elector(&self) -> &Elector {
         &self.elector

@@ -165,21 +165,6 @@ impl Members<Replica> {
         self.wait_lane(0, Some(old), limit).await
     }
 
-    /// The old name of [`wait_for_other_leader`](Self::wait_for_other_leader), which read
-    /// almost as `wait_for_next_leader` (now [`wait_for_next_term`](Self::wait_for_next_term)).
-    ///
-    /// # Errors
-    ///
-    /// As [`wait_for_other_leader`](Self::wait_for_other_leader).
-    #[deprecated(note = "renamed to `wait_for_other_leader`: a leader other than `old`")]
-    pub async fn wait_for_new_leader(
-        &self,
-        old: usize,
-        limit: Duration,
-    ) -> Result<Leading, KitError> {
-        self.wait_for_other_leader(old, limit).await
-    }
-
     /// Waits for the next term: until exactly one replica leads in a term that began after
     /// the last fault was put in place (or after this call, when there was none), the same
     /// replica as before or another. What to wait for after a fault that may leave the old
@@ -191,20 +176,6 @@ impl Members<Replica> {
     /// [`KitError::Timeout`] when no term began within `limit`.
     pub async fn wait_for_next_term(&self, limit: Duration) -> Result<Leading, KitError> {
         self.wait_lane_next(0, limit).await
-    }
-
-    /// The old name of [`wait_for_next_term`](Self::wait_for_next_term), which read almost as
-    /// `wait_for_new_leader` (now [`wait_for_other_leader`](Self::wait_for_other_leader)).
-    ///
-    /// # Errors
-    ///
-    /// As [`wait_for_next_term`](Self::wait_for_next_term).
-    #[deprecated(
-        note = "renamed to `wait_for_next_term`: a term that began after the last fault, of the \
-                old leader or another"
-    )]
-    pub async fn wait_for_next_leader(&self, limit: Duration) -> Result<Leading, KitError> {
-        self.wait_for_next_term(limit).await
     }
 
     /// Waits until no replica leads; how long that took.

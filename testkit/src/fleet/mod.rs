@@ -611,21 +611,6 @@ impl Fleet {
                 ))
             })
     }
-
-    /// The old name of [`wait_for_other_leader`](Self::wait_for_other_leader), as in
-    /// [`Replicas`](crate::Replicas).
-    ///
-    /// # Errors
-    ///
-    /// As [`wait_for_other_leader`](Self::wait_for_other_leader).
-    #[deprecated(note = "renamed to `wait_for_other_leader`: a leader other than `old`")]
-    pub async fn wait_for_new_leader(
-        &self,
-        old: usize,
-        limit: Duration,
-    ) -> Result<crate::replicas::Leading, crate::KitError> {
-        self.wait_for_other_leader(old, limit).await
-    }
 }
 
 impl Drop for Fleet {
