@@ -5,6 +5,7 @@ use std::future::Future;
 
 use tokio::time::{Instant, timeout};
 
+use super::candidates;
 use super::handover;
 use super::loss::Loss;
 use super::session::{Check, LockSession};
@@ -93,10 +94,18 @@ async fn all_drained(work: &[&InFlight]) {
     }
 }
 
-/// Unlocks, bounded, and closes the session; `led` says whether a term was held on it.
+/// Unlocks, bounded, and closes the session; `led` says whether a term was held on it. A
+/// replica with a preference first drops its own candidates row, which may still say it is a
+/// live standby (see [`candidates::drop_own_row`]).
 pub(super) async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
+    let unlocking = async {
+        if pg.preference.is_some() {
+            candidates::drop_own_row(session.client(), pg.key, &pg.identity).await;
+        }
+        session.unlock(RELEASE_BOUND).await
+    };
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
-    match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
+    match timeout(RELEASE_BOUND, unlocking).await {
         Ok(Ok(unlocked)) if unlocked.held => {
             if led {
                 tracing::info!(key = %pg.key, "leadership released");

@@ -150,7 +150,13 @@ impl Standby<'_> {
         };
         let pg = self.pg;
         let bound = pg.interval.max(MIN_TRY_BOUND);
-        let seen = match candidates::target_seen(&pg.pool, pg.key, away.target(), bound).await {
+        let looked = tokio::select! {
+            biased;
+            // The loop's next select returns at once.
+            () = self.shutdown.cancelled() => return true,
+            looked = candidates::target_seen(&pg.pool, pg.key, away.target(), bound) => looked,
+        };
+        let seen = match looked {
             Ok(seen) => Some(seen),
             Err(e) => {
                 tracing::debug!(key = %pg.key, error = %e, "cannot see the handover's target; staying away");
@@ -379,6 +385,10 @@ async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, alive: &mut Alive)
         },
         None => return false,
     };
+    if said.is_err() {
+        // A lost answer may have written a row this replica does not know of.
+        alive.written = None;
+    }
     let repeats = &mut alive.repeats;
     match said {
         Ok(outranked) => {

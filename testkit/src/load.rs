@@ -61,8 +61,9 @@ pub(crate) struct IdleMeter {
 }
 
 impl IdleMeter {
-    /// The idle CPU, in cores, between the oldest sample of the last window and now; `None`
-    /// while that spans less than half the window, or without `/proc/stat`.
+    /// The idle CPU, in cores, between the oldest sample of the last window and now: none
+    /// while the samples span less than half the window (after a while without asking: a
+    /// slot waits until the load is known), and `None` without `/proc/stat`.
     pub(crate) fn idle_cores(&mut self, now: Instant) -> Option<f64> {
         let fresh = self
             .samples
@@ -71,7 +72,7 @@ impl IdleMeter {
         if fresh {
             self.record(now, Ticks::now()?);
         }
-        self.idle_since_window(now, cores())
+        Some(self.idle_since_window(now, cores()).unwrap_or(0.0))
     }
 
     pub(crate) fn record(&mut self, now: Instant, ticks: Ticks) {

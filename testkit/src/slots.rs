@@ -38,7 +38,9 @@ pub(crate) const TIMES_ENV: &str = "PG_ELECTOR_TEST_TIMES";
 const SLOTS_PER_CORE: usize = 2;
 
 /// A slot beyond the first is handed out only while at least this many cores' worth of the
-/// machine's CPU was idle over the last second: what one more timing test uses at its busiest
+/// machine's CPU was idle over the last second (`/proc/stat` counts the whole host, scaled here
+/// by the cores this process may use: in a container limited to fewer cores than its host, the
+/// load of the host shows diluted, and the most slots is then what holds tests back): what one more timing test uses at its busiest
 /// (a server of its own starting, a fleet of processes). On two cores, one busy loop beside
 /// the suite leaves one or two slots; `PG_ELECTOR_TEST_SLOTS=1` runs one at a time whatever the
 /// load.

@@ -91,15 +91,31 @@ macro_rules! no_wait_outside_transactions {
 /// statement reads it ([`open!`]).
 const PROBE: &str = "SELECT pg_catalog.set_config('pg_elector.probe', 'open', true)";
 
-/// `query` on `client`, a pool connection, right after [`PROBE`] (one round trip).
+/// Whether [`PROBE`]'s mark is still there: the statements ran inside a transaction the
+/// application left open.
+const STILL_MARKED: &str = concat!("SELECT ", open!());
+
+/// `query` on `client`, a pool connection, between [`PROBE`] and [`STILL_MARKED`] (one round
+/// trip): its answer, and whether it ran inside a transaction the application left open. A
+/// mark that cannot be read (a statement failed inside such a transaction, which aborts it)
+/// counts as open: the connection is then closed.
 async fn probed<T>(
     client: &tokio_postgres::Client,
     query: impl Future<Output = Result<T, tokio_postgres::Error>>,
-) -> Result<T, tokio_postgres::Error> {
-    // `join!` polls the probe first, which sends it first.
-    let (marked, answer) = tokio::join!(client.query_typed(PROBE, &[]), query);
+) -> Result<(T, bool), tokio_postgres::Error> {
+    // `join!` polls them first in this order, and each sends its statement when first polled.
+    let (marked, answer, still) = tokio::join!(
+        client.query_typed(PROBE, &[]),
+        query,
+        client.query_typed(STILL_MARKED, &[])
+    );
     marked?;
-    answer
+    let open = still.map_or(true, |rows| {
+        rows.first()
+            .and_then(|row| row.try_get::<_, bool>(0).ok())
+            .unwrap_or(true)
+    });
+    Ok((answer?, open))
 }
 
 /// Whether the lock of `$1, $2`, free or just granted to identity `$3` of preference `$4`,
@@ -172,10 +188,10 @@ const DEFER: &str = concat!(
 );
 
 /// [`defer!`] after a grant, and whether the grantee's own row carries a handover asked to it.
-/// Its row stays until its first look ([`LOOK`]), after its term's first check: until the
-/// target of a handover has begun a term that held, its request stands, so that the other
-/// standbys leave the lock to it still if this grant is given back (a fencing bump that
-/// fails), and the replica that handed over stays away only while the target may still lead.
+/// Its row stays until its first look ([`LOOK`]), after its term's first check, or until it
+/// unlocks, whichever comes first ([`drop_own_row`]): until the target of a handover has begun
+/// a term that held, its request stands, so that the replica that handed over stays away
+/// only while the target may still lead.
 const CLAIM: &str = concat!(
     "SELECT (",
     defer!(),
@@ -379,8 +395,9 @@ pub(crate) async fn register(
         }
         Err(e) => return Err(e.into()),
     };
+    let (rows, open) = rows;
     let column = |i| rows.first().and_then(|row| row.try_get::<_, bool>(i).ok());
-    give_back_unless_open(borrowed, column(1).unwrap_or(false))?;
+    give_back_unless_open(borrowed, open || column(1).unwrap_or(false))?;
     Ok(Registered {
         outranked: column(0).unwrap_or(false),
         written: rows.first().and_then(|row| row.try_get(2).ok()).flatten(),
@@ -533,6 +550,36 @@ pub(crate) async fn bound_lock_waits(
         .map(drop)
 }
 
+/// A leader's own row, dropped on its lock session before it unlocks: the row it wrote as a
+/// standby stays until its term's first look, and a term that ends before (a shutdown, a
+/// resign, a grant given back) would otherwise leave it live for two intervals, during which
+/// every other standby leaves the free lock to a replica that no longer wants it.
+const DROP_OWN_ROW: &str = concat!(
+    no_wait!(),
+    "gone AS (DELETE FROM pg_elector_candidates \
+       WHERE class = $1::int4 AND object = $2::int4 AND identity = $3::text RETURNING 1) \
+     SELECT (SELECT s FROM bound), (SELECT count(*) FROM gone)"
+);
+
+/// [`DROP_OWN_ROW`] on a lock session, once the table exists; an error is only logged (the
+/// row then counts for two more intervals at most).
+pub(crate) async fn drop_own_row(client: &tokio_postgres::Client, key: LockKey, identity: &str) {
+    let dropped = async {
+        if !table_exists(client).await? {
+            return Ok(());
+        }
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&key.class(), Type::INT4),
+            (&key.object(), Type::INT4),
+            (&identity, Type::TEXT),
+        ];
+        client.query_typed(DROP_OWN_ROW, &params).await.map(drop)
+    };
+    if let Err(e) = dropped.await {
+        tracing::debug!(key = %key, error = %crate::error::chain(&e), "cannot drop this replica's row before it unlocks; it counts for two more intervals at most");
+    }
+}
+
 /// Whether the candidates table exists, on a server not in recovery (a read replica's lock
 /// grants nothing, and its try goes on to say so).
 async fn table_exists(client: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
@@ -627,8 +674,8 @@ pub(crate) async fn outranked(
 ) -> Result<bool, RegisterError> {
     let borrowed = borrow(pool, bound).await?;
     let client = borrowed.client();
-    let found = bounded(bound, probed(client, gate.defers(client, key))).await?;
-    give_back_unless_open(borrowed, found.open)?;
+    let (found, open) = bounded(bound, probed(client, gate.defers(client, key))).await?;
+    give_back_unless_open(borrowed, open || found.open)?;
     Ok(found.defers)
 }
 
@@ -664,14 +711,14 @@ pub(crate) async fn target_seen(
         (&object, Type::INT4),
         (&target, Type::TEXT),
     ];
-    let rows = bounded(bound, probed(client, client.query_typed(TARGET, &params))).await?;
+    let (rows, open) = bounded(bound, probed(client, client.query_typed(TARGET, &params))).await?;
     let row = rows.first().ok_or(SessionError::Unexpected(None))?;
     let column = |i| row.try_get::<_, bool>(i).map_err(SessionError::Query);
     let seen = TargetSeen {
         leads: column(0)?,
         live: column(1)?,
     };
-    give_back_unless_open(borrowed, column(2)?)?;
+    give_back_unless_open(borrowed, open || column(2)?)?;
     Ok(seen)
 }
 
@@ -692,11 +739,11 @@ pub(crate) async fn withdraw(
             (&key.object(), Type::INT4),
             (&identity, Type::TEXT),
         ];
-        let rows = probed(client, client.query_typed(WITHDRAW, &params))
+        let (rows, open) = probed(client, client.query_typed(WITHDRAW, &params))
             .await
             .map_err(|e| crate::error::chain(&e))?;
-        let open = rows.first().and_then(|row| row.try_get(2).ok());
-        give_back_unless_open(borrowed, open.unwrap_or(false)).map_err(|e| e.to_string())
+        let marked = rows.first().and_then(|row| row.try_get(2).ok());
+        give_back_unless_open(borrowed, open || marked.unwrap_or(false)).map_err(|e| e.to_string())
     })
     .await;
     match withdrawn {
