@@ -38,6 +38,8 @@ pub(crate) enum Change {
     Resigned,
     /// It handed the lead over to a preferred standby, or on request.
     HandedOver,
+    /// A shard's term ended to move the shard to another member of its group.
+    Moved,
     /// The term was lost, for this cause.
     Lost(LossCause),
 }
@@ -47,7 +49,9 @@ impl Change {
     pub(crate) fn loss_cause(self) -> Option<LossCause> {
         match self {
             Self::Lost(cause) => Some(cause),
-            Self::Acquired | Self::Released | Self::Resigned | Self::HandedOver => None,
+            Self::Acquired | Self::Released | Self::Resigned | Self::HandedOver | Self::Moved => {
+                None
+            }
         }
     }
 
@@ -59,6 +63,7 @@ impl Change {
             Self::Released => "released",
             Self::Resigned => "resigned",
             Self::HandedOver => "handed_over",
+            Self::Moved => "moved",
             Self::Lost(cause) => cause.as_str(),
         }
     }
@@ -103,24 +108,26 @@ mod cause_tests {
             Change::Released,
             Change::Resigned,
             Change::HandedOver,
+            Change::Moved,
         ]
         .into_iter()
         .chain(causes.into_iter().map(Change::Lost))
         .map(Change::label)
         .collect();
         assert_eq!(
-            &labels[..5],
+            &labels[..6],
             [
                 "acquired",
                 "released",
                 "resigned",
                 "handed_over",
+                "moved",
                 "connection_closed"
             ]
         );
         labels.sort_unstable();
         labels.dedup();
-        assert_eq!(labels.len(), 4 + causes.len(), "{labels:?}");
+        assert_eq!(labels.len(), 5 + causes.len(), "{labels:?}");
         for cause in causes {
             assert_eq!(Change::Lost(cause).loss_cause(), Some(cause));
         }

@@ -433,9 +433,7 @@ impl<'a> Member<'a> {
     fn release_moved(&mut self) {
         let moved = self.ledger.start_draining();
         for &i in &moved {
-            let grace = self
-                .shard(i)
-                .demote_to_drain(TermEnd::Moved, Change::Resigned);
+            let grace = self.shard(i).demote_to_drain(TermEnd::Moved, Change::Moved);
             let shared: Arc<Shared> = self.inner.shards[i].shared.clone();
             let (drain, key) = (self.pg.drain_timeout, self.pg.key);
             let index = i as u32;
