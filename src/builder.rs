@@ -75,11 +75,11 @@ impl ElectorBuilder {
     /// Who this replica is, as the lock session's `application_name` (in `pg_stat_activity`
     /// and [`current_leader`](crate::current_leader)), the epoch row's holder and the
     /// `identity` field of the election's log lines. Default `<hostname>-<pid>` (the host name
-    /// cut to fit). PostgreSQL keeps the first 63 bytes, and shows a character outside
-    /// printable ASCII otherwise; with a [`preference`](Self::preference), which finds standbys
-    /// by their identity, [`build`](Self::build) refuses such an identity. Give each replica of
-    /// a key its own: two live replicas with one identity are logged at ERROR, since preferences
-    /// cannot tell them apart.
+    /// cut to its end, to fit). PostgreSQL keeps the first 63 bytes, and shows a character
+    /// outside printable ASCII otherwise; with a [`preference`](Self::preference), which finds
+    /// standbys by their identity, [`build`](Self::build) refuses such an identity. Give each
+    /// replica of a key its own: preferences cannot tell apart two live replicas with one
+    /// identity, and when either has a preference that is logged at ERROR.
     pub fn identity(mut self, name: impl Into<String>) -> Self {
         self.identity = Some(name.into());
         self
@@ -441,18 +441,20 @@ fn kept_whole(identity: &str) -> bool {
     identity.len() <= APPLICATION_NAME_BYTES && identity.bytes().all(|b| (b' '..=b'~').contains(&b))
 }
 
-/// `<hostname>-<pid>`, the host name cut so that the whole is kept in `application_name`
-/// (a host name is printable ASCII).
+/// `<hostname>-<pid>`, so that the whole is kept in `application_name` as it is: a character
+/// of the host name outside printable ASCII becomes `-`, and a host name too long keeps its
+/// end (a pod's name ends with what tells it from its siblings).
 fn default_identity() -> String {
     let pid = format!("-{}", std::process::id());
-    let host = hostname();
-    let mut cut = APPLICATION_NAME_BYTES
+    let host: Vec<u8> = hostname()
+        .bytes()
+        .map(|b| if (b' '..=b'~').contains(&b) { b } else { b'-' })
+        .collect();
+    let keep = APPLICATION_NAME_BYTES
         .saturating_sub(pid.len())
         .min(host.len());
-    while !host.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}{pid}", &host[..cut])
+    let tail = String::from_utf8_lossy(&host[host.len() - keep..]);
+    format!("{tail}{pid}")
 }
 
 #[cfg(target_os = "linux")]

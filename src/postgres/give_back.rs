@@ -19,19 +19,20 @@ use crate::term::TermEnd;
 /// Gives the lock up gracefully (shutdown or resign). The term ends first, so that no
 /// instant has two leaders; then the work still running here drains, up to the drain
 /// timeout, while the session keeps being checked; only then the unlock.
+/// `own_row`: this replica's candidates row may still be there (the term had no look yet).
 pub(super) async fn hand_over(
     shared: &Shared,
     pg: &PgSettings,
     session: Box<LockSession>,
-    end: TermEnd,
-    change: Change,
+    (end, change): (TermEnd, Change),
+    own_row: bool,
 ) {
     let grace = shared.demote_to_drain(end, change);
     let held = drain(shared, pg, &session).await;
     // The term's fenced writes end here, before the unlock lets another term begin.
     drop(grace);
     if held {
-        unlock(pg, session, true).await;
+        unlock(pg, session, true, own_row).await;
     }
 }
 
@@ -95,17 +96,18 @@ async fn all_drained(work: &[&InFlight]) {
 }
 
 /// Unlocks, bounded, and closes the session; `led` says whether a term was held on it. A
-/// replica with a preference first drops its own candidates row, which may still say it is a
-/// live standby (see [`candidates::drop_own_row`]).
-pub(super) async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool) {
-    let unlocking = async {
-        if pg.preference.is_some() {
-            candidates::drop_own_row(session.client(), pg.key, &pg.identity).await;
+/// replica with a preference whose row may still say it is a live standby (`own_row`: no look
+/// of a term dropped it yet) first drops it, within a quarter of the bound (see
+/// [`candidates::drop_own_row`]).
+pub(super) async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool, own_row: bool) {
+    if own_row && pg.preference.is_some() {
+        let dropping = candidates::drop_own_row(session.client(), pg.key, &pg.identity);
+        if timeout(RELEASE_BOUND / 4, dropping).await.is_err() {
+            tracing::debug!(key = %pg.key, "dropping this replica's row before it unlocks got no answer in time; it counts for two more intervals at most");
         }
-        session.unlock(RELEASE_BOUND).await
-    };
+    }
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
-    match timeout(RELEASE_BOUND, unlocking).await {
+    match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
         Ok(Ok(unlocked)) if unlocked.held => {
             if led {
                 tracing::info!(key = %pg.key, "leadership released");

@@ -54,7 +54,20 @@ pub(super) async fn lead_term(
     };
     tracing::info!(key = %pg.key, epoch, "leadership acquired");
     ticks.reset();
-    let (end, change) = match lead(shared, pg, shutdown, ticks, session, resigns, standing).await {
+    let mut looked = false;
+    let led = lead(
+        shared,
+        pg,
+        shutdown,
+        ticks,
+        session,
+        resigns,
+        standing,
+        &mut looked,
+    )
+    .await;
+    let own_row = !looked;
+    let (end, change) = match led {
         Led::Lost(loss) => {
             shared.demote(TermEnd::LeadershipLost, Change::Lost(loss.cause));
             held.close();
@@ -66,13 +79,14 @@ pub(super) async fn lead_term(
         Led::Yield(why) => {
             let request = yield_term(pg, why);
             if let Some(session) = held.session.take() {
-                hand_over(shared, pg, session, TermEnd::HandedOver, Change::HandedOver).await;
+                let end = (TermEnd::HandedOver, Change::HandedOver);
+                hand_over(shared, pg, session, end, own_row).await;
             }
             return Ended::Yielded(request);
         }
     };
     if let Some(session) = held.session.take() {
-        hand_over(shared, pg, session, end, change).await;
+        hand_over(shared, pg, session, (end, change), own_row).await;
     }
     Ended::Gracefully(end)
 }
@@ -111,7 +125,9 @@ fn yield_term(pg: &PgSettings, why: Yield) -> Option<Request> {
 }
 
 /// Checks the session every tick until leadership is lost or `shutdown` is cancelled.
-/// The connection and the lease are watched all along, during a check too.
+/// The connection and the lease are watched all along, during a check too. `looked` turns
+/// true once a look at the candidates answered (it drops this replica's own row).
+#[allow(clippy::too_many_arguments)]
 async fn lead(
     shared: &Shared,
     pg: &PgSettings,
@@ -120,6 +136,7 @@ async fn lead(
     session: &LockSession,
     resigns: &mut watch::Receiver<u64>,
     mut standing: Standing,
+    looked: &mut bool,
 ) -> Led {
     let lease_expired = || Led::Lost(Loss::of(LossCause::LeaseExpired));
     let mut repeats = Repeats::default();
@@ -155,14 +172,15 @@ async fn lead(
         if !candidates {
             continue;
         }
-        let looked = tokio::select! {
+        let looked_at = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
             cause = watch(shared.lease(), session) => return Led::Lost(Loss::of(cause)),
             looked = bounded(pg.interval, look(session, pg, &mut standing)) => looked,
         };
-        match looked {
+        match looked_at {
             Ok(look) => {
+                *looked = true;
                 if standing.duplicate(&look) {
                     loud_or_debug!(repeats.loud("duplicate"), error, key = %pg.key, identity = %pg.identity, "another live replica of this key has this leader's identity: the leader drops its row at every check, so preferences cannot see it; give each replica its own identity (the default, hostname-pid, is unique on a host)");
                 }

@@ -171,7 +171,7 @@ impl Held<'_> {
             tokio::time::sleep_until(until).await;
         }
         if let Some(session) = self.session.take() {
-            give_back::unlock(self.pg, session, false).await;
+            give_back::unlock(self.pg, session, false, true).await;
         }
     }
 

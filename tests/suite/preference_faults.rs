@@ -435,3 +435,44 @@ async fn a_dead_standby_heard_before_a_clock_step_back_does_not_count() {
         .expect("the live standby leads, not leaving the lock to the stepped row");
     standby.stop().await.unwrap();
 }
+
+/// A preferred replica that stops gracefully within its term's first interval (before the
+/// term's first look at the candidates, which drops the row it wrote as a standby) drops that
+/// row before it unlocks: the next most preferred standby takes the free lock at its next try.
+/// Before, it left the lock to the stopped replica's row, live for up to two of that replica's
+/// intervals. The stopping replica checks every 5·I, so that its row, written at its last try
+/// before it led, would stay live for at least 5·I after it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_before_its_first_look_leaves_no_live_row() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf98, 1);
+    let low = preferring(db.pool(3), key, "low", 1);
+    wait_for(3 * I, || low.elector.is_leader())
+        .await
+        .expect("low leads");
+    let mid = preferring(db.pool(3), key, "mid", 5);
+    wait_for(4 * I, || mid.elector.is_leader())
+        .await
+        .expect("mid takes the lead from low");
+    let top = Replica::run(
+        Elector::builder(db.pool(3), key)
+            .check_interval(5 * I)
+            .identity("top")
+            .preference(9)
+            .fast_takeover(true)
+            .build()
+            .expect("a valid elector"),
+    );
+    wait_for(20 * I, || top.elector.is_leader())
+        .await
+        .expect("top takes the lead from mid");
+    // Stopped at once, long before its term's first check and look.
+    top.stop().await.unwrap();
+    let took = wait_for(4 * I, || mid.elector.is_leader())
+        .await
+        .expect("mid takes the free lock at its next try");
+    eprintln!("mid led {took:?} after top stopped");
+    mid.stop().await.unwrap();
+    low.stop().await.unwrap();
+}

@@ -8,10 +8,13 @@ use super::sql::{PROBE, STILL_MARKED};
 use crate::pooled::Borrowed;
 use crate::postgres::session_error::SessionError;
 
-/// `query` on `client`, a pool connection, between [`PROBE`] and [`STILL_MARKED`] (one round
-/// trip): its answer, and whether it ran inside a transaction the application left open. A
-/// mark that cannot be read (a statement failed inside such a transaction, which aborts it)
-/// counts as open: the connection is then closed.
+/// `query` on `client`, a pool connection, after [`PROBE`] and beside [`STILL_MARKED`]: its
+/// answer, and whether it ran inside a transaction the application left open. The probe goes
+/// first; the read of the mark goes out once `query` has sent its first statement (a query that
+/// sends more after an answer, as the gate's does, sends them after the read, in the same
+/// transaction if one was left open: the mark lasts as long as it). A mark that cannot be read
+/// (a statement failed inside such a transaction, which aborts it) counts as open: the
+/// connection is then closed.
 pub(super) async fn probed<T>(
     client: &tokio_postgres::Client,
     query: impl Future<Output = Result<T, tokio_postgres::Error>>,

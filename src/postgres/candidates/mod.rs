@@ -52,7 +52,7 @@ pub(crate) enum RegisterError {
     #[error("no pool connection within {0:?}")]
     NoConnection(Duration),
     #[error(
-        "the candidates table is missing and this role may not create it ({source}); run: {CANDIDATES_DDL}"
+        "the candidates table is missing, or made by an earlier version and missing a column, and this role may not create or alter it ({source}); run: {CANDIDATES_DDL}"
     )]
     CannotCreate { source: SessionError },
     #[error("{0}")]
@@ -268,7 +268,16 @@ async fn waits_bounded<T>(
     interval: Duration,
     query: impl Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, tokio_postgres::Error> {
-    let ms = (millis(interval) / 2).max(1);
+    let ms = (millis(interval) / 2).max(1).unsigned_abs();
+    waits_bounded_ms(client, ms, query).await
+}
+
+/// [`waits_bounded`], the lock waits bounded at `ms` milliseconds.
+async fn waits_bounded_ms<T>(
+    client: &tokio_postgres::Client,
+    ms: u64,
+    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
     let begin = format!("BEGIN; SET LOCAL lock_timeout = {ms}");
     // `join!` polls them first in this order, and each sends its statement when first polled.
     let (begun, answered, ended) = tokio::join!(
@@ -303,21 +312,21 @@ pub(crate) async fn bound_lock_waits(
         .map(drop)
 }
 
-/// [`DROP_OWN_ROW`] on a lock session, once the table exists; an error is only logged (the
-/// row then counts for two more intervals at most).
+/// How long [`drop_own_row`]'s statement may wait for a lock of the table (an operator's
+/// `ALTER TABLE` queued behind a long transaction): the unlock after it must not wait.
+const DROP_LOCK_WAIT_MS: u64 = 100;
+
+/// [`DROP_OWN_ROW`] on a lock session, in a transaction of its own whose lock waits are bounded
+/// ([`DROP_LOCK_WAIT_MS`]), in one round trip; an error (no table yet, a lock not granted in
+/// time) is only logged: the row then counts for two more intervals at most.
 pub(crate) async fn drop_own_row(client: &tokio_postgres::Client, key: LockKey, identity: &str) {
-    let dropped = async {
-        if !table_exists(client).await? {
-            return Ok(());
-        }
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&key.class(), Type::INT4),
-            (&key.object(), Type::INT4),
-            (&identity, Type::TEXT),
-        ];
-        client.query_typed(DROP_OWN_ROW, &params).await.map(drop)
-    };
-    if let Err(e) = dropped.await {
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&key.class(), Type::INT4),
+        (&key.object(), Type::INT4),
+        (&identity, Type::TEXT),
+    ];
+    let dropping = client.query_typed(DROP_OWN_ROW, &params);
+    if let Err(e) = waits_bounded_ms(client, DROP_LOCK_WAIT_MS, dropping).await {
         tracing::debug!(key = %key, error = %crate::error::chain(&e), "cannot drop this replica's row before it unlocks; it counts for two more intervals at most");
     }
 }

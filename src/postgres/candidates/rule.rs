@@ -107,7 +107,9 @@ impl Standing {
     /// Counts `look` and says whether it shows another live replica of this key with this
     /// leader's identity: a live row of that identity after the term's first look (which
     /// drops the row this replica wrote as a standby) was written by another replica, which
-    /// a leader does not do.
+    /// a leader does not do. (One exception, rare: an upsert this replica sent as a standby,
+    /// dropped when its waiting session was granted the lock, that the server ran only after
+    /// the first look, queued behind a lock of the table.)
     pub(crate) fn duplicate(&mut self, look: &Look) -> bool {
         self.looks = self.looks.saturating_add(1);
         self.looks > 1 && look.own_row_live

@@ -106,7 +106,8 @@ pub(super) const REGISTER: &str = concat!(
        SET preference = EXCLUDED.preference, live_until = EXCLUDED.live_until, \
            waits = EXCLUDED.waits, heard_at = EXCLUDED.heard_at, \
            live_since = CASE WHEN c.live_until < pg_catalog.statement_timestamp() \
-                                  OR c.heard_at > pg_catalog.statement_timestamp() THEN pg_catalog.statement_timestamp() \
+                                  OR c.heard_at IS NULL OR c.heard_at > pg_catalog.statement_timestamp() \
+                             THEN pg_catalog.statement_timestamp() \
                              ELSE c.live_since END \
        RETURNING (extract(epoch FROM live_until) * 1000000)::int8 AS written) \
      SELECT d.yes, (SELECT yes FROM open), (SELECT written FROM up), \
@@ -152,8 +153,11 @@ pub(super) const WITHDRAW: &str = concat!(
      SELECT (SELECT s FROM bound), (SELECT count(*) FROM gone), (SELECT yes FROM open)"
 );
 
-/// The leader's look: its own row dropped (it is no standby), and rows dead for ten minutes
-/// (replicas gone for good); then the most preferred live standby that is ready to take the
+/// The leader's look: its own row dropped (it is no standby), rows dead for ten minutes
+/// (replicas gone for good), and rows heard at a time the server's clock has not reached
+/// (written before a step of that clock backwards: they would come back to life when the
+/// clock catches up; live standbys write theirs again within an interval, and a request on
+/// such a row is lost); then the most preferred live standby that is ready to take the
 /// lock, the stay-away and the target of the newest handover asked to a live standby (none if
 /// that is this leader, whose own row the snapshot still shows), and whether its own row
 /// carried a handover asked to it, and whether a live row of its identity was there (after a
@@ -169,7 +173,8 @@ pub(super) const LOOK: &str = concat!(
     no_wait!(),
     "gone AS (DELETE FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 \
-       AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes') \
+       AND (identity = $3::text OR live_until < pg_catalog.statement_timestamp() - interval '10 minutes' \
+            OR heard_at IS NULL OR heard_at > pg_catalog.statement_timestamp()) \
        RETURNING identity = $3::text AND requested_until > pg_catalog.statement_timestamp() AS asked, \
          identity = $3::text AND live_until > pg_catalog.statement_timestamp() AND heard_at <= pg_catalog.statement_timestamp() AS live_own), \
      done AS (UPDATE pg_elector_candidates SET requested_until = NULL, stay_away_ms = NULL \
