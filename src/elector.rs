@@ -67,8 +67,9 @@ pub(crate) enum Mode {
     Postgres(PgSettings),
     /// Local modes: leader from the start, or promoted and demoted by hand.
     Local(LocalKind),
-    /// One shard of a group, promoted and demoted by the group's `run`.
-    Shard(PgSettings),
+    /// One shard of a group, promoted and demoted by the group's `run`; with the state of the
+    /// group's member, whose `run` slot says whether the group runs.
+    Shard(PgSettings, Arc<Shared>),
 }
 
 impl Elector {
@@ -129,13 +130,22 @@ impl Elector {
     /// Whether this is the handle of one shard of a group (`Shards::elector`), which the
     /// group's `run` runs.
     pub(crate) fn is_shard(&self) -> bool {
-        matches!(*self.mode, Mode::Shard(_))
+        matches!(*self.mode, Mode::Shard(..))
+    }
+
+    /// For the handle of one shard of a group: whether the group's `run` is in progress.
+    /// `None` for any other elector.
+    pub(crate) fn group_runs(&self) -> Option<bool> {
+        match &*self.mode {
+            Mode::Shard(_, member) => Some(member.is_running()),
+            _ => None,
+        }
     }
 
     /// The election's settings; `None` for a local elector.
     pub(crate) fn pg(&self) -> Option<&PgSettings> {
         match &*self.mode {
-            Mode::Postgres(pg) | Mode::Shard(pg) => Some(pg),
+            Mode::Postgres(pg) | Mode::Shard(pg, _) => Some(pg),
             Mode::Local(_) => None,
         }
     }
@@ -352,7 +362,7 @@ impl Elector {
                 was_leader
             }
             // A shard moves by the group's assignment, not by hand.
-            Mode::Shard(_) => false,
+            Mode::Shard(..) => false,
             Mode::Postgres(pg) => {
                 if !self.shared.is_running() {
                     return false;
@@ -457,7 +467,7 @@ impl Elector {
                     .await
             }
             Mode::Local(kind) => crate::local::run(&self.shared, *kind, shutdown).await,
-            Mode::Shard(_) => Err(Error::RunOnShard),
+            Mode::Shard(..) => Err(Error::RunOnShard),
         }
     }
 }

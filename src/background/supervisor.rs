@@ -262,16 +262,18 @@ impl Supervisor {
     /// `.worker("pg-elector", move |token| { let e = elector.clone(); async move { e.run(token).await } })`.
     ///
     /// The elector of one shard of a group (`Shards::elector`) is run by its group's
-    /// `Shards::run`, not here: its worker waits for shutdown without running anything (it
-    /// neither fails nor restarts), and the shard leads while the group's run owns it. Run the
-    /// group itself as another worker, or wherever it runs.
+    /// `Shards::run`, not here: its worker runs nothing and watches the group instead. While
+    /// the group's run is in progress (as another worker, or wherever it runs) the worker waits
+    /// for shutdown; when the group's run has not started within two of its check intervals
+    /// (at least a second), or ends before shutdown, the worker fails (nothing leads the shard
+    /// then) and is restarted by the policy, so that a group never run spends the budget and
+    /// fails the probe, naming the fix.
     pub fn election(mut self, elector: &Elector) -> Self {
         if elector.is_shard() {
-            return self.worker("pg-elector", |token: CancellationToken| async move {
-                tracing::info!(
-                    "a shard's elector: its group's run runs it; this worker waits for shutdown"
-                );
-                token.cancelled().await;
+            let elector = elector.clone();
+            return self.worker("pg-elector", move |token| {
+                let elector = elector.clone();
+                async move { watch_group(&elector, token).await }
             });
         }
         self.stop_bound = self.stop_bound.max(elector.graceful_stop_bound());
@@ -376,6 +378,39 @@ impl Supervisor {
                 "workers did not stop within the shutdown timeout; aborting them"
             );
             tasks.shutdown().await;
+        }
+    }
+}
+
+/// How often the worker of a shard's elector looks whether its group runs.
+const GROUP_WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// The worker of a shard's elector ([`Supervisor::election`]): `Ok` at shutdown while the
+/// shard's group runs; an error once the group's run has not started within its grace, or has
+/// ended.
+async fn watch_group(elector: &Elector, shutdown: CancellationToken) -> Result<(), &'static str> {
+    let interval = elector.check_interval().unwrap_or_default();
+    let grace = (2 * interval).max(Duration::from_secs(1));
+    let deadline = Instant::now() + grace;
+    let mut started = false;
+    loop {
+        match elector.group_runs() {
+            Some(true) => started = true,
+            _ if started => {
+                return Err(
+                    "the shard's group stopped running (Shards::run ended): nothing leads this shard",
+                );
+            }
+            _ if Instant::now() >= deadline => {
+                return Err(
+                    "a shard's elector runs only in its group: run the group's Shards::run (another worker, or Shards::spawn); nothing leads this shard",
+                );
+            }
+            _ => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(GROUP_WATCH_EVERY) => {}
         }
     }
 }

@@ -124,7 +124,7 @@ impl ShardsBuilder {
         let shards = (0..self.count)
             .map(|i| {
                 let key = LockKey::new(class, i as i32);
-                Elector::from_mode(Mode::Shard(pg.for_key(key)), None)
+                Elector::from_mode(Mode::Shard(pg.for_key(key), member.shared.clone()), None)
             })
             .collect();
         #[cfg(feature = "prometheus")]

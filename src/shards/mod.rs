@@ -172,8 +172,8 @@ impl Shards {
     /// [`WhileLeader`](crate::background::WhileLeader)), a [`Schedule`](crate::schedule::Schedule),
     /// or code that takes an `Elector`. Its [`run`](Elector::run) returns
     /// [`Error::RunOnShard`]: the group's [`run`](Self::run) runs every shard; handed to
-    /// [`Supervisor::election`](crate::background::Supervisor::election), its worker waits for
-    /// shutdown instead. Its
+    /// [`Supervisor::election`](crate::background::Supervisor::election), its worker watches
+    /// that the group runs and fails when it does not (nothing would lead the shard). Its
     /// [`resign`](Elector::resign) does nothing and returns `false`. `None` for a shard of
     /// another group.
     pub fn elector(&self, shard: ShardId) -> Option<&Elector> {

@@ -1316,6 +1316,45 @@ mod f6_2 {
         assert!(status.is_pass(), "{status:?}");
         assert!(!finished, "the supervisor still ran its worker");
     }
+
+    /// A shard's elector handed to a supervisor whose group never runs: nothing would lead the
+    /// shard, so the worker fails (after a grace for the group to start), is restarted by the
+    /// policy, and past its budget fails the probe, naming the fix. (Before, it waited for
+    /// shutdown and the probe passed while nothing led.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shards_elector_in_a_supervisor_without_its_group_fails_the_probe() {
+        let db = fresh_db().await;
+        let shards = pg_elector::shards::Shards::builder(db.pool(2), "never-run", 2)
+            .check_interval(I)
+            .build()
+            .expect("valid group");
+        let shard = shards.shard(0).unwrap();
+        let supervisor = Supervisor::new()
+            .restart_policy(
+                RestartPolicy::new()
+                    .backoff(Duration::from_millis(1), Duration::from_millis(1))
+                    .budget(1, Duration::from_secs(60)),
+            )
+            .election(shards.elector(shard).unwrap());
+        let probe = supervisor.probe();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(supervisor.run(shutdown.clone()));
+        // A grace of a second (two intervals, at least 1 s) per start, two starts.
+        let failed = wait_for(Duration::from_secs(5), || !probe.status().is_pass())
+            .await
+            .expect("the probe fails once the budget is spent");
+        assert!(
+            failed >= Duration::from_secs(2),
+            "each start waits a grace of 1 s for the group: {failed:?}"
+        );
+        let status = format!("{:?}", probe.status());
+        assert!(status.contains("Shards::run"), "names the fix: {status}");
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("the supervisor stops at shutdown")
+            .unwrap();
+    }
 }
 
 mod f6_6_blocked {
