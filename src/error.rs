@@ -68,6 +68,11 @@ pub enum Error {
         identity: Option<String>,
     },
 
+    /// [`request_handover`](crate::request_handover) got no pool connection, or no answer,
+    /// within its bound: the request may or may not have been made.
+    #[error("request_handover: no pool connection or no answer within {0:?}")]
+    HandoverTimeout(Duration),
+
     /// A query of [`request_handover`](crate::request_handover) failed; the server's message
     /// is in the text, the error itself is the field.
     #[error("request_handover: the query failed: {}", chain(.0))]

@@ -269,7 +269,8 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
     let db = fresh_db().await;
     let key = LockKey::new(0xf9, 6);
     let client = db.connect().await.unwrap();
-    let none = request_handover(&client, key, HandoverTo::MostPreferred, I).await;
+    let asker = db.pool(1);
+    let none = request_handover(&asker, key, HandoverTo::MostPreferred, I, ASK).await;
     assert!(matches!(none, Err(Error::NoLeader)), "{none:?}");
 
     let top = replica(&db, key, "top", Some(9), false);
@@ -281,8 +282,14 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
     tokio::time::sleep(2 * I).await;
 
     for missing in ["nobody", "unnamed", "top"] {
-        let refused =
-            request_handover(&client, key, HandoverTo::Identity(missing.into()), 10 * I).await;
+        let refused = request_handover(
+            &asker,
+            key,
+            HandoverTo::Identity(missing.into()),
+            10 * I,
+            ASK,
+        )
+        .await;
         match refused {
             Err(Error::NoSuchStandby { identity }) => {
                 assert_eq!(identity.as_deref(), Some(missing))
@@ -302,9 +309,15 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
     let sampler = Sampler::start(electors(&[&top, &low, &mid, &unnamed]));
     let stay_away = 10 * I;
     let asked_at = Instant::now();
-    let to = request_handover(&client, key, HandoverTo::Identity("low".into()), stay_away)
-        .await
-        .unwrap();
+    let to = request_handover(
+        &asker,
+        key,
+        HandoverTo::Identity("low".into()),
+        stay_away,
+        ASK,
+    )
+    .await
+    .unwrap();
     assert_eq!(to, "low");
     let took = lead_within(&low, PREFERRED_TAKES, "the named standby").await;
     assert_eq!(term.end(), Some(TermEnd::HandedOver));
@@ -319,7 +332,7 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
 
     // To the most preferred live standby: `top` is back from its stay-away and tries again.
     tokio::time::sleep(2 * I).await;
-    let to = request_handover(&client, key, HandoverTo::MostPreferred, I)
+    let to = request_handover(&asker, key, HandoverTo::MostPreferred, I, ASK)
         .await
         .unwrap();
     assert_eq!(to, "top", "the most preferred live standby");

@@ -139,8 +139,8 @@ async fn a_handover_whose_target_dies_before_it_leads_strands_nobody() {
     let term = a.elector.term();
     let b = preferring(db.pool(3), key, "b", 1);
     tokio::time::sleep(2 * I).await;
-    let client = db.connect().await.unwrap();
-    let to = request_handover(&client, key, HandoverTo::Identity("b".into()), 300 * I)
+    let asker = db.pool(1);
+    let to = request_handover(&asker, key, HandoverTo::Identity("b".into()), 300 * I, ASK)
         .await
         .unwrap();
     assert_eq!(to, "b");
@@ -175,8 +175,8 @@ async fn a_handover_whose_target_dies_in_its_term_strands_nobody() {
         .expect("a leads");
     let b = preferring(db.pool(3), key, "b", 1);
     tokio::time::sleep(2 * I).await;
-    let client = db.connect().await.unwrap();
-    request_handover(&client, key, HandoverTo::Identity("b".into()), 300 * I)
+    let asker = db.pool(1);
+    request_handover(&asker, key, HandoverTo::Identity("b".into()), 300 * I, ASK)
         .await
         .unwrap();
     wait_for(4 * I, || b.elector.is_leader())
@@ -340,6 +340,66 @@ async fn a_standby_never_writes_inside_a_transaction_the_application_left_open()
     drop(fresh);
     standby.stop().await.unwrap();
     leader.stop().await.unwrap();
+}
+
+/// A handover asked on the application's pool of one connection, which the application handed
+/// back inside a transaction: the request is not written inside that transaction (where it
+/// would never commit, and the call would say it was asked); that connection is closed, which
+/// ends the transaction, and a fresh one asks. The target leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_never_writes_inside_a_transaction_the_application_left_open() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf99, 1);
+    let a = preferring(db.pool(3), key, "a", 1);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = preferring(db.pool(3), key, "b", 1);
+    tokio::time::sleep(2 * I).await;
+    let app = db.pool(1);
+    let leaked = {
+        let object = app.get().await.unwrap();
+        object.batch_execute("BEGIN").await.unwrap();
+        query_i64(&object, "SELECT pg_backend_pid()::int8").await
+    };
+    let to = request_handover(&app, key, HandoverTo::Identity("b".into()), 300 * I, ASK)
+        .await
+        .expect("the request is made on a fresh connection");
+    assert_eq!(to, "b");
+    wait_for(2 * I + I / 2, || b.elector.is_leader())
+        .await
+        .expect("the target leads: the request was committed");
+    let fresh = app.get().await.unwrap();
+    let pid = query_i64(&fresh, "SELECT pg_backend_pid()::int8").await;
+    assert_ne!(
+        pid, leaked,
+        "the connection left inside a transaction was closed"
+    );
+    drop(fresh);
+    b.stop().await.unwrap();
+    a.stop().await.unwrap();
+}
+
+/// A handover asked through a link that answers nothing returns its own error within its
+/// bound (before, the call had no bound and waited as long as the link did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_through_a_dead_link_ends_at_its_bound() {
+    let db = fresh_db().await;
+    let proxy = FaultProxy::start(db.server_addr()).await.unwrap();
+    let pool = db.pool_via(proxy.addr(), 1);
+    // A connection made while the link works, then the link goes silent.
+    drop(pool.get().await.unwrap());
+    proxy.blackhole();
+    let key = LockKey::new(0xf99, 2);
+    let started = std::time::Instant::now();
+    let asked = request_handover(&pool, key, HandoverTo::MostPreferred, I, 2 * I).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(asked, Err(pg_elector::Error::HandoverTimeout(bound)) if bound == 2 * I),
+        "{asked:?}"
+    );
+    assert!(took < 2 * I + I, "ends at its bound: {took:?}");
 }
 
 /// Two live replicas of one key named alike (`.identity("svc")` on every replica): the leader

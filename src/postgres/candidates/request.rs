@@ -3,10 +3,12 @@
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
+use super::borrowed::probed;
 use super::millis;
 use super::sql::REQUEST;
+use crate::pooled::Borrowed;
 use crate::{Error, LockKey};
 
 /// Who a handover asked with [`request_handover`] goes to.
@@ -28,72 +30,110 @@ pub enum HandoverTo {
 ///
 /// Only a *live* standby can be named: a replica built with a
 /// [`preference`](crate::ElectorBuilder::preference) (any, 0 included) that tried the lock
-/// within its last two check intervals. The request stays valid for a minute, or until the
-/// target's term has begun and passed its first check; if the target stops trying meanwhile,
-/// the other standbys stop waiting for it within two of its intervals. The old leader stays
-/// away only while the target may still lead: once the target is neither live nor leading,
-/// or has led and no longer does, it stands by again.
+/// within its last two check intervals. Name it by its identity as
+/// [`current_leader`](crate::current_leader) and `pg_stat_activity.application_name` show it
+/// (a replica with a preference has an identity PostgreSQL keeps whole). The request stays
+/// valid for a minute, or until the target's term has begun and passed its first check; if
+/// the target stops trying meanwhile, the other standbys stop waiting for it within two of its
+/// intervals. The old leader stays away only while the target may still lead: once the target
+/// is neither live nor leading, or has led and no longer does, it stands by again.
+///
+/// The call borrows one connection of `pool` and waits at most `bound` for it and `bound` for
+/// the answers (a few milliseconds on a healthy server; a second or more leaves room for a
+/// loaded one). A connection whose answer did not come in time is closed, not given back.
 ///
 /// # Errors
 ///
 /// [`Error::NoLeader`] when no replica leads `key`; [`Error::NoSuchStandby`] when no live
-/// standby matches (then nothing changed); [`Error::HandoverQuery`] when a query fails.
+/// standby matches (then nothing changed); [`Error::Pool`] when the pool cannot connect;
+/// [`Error::HandoverTimeout`] when the connection or the answer did not come within `bound`
+/// (the request may or may not have been made); [`Error::HandoverQuery`] when a query fails.
 ///
 /// ```no_run
-/// # async fn example(client: &tokio_postgres::Client) -> Result<(), pg_elector::Error> {
+/// # async fn example(pool: &deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
 /// use std::time::Duration;
 /// use pg_elector::{HandoverTo, LockKey, request_handover};
 ///
 /// let key = LockKey::from_name("billing/sweep");
-/// let to = request_handover(client, key, HandoverTo::MostPreferred, Duration::from_secs(300)).await?;
+/// let stay_away = Duration::from_secs(300);
+/// let to = request_handover(pool, key, HandoverTo::MostPreferred, stay_away, Duration::from_secs(5)).await?;
 /// println!("the lead goes to {to}");
 /// # Ok(()) }
 /// ```
 ///
 /// # Cancel safety
 ///
-/// A dropped call may or may not have asked. It puts no timeout on the queries.
+/// A dropped call may or may not have asked; its connection is closed.
 pub async fn request_handover(
-    client: &tokio_postgres::Client,
+    pool: &deadpool_postgres::Pool,
     key: LockKey,
     to: HandoverTo,
     stay_away: Duration,
+    bound: Duration,
 ) -> Result<String, Error> {
-    let leader = crate::postgres::leader::leader_of(client, key, None)
+    let asking = async {
+        loop {
+            let object = pool.get().await.map_err(|e| Error::Pool(Box::new(e)))?;
+            let borrowed = Borrowed::new(object);
+            let (asked, open) = ask(borrowed.client(), key, &to, stay_away).await?;
+            if open {
+                // A transaction the application left open on the connection: nothing was
+                // written in it; closing the connection ends it, and another connection asks.
+                drop(borrowed);
+                continue;
+            }
+            borrowed.give_back();
+            return asked;
+        }
+    };
+    // A connection whose answer did not come in time is dropped with the future: closed.
+    tokio::time::timeout(bound, asking)
         .await
-        .map_err(|e| match e {
-            Error::CurrentLeaderQuery(e) => Error::HandoverQuery(e),
-            other => other,
-        })?
-        .ok_or(Error::NoLeader)?;
-    let named = match &to {
+        .map_err(|_| Error::HandoverTimeout(bound))?
+}
+
+/// [`request_handover`]'s two queries on `client`, a pool connection: who leads, then the
+/// request, written only outside a transaction the application left open (see [`probed`]).
+/// The answer, and whether such a transaction was found (then nothing was asked).
+async fn ask(
+    client: &tokio_postgres::Client,
+    key: LockKey,
+    to: &HandoverTo,
+    stay_away: Duration,
+) -> Result<(Result<String, Error>, bool), Error> {
+    let leader = match crate::postgres::leader::leader_of(client, key, None).await {
+        Ok(Some(leader)) => leader,
+        Ok(None) => return Ok((Err(Error::NoLeader), false)),
+        Err(Error::CurrentLeaderQuery(e)) => return Err(Error::HandoverQuery(e)),
+        Err(other) => return Err(other),
+    };
+    let named = match to {
         HandoverTo::Identity(name) => Some(name.as_str()),
         HandoverTo::MostPreferred => None,
     };
     let stay_away = millis(stay_away);
-    let rows = client
-        .query_typed(
-            REQUEST,
-            &[
-                (&key.class(), Type::INT4),
-                (&key.object(), Type::INT4),
-                (&leader.identity, Type::TEXT),
-                (&named, Type::TEXT),
-                (&stay_away, Type::INT8),
-            ],
-        )
-        .await;
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&key.class(), Type::INT4),
+        (&key.object(), Type::INT4),
+        (&leader.identity, Type::TEXT),
+        (&named, Type::TEXT),
+        (&stay_away, Type::INT8),
+    ];
     let no_such = || Error::NoSuchStandby {
         identity: named.map(str::to_owned),
     };
-    let rows = match rows {
-        Ok(rows) => rows,
+    let (rows, open) = match probed(client, client.query_typed(REQUEST, &params)).await {
+        Ok(answered) => answered,
         // No table: nobody ever registered.
-        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Err(no_such()),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
+            return Ok((Err(no_such()), false));
+        }
         Err(e) => return Err(Error::HandoverQuery(e)),
     };
-    rows.iter()
+    let target = rows
+        .iter()
         .find(|row| row.get::<_, bool>(1))
         .map(|row| row.get::<_, String>(0))
-        .ok_or_else(no_such)
+        .ok_or_else(no_such);
+    Ok((target, open))
 }

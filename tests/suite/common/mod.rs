@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 /// The short interval most tests use.
 pub const I: Duration = Duration::from_millis(200);
 
+/// How long a test's `request_handover` may wait for its connection and its answers.
+pub const ASK: Duration = Duration::from_secs(5);
+
 pub fn init_tracing() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
