@@ -663,6 +663,78 @@ mod f7_2 {
         assert!(epoch > Some(old), "{epoch:?} > {old}");
     }
 
+    /// What the README says of a statement left behind on a closed connection: a COMMIT that
+    /// waits for a synchronous standby is *not* ended when its client goes, even with
+    /// `client_connection_check_interval` (the server checks the socket while a query runs,
+    /// not while a commit waits for the standby): its backend stays until the standby
+    /// confirms (or an operator ends it). The pool is safe all the same (the connection is
+    /// closed, never handed back), and the crate's own writes on the lock path do not wait for
+    /// the standby (above).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_waiting_for_a_synchronous_standby_outlives_its_client() {
+        let _timing = timing();
+        let cluster = cluster(Follow::MultiHost, true).await;
+        let (admin, admin_conn) = cluster
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(admin_conn);
+        let version = query_i64(&admin, "SELECT current_setting('server_version_num')::int8").await;
+        admin
+            .batch_execute("CREATE TABLE outlives (n int)")
+            .await
+            .unwrap();
+        let (victim, victim_conn) = cluster
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let victim_conn = tokio::spawn(victim_conn);
+        if version >= 140_000 {
+            victim
+                .batch_execute("SET client_connection_check_interval = '100ms'")
+                .await
+                .unwrap();
+        }
+        let pid = query_i64(&victim, "SELECT pg_backend_pid()::int8").await;
+        cluster.wal.blackhole();
+        let waiting =
+            tokio::time::timeout(I, victim.batch_execute("INSERT INTO outlives VALUES (1)")).await;
+        assert!(waiting.is_err(), "the commit waits for the silent standby");
+        drop(victim);
+        victim_conn.abort();
+        let _ = victim_conn.await;
+        // Ten times the check interval after the client went.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let still = admin
+            .query_opt(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = $1::int8::int4",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get::<_, Option<String>>(0));
+        cluster.wal.pass();
+        assert_eq!(
+            still,
+            Some(Some("SyncRep".to_owned())),
+            "the backend still waits for the standby after its client went"
+        );
+        let gone = wait_for_async(Duration::from_secs(10), || async {
+            admin
+                .query_opt(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = $1::int8::int4",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .is_none()
+        })
+        .await;
+        assert!(gone.is_some(), "it ends once the standby confirms");
+    }
+
     /// F9 with a synchronous standby that stops confirming: the candidates table's writes (a
     /// standby saying it is alive, the grant's claim, the leader's look) commit without waiting
     /// for it, so a preferred standby still gets the lead within two intervals. (Were they to
