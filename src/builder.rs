@@ -121,7 +121,10 @@ impl ElectorBuilder {
     /// work still running on this replica after its term ended: `do_work` calls and
     /// while-leader loops. Default: one check interval. The lock is given up when the work is
     /// done or the limit passes, whichever is first; what still runs then is named in a WARN
-    /// line. While it waits, the leader keeps checking its session every interval.
+    /// line. While it waits, the leader keeps checking its session every interval. A handover
+    /// to a more preferred standby ([`preference`](Self::preference)) drains the same way, at
+    /// the leader's next check after that standby appears: size the limit for the longest work
+    /// that should end in place rather than be cut off.
     pub fn drain_timeout(mut self, limit: Duration) -> Self {
         self.drain_timeout = Some(limit);
         self
@@ -212,9 +215,11 @@ impl ElectorBuilder {
     /// [drain timeout](Self::drain_timeout)), unlocks, and the lock goes to the most preferred
     /// live standby, not to whichever tries first. Equal preferences never move the lead.
     ///
-    /// For a rolling deploy, give each release a higher preference than the last (a build
-    /// number, or the deploy's timestamp in seconds): the first new replica to stand by takes
-    /// the lead from the old leader, and the lead moves once per deploy.
+    /// For a rolling deploy, give each deploy a higher preference than the last (the time the
+    /// pipeline deployed, in seconds): the first new replica to stand by takes the lead from
+    /// the old leader, and the lead moves once per deploy. A number tied to the release (a
+    /// version, a build number) goes down on a rollback, and the lead then moves at each
+    /// replacement, as without preferences (the README's "Who leads" says more).
     ///
     /// A replica with a preference says it is alive at each try, in a row of the table
     /// `pg_elector_candidates` (created when missing), on a connection of the pool it tries
@@ -232,10 +237,10 @@ impl ElectorBuilder {
     /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
     /// use pg_elector::{Elector, LockKey};
     ///
-    /// // The deploy's build number, from the environment.
-    /// let build: u64 = std::env::var("BUILD_NUMBER").ok().and_then(|b| b.parse().ok()).unwrap_or(0);
+    /// // When the pipeline deployed this replica (rollbacks included), from the environment.
+    /// let deployed_at: u64 = std::env::var("DEPLOYED_AT").ok().and_then(|t| t.parse().ok()).unwrap_or(0);
     /// let elector = Elector::builder(pool, LockKey::from_name("billing/sweep"))
-    ///     .preference(build)
+    ///     .preference(deployed_at)
     ///     .build()?;
     /// # Ok(()) }
     /// ```
