@@ -1,5 +1,6 @@
 //! A pooled connection with a statement in flight: given back only once the statement's answer
-//! came, closed otherwise.
+//! came, closed otherwise; and the probe that tells whether the application left a transaction
+//! open on a pool connection, so that the crate never writes inside one.
 
 use deadpool_postgres::Object;
 
@@ -45,4 +46,49 @@ impl Drop for Borrowed {
             drop(Object::take(object));
         }
     }
+}
+
+/// SQL: whether the statement runs inside a transaction [`PROBE`] marked, one the application
+/// left open on the pool connection (a `BEGIN` without its `COMMIT`).
+macro_rules! in_open_transaction {
+    () => {
+        "coalesce(pg_catalog.current_setting('pg_elector.probe', true), '') = 'open'"
+    };
+}
+pub(crate) use in_open_transaction;
+
+/// Sent in the same round trip before a statement on a pool connection: it marks the
+/// transaction it runs in. Outside a transaction block that is its own, over at once, and the
+/// statement after it reads no mark; inside a transaction the application left open, the
+/// statement reads it ([`in_open_transaction!`]).
+pub(crate) const PROBE: &str = "SELECT pg_catalog.set_config('pg_elector.probe', 'open', true)";
+
+/// Whether [`PROBE`]'s mark is still there: the statements ran inside a transaction the
+/// application left open.
+pub(crate) const STILL_MARKED: &str = concat!("SELECT ", in_open_transaction!());
+
+/// `query` on `client`, a pool connection, after [`PROBE`] and beside [`STILL_MARKED`]: its
+/// answer, and whether it ran inside a transaction the application left open. The probe goes
+/// first; the read of the mark goes out once `query` has sent its first statement (a query that
+/// sends more after an answer, as the gate's does, sends them after the read, in the same
+/// transaction if one was left open: the mark lasts as long as it). A mark that cannot be read
+/// (a statement failed inside such a transaction, which aborts it) counts as open: the
+/// connection is then closed.
+pub(crate) async fn probed<T>(
+    client: &tokio_postgres::Client,
+    query: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<(T, bool), tokio_postgres::Error> {
+    // `join!` polls them first in this order, and each sends its statement when first polled.
+    let (marked, answer, still) = tokio::join!(
+        client.query_typed(PROBE, &[]),
+        query,
+        client.query_typed(STILL_MARKED, &[])
+    );
+    marked?;
+    let open = still.map_or(true, |rows| {
+        rows.first()
+            .and_then(|row| row.try_get::<_, bool>(0).ok())
+            .unwrap_or(true)
+    });
+    Ok((answer?, open))
 }

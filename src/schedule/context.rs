@@ -18,7 +18,7 @@ use super::{
     query_bound,
 };
 use crate::background::TickOutcome;
-use crate::pooled::Borrowed;
+use crate::pooled::{Borrowed, probed};
 use crate::sync::lock;
 use crate::{Elector, Term};
 
@@ -261,11 +261,10 @@ pub(super) async fn on_connection<T>(
 ) -> Result<T, ScheduleError> {
     let started = tokio::time::Instant::now();
     let deadline = started + bound;
-    let object = tokio::time::timeout_at((started + wait).min(deadline), pool.get())
+    let borrowing = outside_transactions(pool, wait, (started + wait).min(deadline));
+    let mut borrowed = tokio::time::timeout_at(deadline, borrowing)
         .await
-        .map_err(|_| ScheduleError::PoolTimeout(wait))?
-        .map_err(|e| ScheduleError::Pool(Box::new(e)))?;
-    let mut borrowed = Borrowed::new(object);
+        .map_err(|_| ScheduleError::Timeout(bound))??;
     let answer = tokio::time::timeout_at(deadline, statement(borrowed.client_mut()))
         .await
         .map_err(|_| ScheduleError::Timeout(bound))?;
@@ -275,4 +274,31 @@ pub(super) async fn on_connection<T>(
         borrowed.give_back();
     }
     answer
+}
+
+/// A connection of `pool` (borrowed by `until`, `wait` after the start) on which no transaction
+/// is open: one the application handed back inside a transaction (a `BEGIN` without its
+/// `COMMIT`) is closed, which ends that transaction, and another is borrowed. The crate never
+/// sends a statement into a transaction it did not open (a claim's `BEGIN` would join it, and
+/// its `COMMIT` commit the application's work). One round trip ([`probed`]).
+async fn outside_transactions(
+    pool: &Pool,
+    wait: Duration,
+    until: tokio::time::Instant,
+) -> Result<Borrowed, ScheduleError> {
+    loop {
+        let object = tokio::time::timeout_at(until, pool.get())
+            .await
+            .map_err(|_| ScheduleError::PoolTimeout(wait))?
+            .map_err(|e| ScheduleError::Pool(Box::new(e)))?;
+        let borrowed = Borrowed::new(object);
+        let ((), open) = probed(borrowed.client(), async { Ok(()) }).await?;
+        if !open {
+            return Ok(borrowed);
+        }
+        // Dropped, the connection is closed.
+        tracing::warn!(
+            "a connection of the schedule's pool was inside a transaction the application left open; closed, which ends that transaction"
+        );
+    }
 }

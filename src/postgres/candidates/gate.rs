@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use super::borrowed::{borrow, give_back_unless_open, probed};
+use super::borrowed::{borrow, give_back_unless_open};
 use super::sql::DEFER;
 use super::{Deferring, RegisterError, table_exists};
 use crate::LockKey;
+use crate::pooled::probed;
 use crate::postgres::session_error::bounded;
 
 /// What a standby's try asks once the lock is found free, before it takes it: whether a live
@@ -74,7 +75,7 @@ pub(crate) struct Deferred {
     /// The session still holds the question's shared hold: a transaction the application
     /// left open, which only closing the connection ends.
     pub(crate) hold_outlasts: bool,
-    /// It ran inside a transaction [`PROBE`] marked.
+    /// It ran inside a transaction [`PROBE`](crate::pooled::PROBE) marked.
     pub(crate) open: bool,
 }
 

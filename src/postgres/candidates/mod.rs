@@ -36,7 +36,8 @@ mod request;
 pub(crate) mod rule;
 mod sql;
 
-use borrowed::{borrow, give_back_unless_open, probed};
+use crate::pooled::probed;
+use borrowed::{borrow, give_back_unless_open};
 pub(crate) use gate::{Deferred, Gate, outranked};
 pub use request::{HandoverTo, request_handover};
 use sql::*;

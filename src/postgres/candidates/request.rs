@@ -5,10 +5,10 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::borrowed::probed;
 use super::millis;
 use super::sql::REQUEST;
 use crate::pooled::Borrowed;
+use crate::pooled::probed;
 use crate::{Error, LockKey};
 
 /// Who a handover asked with [`request_handover`] goes to.

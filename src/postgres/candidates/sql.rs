@@ -2,6 +2,8 @@
 //! a standby sends on its pool's connections (each guarded against a transaction the
 //! application left open), and the leader's on its lock session.
 
+use crate::pooled::in_open_transaction;
+
 /// The statement that creates the table, for a migration or an administrator.
 pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_candidates (\
      class int4 NOT NULL, object int4 NOT NULL, identity text NOT NULL, \
@@ -26,40 +28,22 @@ macro_rules! no_wait {
     };
 }
 
-/// Whether the statement runs inside a transaction [`PROBE`] marked: one the application left
-/// open on the pool connection.
-macro_rules! open {
-    () => {
-        "coalesce(pg_catalog.current_setting('pg_elector.probe', true), '') = 'open'"
-    };
-}
-
 /// The first CTEs of every statement that writes the table on a pool connection, which the
 /// application may have left inside a transaction (a `BEGIN` without its `COMMIT`): `open`,
-/// whether it is (see [`PROBE`]), and [`no_wait!`]'s setting, made only when it is not. The
+/// whether it is (see [`PROBE`](crate::pooled::PROBE)), and [`no_wait!`]'s setting, made only when it is not. The
 /// statement writes nothing inside such a transaction, and the connection is closed, which
 /// ends it: the crate never changes a transaction it did not open.
 macro_rules! no_wait_outside_transactions {
     () => {
         concat!(
             "WITH open AS MATERIALIZED (SELECT ",
-            open!(),
+            in_open_transaction!(),
             " AS yes), \
              bound AS MATERIALIZED (SELECT CASE WHEN NOT (SELECT yes FROM open) THEN \
                pg_catalog.set_config('synchronous_commit', 'off', true) END AS s), "
         )
     };
 }
-
-/// Sent in the same round trip before a statement on a pool connection: it marks the
-/// transaction it runs in. Outside a transaction block that is its own, over at once, and the
-/// statement after it reads no mark; inside a transaction the application left open, the
-/// statement reads it ([`open!`]).
-pub(super) const PROBE: &str = "SELECT pg_catalog.set_config('pg_elector.probe', 'open', true)";
-
-/// Whether [`PROBE`]'s mark is still there: the statements ran inside a transaction the
-/// application left open.
-pub(super) const STILL_MARKED: &str = concat!("SELECT ", open!());
 
 /// Whether the lock of `$1, $2`, free or just granted to identity `$3` of preference `$4`,
 /// should go to another live standby: the live target of the newest handover asked (one
@@ -128,7 +112,7 @@ pub(super) const DEFER: &str = concat!(
     ", EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
        AND pid = pg_catalog.pg_backend_pid() AND mode = 'ShareLock' \
        AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2), ",
-    open!()
+    in_open_transaction!()
 );
 
 /// [`defer!`] after a grant, and whether the grantee's own row carries a handover asked to it.
@@ -217,7 +201,7 @@ pub(super) const REQUEST: &str = concat!(
        stay_away_ms = CASE WHEN c.identity = t.identity THEN $5::int8 END \
      FROM target t WHERE c.class = $1::int4 AND c.object = $2::int4 \
        AND (c.identity = t.identity OR c.requested_until IS NOT NULL) AND NOT (",
-    open!(),
+    in_open_transaction!(),
     ") \
      RETURNING c.identity, c.identity = t.identity"
 );
@@ -247,5 +231,5 @@ pub(super) const TARGET: &str = concat!(
      EXISTS (SELECT 1 FROM pg_elector_candidates c \
        WHERE c.class = $1::int4 AND c.object = $2::int4 AND c.identity = $3::text \
        AND c.live_until > pg_catalog.statement_timestamp() AND c.heard_at <= pg_catalog.statement_timestamp()), ",
-    open!()
+    in_open_transaction!()
 );
