@@ -74,7 +74,8 @@ pub enum Error {
     HandoverTimeout(Duration),
 
     /// A query of [`request_handover`](crate::request_handover) failed; the server's message
-    /// is in the text, the error itself is the field.
+    /// is in the text, the error itself is the field. A connection lost after the request was
+    /// sent may or may not have made it.
     #[error("request_handover: the query failed: {}", chain(.0))]
     HandoverQuery(tokio_postgres::Error),
 

@@ -2,7 +2,8 @@
 //! came, closed otherwise; and the probe that tells whether the application left a transaction
 //! open on a pool connection, so that the crate never writes inside one.
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{Object, Pool};
+use tokio_postgres::error::SqlState;
 
 /// A pooled connection on which a statement is in flight. Unless it is given back or kept,
 /// dropping it (a timeout, a cancelled future) closes the connection instead of returning it to
@@ -91,4 +92,45 @@ pub(crate) async fn probed<T>(
             .unwrap_or(true)
     });
     Ok((answer?, open))
+}
+
+/// Why [`outside_transactions`] got no connection.
+#[derive(Debug)]
+pub(crate) enum NotBorrowed {
+    /// None by its deadline.
+    Timeout,
+    /// The pool could not hand one out.
+    Pool(deadpool_postgres::PoolError),
+    /// The probe failed (other than in a transaction the application left aborted).
+    Query(tokio_postgres::Error),
+}
+
+/// A connection of `pool`, borrowed by `until`, on which no transaction is open: one the
+/// application handed back inside a transaction (a `BEGIN` without its `COMMIT`, or one
+/// aborted by an error) is closed, which ends that transaction, and another is borrowed. So
+/// the crate never sends a statement into a transaction it did not open (a `BEGIN` of its own
+/// would join it, and its `COMMIT` commit the application's work). One round trip
+/// ([`probed`]).
+pub(crate) async fn outside_transactions(
+    pool: &Pool,
+    until: tokio::time::Instant,
+) -> Result<Borrowed, NotBorrowed> {
+    loop {
+        let object = tokio::time::timeout_at(until, pool.get())
+            .await
+            .map_err(|_| NotBorrowed::Timeout)?
+            .map_err(NotBorrowed::Pool)?;
+        let borrowed = Borrowed::new(object);
+        match tokio::time::timeout_at(until, probed(borrowed.client(), async { Ok(()) })).await {
+            Err(_) => return Err(NotBorrowed::Timeout),
+            Ok(Ok(((), false))) => return Ok(borrowed),
+            Ok(Ok(((), true))) => {}
+            Ok(Err(e)) if e.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => {}
+            Ok(Err(e)) => return Err(NotBorrowed::Query(e)),
+        }
+        // Dropped, the connection is closed.
+        tracing::warn!(
+            "a pool connection was inside a transaction the application left open; closed, which ends that transaction"
+        );
+    }
 }

@@ -264,10 +264,10 @@ impl Supervisor {
     /// The elector of one shard of a group (`Shards::elector`) is run by its group's
     /// `Shards::run`, not here: its worker runs nothing and watches the group instead. While
     /// the group's run is in progress (as another worker, or wherever it runs) the worker waits
-    /// for shutdown; when the group's run has not started within two of its check intervals
-    /// (at least a second), or ends before shutdown, the worker fails (nothing leads the shard
-    /// then) and is restarted by the policy, so that a group never run spends the budget and
-    /// fails the probe, naming the fix.
+    /// for shutdown; when the group's run has not been in progress for two of its check
+    /// intervals (at least a second: not started, or ended and not restarted), the worker fails
+    /// (nothing leads the shard then) and is restarted by the policy, so that a group never run
+    /// spends the budget and fails the probe, naming the fix.
     pub fn election(mut self, elector: &Elector) -> Self {
         if elector.is_shard() {
             let elector = elector.clone();
@@ -385,28 +385,24 @@ impl Supervisor {
 /// How often the worker of a shard's elector looks whether its group runs.
 const GROUP_WATCH_EVERY: Duration = Duration::from_millis(100);
 
-/// The worker of a shard's elector ([`Supervisor::election`]): `Ok` at shutdown while the
-/// shard's group runs; an error once the group's run has not started within its grace, or has
-/// ended.
+/// The worker of a shard's elector ([`Supervisor::election`]): `Ok` at shutdown; an error
+/// once the shard's group has not been running for a grace of two of its intervals (at least a
+/// second), at the start or after its run ended (a group restarted by its own worker runs again
+/// within that time, and costs this worker nothing).
 async fn watch_group(elector: &Elector, shutdown: CancellationToken) -> Result<(), &'static str> {
     let interval = elector.check_interval().unwrap_or_default();
     let grace = (2 * interval).max(Duration::from_secs(1));
-    let deadline = Instant::now() + grace;
-    let mut started = false;
+    let mut last_ran = Instant::now();
     loop {
-        match elector.group_runs() {
-            Some(true) => started = true,
-            _ if started => {
-                return Err(
-                    "the shard's group stopped running (Shards::run ended): nothing leads this shard",
-                );
-            }
-            _ if Instant::now() >= deadline => {
-                return Err(
-                    "a shard's elector runs only in its group: run the group's Shards::run (another worker, or Shards::spawn); nothing leads this shard",
-                );
-            }
-            _ => {}
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        if elector.group_runs() == Some(true) {
+            last_ran = Instant::now();
+        } else if last_ran.elapsed() >= grace {
+            return Err(
+                "a shard's elector runs only in its group, and the group's Shards::run has not been running: nothing leads this shard; run it (another worker, or Shards::spawn)",
+            );
         }
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),

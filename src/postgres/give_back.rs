@@ -98,16 +98,18 @@ async fn all_drained(work: &[&InFlight]) {
 /// Unlocks, bounded, and closes the session; `led` says whether a term was held on it. A
 /// replica with a preference whose row may still say it is a live standby (`own_row`: no look
 /// of a term dropped it yet) first drops it, within a quarter of the bound (see
-/// [`candidates::drop_own_row`]).
+/// [`candidates::drop_own_row`]); the drop and the unlock together take at most the bound.
 pub(super) async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool, own_row: bool) {
+    let deadline = tokio::time::Instant::now() + RELEASE_BOUND;
     if own_row && pg.preference.is_some() {
         let dropping = candidates::drop_own_row(session.client(), pg.key, &pg.identity);
         if timeout(RELEASE_BOUND / 4, dropping).await.is_err() {
             tracing::debug!(key = %pg.key, "dropping this replica's row before it unlocks got no answer in time; it counts for two more intervals at most");
         }
     }
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     // `timeout` runs on its own timer, not on the (cancelled) shutdown token.
-    match timeout(RELEASE_BOUND, session.unlock(RELEASE_BOUND)).await {
+    match timeout(left, session.unlock(left)).await {
         Ok(Ok(unlocked)) if unlocked.held => {
             if led {
                 tracing::info!(key = %pg.key, "leadership released");

@@ -18,7 +18,7 @@ use super::{
     query_bound,
 };
 use crate::background::TickOutcome;
-use crate::pooled::{Borrowed, probed};
+use crate::pooled::{NotBorrowed, outside_transactions};
 use crate::sync::lock;
 use crate::{Elector, Term};
 
@@ -240,7 +240,9 @@ pub(super) fn record(
 }
 
 /// Runs `statement` on a connection of `pool` borrowed within `wait`, the whole within
-/// `bound`: the one way the schedule's job tasks and its handle reach the job tables.
+/// `bound`: the one way the schedule's job tasks and its handle reach the job tables. The
+/// connection is one outside any transaction ([`outside_transactions`]: a connection the
+/// application handed back inside one is closed, and another borrowed).
 ///
 /// The connection goes back to the pool once `statement` has succeeded (every statement it
 /// sent answered). Cut off by `bound`, dropped, or failed, the connection is closed instead: its statement may still run on the server (a COMMIT waiting for a
@@ -261,10 +263,14 @@ pub(super) async fn on_connection<T>(
 ) -> Result<T, ScheduleError> {
     let started = tokio::time::Instant::now();
     let deadline = started + bound;
-    let borrowing = outside_transactions(pool, wait, (started + wait).min(deadline));
-    let mut borrowed = tokio::time::timeout_at(deadline, borrowing)
+    // Never on a connection inside a transaction the application left open.
+    let mut borrowed = outside_transactions(pool, (started + wait).min(deadline))
         .await
-        .map_err(|_| ScheduleError::Timeout(bound))??;
+        .map_err(|e| match e {
+            NotBorrowed::Timeout => ScheduleError::PoolTimeout(wait),
+            NotBorrowed::Pool(e) => ScheduleError::Pool(Box::new(e)),
+            NotBorrowed::Query(e) => ScheduleError::Database(e),
+        })?;
     let answer = tokio::time::timeout_at(deadline, statement(borrowed.client_mut()))
         .await
         .map_err(|_| ScheduleError::Timeout(bound))?;
@@ -274,31 +280,4 @@ pub(super) async fn on_connection<T>(
         borrowed.give_back();
     }
     answer
-}
-
-/// A connection of `pool` (borrowed by `until`, `wait` after the start) on which no transaction
-/// is open: one the application handed back inside a transaction (a `BEGIN` without its
-/// `COMMIT`) is closed, which ends that transaction, and another is borrowed. The crate never
-/// sends a statement into a transaction it did not open (a claim's `BEGIN` would join it, and
-/// its `COMMIT` commit the application's work). One round trip ([`probed`]).
-async fn outside_transactions(
-    pool: &Pool,
-    wait: Duration,
-    until: tokio::time::Instant,
-) -> Result<Borrowed, ScheduleError> {
-    loop {
-        let object = tokio::time::timeout_at(until, pool.get())
-            .await
-            .map_err(|_| ScheduleError::PoolTimeout(wait))?
-            .map_err(|e| ScheduleError::Pool(Box::new(e)))?;
-        let borrowed = Borrowed::new(object);
-        let ((), open) = probed(borrowed.client(), async { Ok(()) }).await?;
-        if !open {
-            return Ok(borrowed);
-        }
-        // Dropped, the connection is closed.
-        tracing::warn!(
-            "a connection of the schedule's pool was inside a transaction the application left open; closed, which ends that transaction"
-        );
-    }
 }

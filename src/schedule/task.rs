@@ -32,9 +32,6 @@ pub(super) struct JobTask {
     /// A run of this term was cut off while its beats failed, and is still `running` in the
     /// table: the next look for abandoned runs calls it so (and reruns it if the job asks).
     gave_up: AtomicBool,
-    /// When the task began, just after its term: another term's run is judged stale only once
-    /// this term has lasted the stale threshold (see the store's `abandon`).
-    began: tokio::time::Instant,
 }
 
 /// Why the passes over a job's row ended.
@@ -92,7 +89,6 @@ impl JobTask {
             term_id,
             stop,
             gave_up: AtomicBool::new(false),
-            began: tokio::time::Instant::now(),
         }
     }
 
@@ -291,7 +287,6 @@ impl JobTask {
                     ctx.poll,
                     job.rerun_abandoned,
                     &who,
-                    self.began.elapsed(),
                 )
                 .await
         });

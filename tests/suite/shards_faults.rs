@@ -1317,6 +1317,41 @@ mod f6_2 {
         assert!(!finished, "the supervisor still ran its worker");
     }
 
+    /// A shard's elector in a supervisor whose group runs, then stops before shutdown: the
+    /// worker waits while the group runs (the probe passes), and fails once the group has not
+    /// run for its grace (1 s here), which fails the probe with no restart budget.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_shards_elector_in_a_supervisor_fails_once_its_group_stopped() {
+        let _timing = timing();
+        let db = fresh_db().await;
+        let member = Member::start(db.pool(2), "stops", 2, I);
+        let shard = member.shards.shard(0).unwrap();
+        let supervisor = Supervisor::new()
+            .restart_policy(RestartPolicy::new().budget(0, Duration::from_secs(60)))
+            .election(member.shards.elector(shard).unwrap());
+        let probe = supervisor.probe();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(supervisor.run(shutdown.clone()));
+        wait_for(10 * I, || member.shards.is_owner(shard))
+            .await
+            .expect("the group owns the shard");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(probe.status().is_pass(), "{:?}", probe.status());
+        member.stop().await.unwrap();
+        let failed = wait_for(Duration::from_secs(4), || !probe.status().is_pass())
+            .await
+            .expect("the worker fails once the group has stopped for its grace");
+        assert!(
+            failed >= Duration::from_millis(900),
+            "after the grace: {failed:?}"
+        );
+        shutdown.cancel();
+        tokio::time::timeout(10 * I, run)
+            .await
+            .expect("the supervisor stops at shutdown")
+            .unwrap();
+    }
+
     /// A shard's elector handed to a supervisor whose group never runs: nothing would lead the
     /// shard, so the worker fails (after a grace for the group to start), is restarted by the
     /// policy, and past its budget fails the probe, naming the fix. (Before, it waited for

@@ -7,8 +7,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::millis;
 use super::sql::REQUEST;
-use crate::pooled::Borrowed;
-use crate::pooled::probed;
+use crate::pooled::{NotBorrowed, outside_transactions};
 use crate::{Error, LockKey};
 
 /// Who a handover asked with [`request_handover`] goes to.
@@ -38,9 +37,11 @@ pub enum HandoverTo {
 /// intervals. The old leader stays away only while the target may still lead: once the target
 /// is neither live nor leading, or has led and no longer does, it stands by again.
 ///
-/// The call borrows one connection of `pool` and waits at most `bound` for it and `bound` for
-/// the answers (a few milliseconds on a healthy server; a second or more leaves room for a
-/// loaded one). A connection whose answer did not come in time is closed, not given back.
+/// The call borrows one connection of `pool` outside any transaction (a connection the
+/// application handed back inside one is closed, which ends it, and another borrowed), and
+/// takes at most `bound` in all (a few milliseconds on a healthy server; a second or more
+/// leaves room for a loaded one). A connection whose answer did not come in time is closed,
+/// not given back.
 ///
 /// # Errors
 ///
@@ -71,39 +72,33 @@ pub async fn request_handover(
     stay_away: Duration,
     bound: Duration,
 ) -> Result<String, Error> {
-    let asking = async {
-        loop {
-            let object = pool.get().await.map_err(|e| Error::Pool(Box::new(e)))?;
-            let borrowed = Borrowed::new(object);
-            let (asked, open) = ask(borrowed.client(), key, &to, stay_away).await?;
-            if open {
-                // A transaction the application left open on the connection: nothing was
-                // written in it; closing the connection ends it, and another connection asks.
-                drop(borrowed);
-                continue;
-            }
-            borrowed.give_back();
-            return asked;
-        }
-    };
-    // A connection whose answer did not come in time is dropped with the future: closed.
-    tokio::time::timeout(bound, asking)
+    let until = tokio::time::Instant::now() + bound;
+    let borrowed = outside_transactions(pool, until)
         .await
-        .map_err(|_| Error::HandoverTimeout(bound))?
+        .map_err(|e| match e {
+            NotBorrowed::Timeout => Error::HandoverTimeout(bound),
+            NotBorrowed::Pool(e) => Error::Pool(Box::new(e)),
+            NotBorrowed::Query(e) => Error::HandoverQuery(e),
+        })?;
+    // A connection whose answer did not come in time, or that failed, is closed.
+    let asked = tokio::time::timeout_at(until, ask(borrowed.client(), key, &to, stay_away))
+        .await
+        .map_err(|_| Error::HandoverTimeout(bound))??;
+    borrowed.give_back();
+    Ok(asked)
 }
 
-/// [`request_handover`]'s two queries on `client`, a pool connection: who leads, then the
-/// request, written only outside a transaction the application left open (see [`probed`]).
-/// The answer, and whether such a transaction was found (then nothing was asked).
+/// [`request_handover`]'s two queries on `client`, a pool connection outside any transaction:
+/// who leads, then the request.
 async fn ask(
     client: &tokio_postgres::Client,
     key: LockKey,
     to: &HandoverTo,
     stay_away: Duration,
-) -> Result<(Result<String, Error>, bool), Error> {
+) -> Result<String, Error> {
     let leader = match crate::postgres::leader::leader_of(client, key, None).await {
         Ok(Some(leader)) => leader,
-        Ok(None) => return Ok((Err(Error::NoLeader), false)),
+        Ok(None) => return Err(Error::NoLeader),
         Err(Error::CurrentLeaderQuery(e)) => return Err(Error::HandoverQuery(e)),
         Err(other) => return Err(other),
     };
@@ -122,18 +117,14 @@ async fn ask(
     let no_such = || Error::NoSuchStandby {
         identity: named.map(str::to_owned),
     };
-    let (rows, open) = match probed(client, client.query_typed(REQUEST, &params)).await {
-        Ok(answered) => answered,
+    let rows = match client.query_typed(REQUEST, &params).await {
+        Ok(rows) => rows,
         // No table: nobody ever registered.
-        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {
-            return Ok((Err(no_such()), false));
-        }
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Err(no_such()),
         Err(e) => return Err(Error::HandoverQuery(e)),
     };
-    let target = rows
-        .iter()
+    rows.iter()
         .find(|row| row.get::<_, bool>(1))
         .map(|row| row.get::<_, String>(0))
-        .ok_or_else(no_such);
-    Ok((target, open))
+        .ok_or_else(no_such)
 }

@@ -16,9 +16,8 @@ impl Store {
     /// runner is known to be gone: its term is one of `ended` (terms of this process that are
     /// over), or it has been silent for three of the heartbeat periods it promised (at least
     /// 3 s; `fallback` is the period of a run an earlier version claimed, which promised
-    /// none), and this term has lasted as long (`term_age`: a beat lost with a crash or a
-    /// failover was sent before this term began). With `rerun`, the job's row keeps their dues
-    /// to rerun (a triggered run's never). Returns them, oldest first.
+    /// none). With `rerun`, the job's row keeps their dues to rerun (a triggered run's never).
+    /// Returns them, oldest first.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn abandon(
         &self,
@@ -30,7 +29,6 @@ impl Store {
         fallback: std::time::Duration,
         rerun: bool,
         who: &Claimant<'_>,
-        term_age: std::time::Duration,
     ) -> Result<Vec<Abandoned>, ScheduleError> {
         let epoch = who.epoch.map(|e| e as i64);
         let rows = client
@@ -45,7 +43,6 @@ impl Store {
                     (&rerun, Type::BOOL),
                     (&who.identity, Type::TEXT),
                     (&epoch, Type::INT8),
-                    (&term_age.as_secs_f64(), Type::FLOAT8),
                 ],
             )
             .await?;
@@ -73,8 +70,7 @@ impl Store {
     ) -> Result<bool, ScheduleError> {
         let attempt = run.attempt as i32;
         let params = [run.params(&attempt).as_slice(), &[(&run.term, Type::TEXT)]].concat();
-        let rows = client.query_typed(&self.heartbeat, &params).await?;
-        let beats: i64 = rows.first().map_or(Ok(0), |row| row.try_get(0))?;
+        let beats = client.execute_typed(&self.heartbeat, &params).await?;
         Ok(beats > 0)
     }
 

@@ -49,33 +49,17 @@ fn names(columns: &[(&str, &str)]) -> String {
         .join(", ")
 }
 
-/// The stale threshold of a run: a few of the heartbeat periods its runner promised (at least
-/// a floor); for a run of an earlier version, which promised none, of the reader's poll
-/// interval ($5).
-fn threshold() -> String {
+/// A run is stale once it has been silent for a few of the heartbeat periods its runner
+/// promised (at least a floor); a run of an earlier version, which promised none, by the
+/// reader's poll interval ($5).
+fn stale() -> String {
     format!(
-        "greatest({beats} * coalesce(heartbeat_period, make_interval(secs => $5)), \
+        "coalesce(heartbeat_at, started_at) < clock_timestamp() - greatest({beats} * \
+         coalesce(heartbeat_period, make_interval(secs => $5)), \
          make_interval(secs => {floor}))",
         beats = STALE_BEATS,
         floor = STALE_FLOOR.as_secs_f64(),
     )
-}
-
-/// A run is stale once it has been silent for its [`threshold`].
-fn stale() -> String {
-    format!(
-        "coalesce(heartbeat_at, started_at) < clock_timestamp() - {}",
-        threshold()
-    )
-}
-
-/// The judging term has itself lasted the run's [`threshold`] ($9: the term's age in
-/// seconds). A run's last beats may be missing on this server: they wait for no standby, so a
-/// crash or a failover can lose them. Such a loss ended every lock session, so those beats came
-/// before this term began, and the runner, whose beats stopped landing then, cut the run off
-/// within two thirds of a threshold of the last one.
-fn lasted() -> String {
-    format!("make_interval(secs => $9) >= {}", threshold())
 }
 
 /// The quoted names of the two tables and of the index of running runs, and the statements
@@ -222,8 +206,7 @@ impl Tables {
 
     /// Runs still `running` whose runner is known to be gone: of a term named in $4 (terms of
     /// this process that have ended, or this term when its runner gave the run up), or of
-    /// another term and stale (its leader died, or was deposed and stopped it), once this term
-    /// has lasted as long ([`lasted`]).
+    /// another term and stale (its leader died, or was deposed and stopped it).
     /// The job's row follows when it holds that claim, and keeps the dues to rerun ($6: the
     /// job asks for reruns; a triggered run is never rerun), so that the decision to rerun
     /// survives whatever happens to this leader after this statement; a due not to be rerun
@@ -231,11 +214,10 @@ impl Tables {
     pub(super) fn abandon(&self) -> String {
         let Self { jobs, runs, .. } = self;
         let stale = stale();
-        let lasted = lasted();
         format!(
             "WITH r AS (UPDATE {runs} SET outcome = 'abandoned', finished_at = clock_timestamp() \
                WHERE {KEY} AND outcome = 'running' \
-               AND (claimed_term = ANY($4) OR (claimed_term <> $3 AND {stale} AND {lasted})) \
+               AND (claimed_term = ANY($4) OR (claimed_term <> $3 AND {stale})) \
                RETURNING due, attempt, kind, claimed_by, claimed_term, \
                          ($6 AND kind <> 'triggered') AS rerun), \
              j AS (UPDATE {jobs} AS j SET \
@@ -258,23 +240,13 @@ impl Tables {
         )
     }
 
-    /// A running run says it is alive: its own claim's row only. Its commit waits for no
-    /// synchronous standby and no local flush (`synchronous_commit = off` for its own
-    /// transaction; the schedule sends nothing on a connection inside another): a beat only
-    /// has to be seen by the other terms on this server, and one lost with a crash or a
-    /// failover costs nothing, since a term judges another term's run only once it has itself
-    /// lasted the stale threshold ([`Tables::abandon`]). Waiting, a beat would be cut off by a
-    /// slow standby's acknowledgements, and its backend would keep the run's row locked, so
-    /// that the next beat queued behind it. Answers the rows it changed.
+    /// A running run says it is alive: its own claim's row only.
     pub(super) fn heartbeat(&self) -> String {
         let runs = &self.runs;
         format!(
-            "WITH bound AS MATERIALIZED (\
-               SELECT pg_catalog.set_config('synchronous_commit', 'off', true) AS s), \
-             beat AS (UPDATE {runs} SET heartbeat_at = clock_timestamp() \
-               WHERE {KEY} AND due = $3 AND attempt = $4 AND claimed_term = $5 \
-                 AND outcome = 'running' RETURNING 1) \
-             SELECT (SELECT count(*) FROM beat), (SELECT s FROM bound)"
+            "UPDATE {runs} SET heartbeat_at = clock_timestamp() \
+             WHERE {KEY} AND due = $3 AND attempt = $4 AND claimed_term = $5 \
+               AND outcome = 'running'"
         )
     }
 
