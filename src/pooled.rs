@@ -97,7 +97,9 @@ pub(crate) async fn probed<T>(
 /// Why [`outside_transactions`] got no connection.
 #[derive(Debug)]
 pub(crate) enum NotBorrowed {
-    /// None by its deadline.
+    /// The pool had none by its deadline.
+    PoolTimeout,
+    /// The probe got no answer by its deadline.
     Timeout,
     /// The pool could not hand one out.
     Pool(deadpool_postgres::PoolError),
@@ -105,7 +107,8 @@ pub(crate) enum NotBorrowed {
     Query(tokio_postgres::Error),
 }
 
-/// A connection of `pool`, borrowed by `until`, on which no transaction is open: one the
+/// A connection of `pool`, borrowed by `borrow_until` and probed by `until`, on which no
+/// transaction is open: one the
 /// application handed back inside a transaction (a `BEGIN` without its `COMMIT`, or one
 /// aborted by an error) is closed, which ends that transaction, and another is borrowed. So
 /// the crate never sends a statement into a transaction it did not open (a `BEGIN` of its own
@@ -113,12 +116,13 @@ pub(crate) enum NotBorrowed {
 /// ([`probed`]).
 pub(crate) async fn outside_transactions(
     pool: &Pool,
+    borrow_until: tokio::time::Instant,
     until: tokio::time::Instant,
 ) -> Result<Borrowed, NotBorrowed> {
     loop {
-        let object = tokio::time::timeout_at(until, pool.get())
+        let object = tokio::time::timeout_at(borrow_until.min(until), pool.get())
             .await
-            .map_err(|_| NotBorrowed::Timeout)?
+            .map_err(|_| NotBorrowed::PoolTimeout)?
             .map_err(NotBorrowed::Pool)?;
         let borrowed = Borrowed::new(object);
         match tokio::time::timeout_at(until, probed(borrowed.client(), async { Ok(()) })).await {

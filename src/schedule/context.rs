@@ -264,10 +264,11 @@ pub(super) async fn on_connection<T>(
     let started = tokio::time::Instant::now();
     let deadline = started + bound;
     // Never on a connection inside a transaction the application left open.
-    let mut borrowed = outside_transactions(pool, (started + wait).min(deadline))
+    let mut borrowed = outside_transactions(pool, started + wait, deadline)
         .await
         .map_err(|e| match e {
-            NotBorrowed::Timeout => ScheduleError::PoolTimeout(wait),
+            NotBorrowed::PoolTimeout => ScheduleError::PoolTimeout(wait),
+            NotBorrowed::Timeout => ScheduleError::Timeout(bound),
             NotBorrowed::Pool(e) => ScheduleError::Pool(Box::new(e)),
             NotBorrowed::Query(e) => ScheduleError::Database(e),
         })?;

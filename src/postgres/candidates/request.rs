@@ -73,10 +73,10 @@ pub async fn request_handover(
     bound: Duration,
 ) -> Result<String, Error> {
     let until = tokio::time::Instant::now() + bound;
-    let borrowed = outside_transactions(pool, until)
+    let borrowed = outside_transactions(pool, until, until)
         .await
         .map_err(|e| match e {
-            NotBorrowed::Timeout => Error::HandoverTimeout(bound),
+            NotBorrowed::PoolTimeout | NotBorrowed::Timeout => Error::HandoverTimeout(bound),
             NotBorrowed::Pool(e) => Error::Pool(Box::new(e)),
             NotBorrowed::Query(e) => Error::HandoverQuery(e),
         })?;
