@@ -261,11 +261,7 @@ async fn a_try_that_leaves_the_lock_to_a_preferred_standby_keeps_its_connection(
             .unwrap(),
     );
     tokio::time::sleep(2 * I).await;
-    let leaked = {
-        let object = app.get().await.unwrap();
-        object.batch_execute("BEGIN").await.unwrap();
-        query_i64(&object, "SELECT pg_backend_pid()::int8").await
-    };
+    let (leaked, _) = leave_in_transaction(&app, "").await;
     let gone = wait_for_async(4 * I, || async {
         query_i64(
             &admin,
@@ -315,11 +311,7 @@ async fn a_standby_never_writes_inside_a_transaction_the_application_left_open()
         .await
         .expect("the standby says it is alive");
 
-    let leaked = {
-        let object = app.get().await.unwrap();
-        object.batch_execute("BEGIN").await.unwrap();
-        query_i64(&object, "SELECT pg_backend_pid()::int8").await
-    };
+    let (leaked, _) = leave_in_transaction(&app, "").await;
     let gone = || async {
         query_i64(
             &admin,
@@ -358,11 +350,7 @@ async fn a_handover_request_never_writes_inside_a_transaction_the_application_le
     let b = preferring(db.pool(3), key, "b", 1);
     tokio::time::sleep(2 * I).await;
     let app = db.pool(1);
-    let leaked = {
-        let object = app.get().await.unwrap();
-        object.batch_execute("BEGIN").await.unwrap();
-        query_i64(&object, "SELECT pg_backend_pid()::int8").await
-    };
+    let (leaked, _) = leave_in_transaction(&app, "").await;
     let to = request_handover(&app, key, HandoverTo::Identity("b".into()), 300 * I, ASK)
         .await
         .expect("the request is made on a fresh connection");

@@ -143,14 +143,9 @@ mod f9_3 {
             .await
             .expect("the job runs");
         // The tables exist and the job is registered: the next statements are claims.
-        let leaked = {
-            let object = app.get().await.unwrap();
-            object
-                .batch_execute("BEGIN; INSERT INTO app_rows VALUES (1)")
-                .await
-                .unwrap();
-            query_i64(&object, "SELECT pg_backend_pid()::int8").await
-        };
+        let (leaked, inserted) =
+            leave_in_transaction(&app, "INSERT INTO app_rows VALUES (1)").await;
+        inserted.unwrap();
         let ran = starts.lock().unwrap().len();
         wait_for(Duration::from_secs(5), || {
             starts.lock().unwrap().len() >= ran + 2
@@ -158,13 +153,8 @@ mod f9_3 {
         .await
         .expect("the job runs on");
         // A transaction left aborted by an error: the probe fails in it; closed all the same.
-        let aborted = {
-            let object = app.get().await.unwrap();
-            let pid = query_i64(&object, "SELECT pg_backend_pid()::int8").await;
-            object.batch_execute("BEGIN").await.unwrap();
-            assert!(object.batch_execute("SELECT 1/0").await.is_err());
-            pid
-        };
+        let (aborted, failed) = leave_in_transaction(&app, "SELECT 1/0").await;
+        assert!(failed.is_err());
         let ran = starts.lock().unwrap().len();
         wait_for(Duration::from_secs(5), || {
             starts.lock().unwrap().len() >= ran + 2

@@ -195,6 +195,19 @@ pub async fn query_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0)
 }
 
+/// Hands a connection of `pool` back inside a transaction (an application bug): `BEGIN` and
+/// then `sql` on it, without a `COMMIT`. Returns its backend's pid and what `sql` answered (a
+/// statement that fails leaves the transaction aborted, as an application's would).
+pub async fn leave_in_transaction(
+    pool: &deadpool_postgres::Pool,
+    sql: &str,
+) -> (i64, Result<(), tokio_postgres::Error>) {
+    let object = pool.get().await.unwrap();
+    let pid = query_i64(&object, "SELECT pg_backend_pid()::int8").await;
+    object.batch_execute("BEGIN").await.unwrap();
+    (pid, object.batch_execute(sql).await)
+}
+
 /// Whether `sql` (no parameters) answers a row; false too when it fails (a table not there yet).
 pub async fn finds_row(client: &tokio_postgres::Client, sql: &str) -> bool {
     client
