@@ -1,16 +1,16 @@
 //! One due of a job: claimed by compare-and-set (fenced with the term's epoch when the elector
-//! fences, read back when the answer to its COMMIT is lost), run with a heartbeat every poll,
+//! fences, read back when the answer to its COMMIT is lost), run with a heartbeat (`heartbeat.rs`),
 //! and its end recorded.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use jiff::Timestamp;
 
 use super::context::{Context, record};
+use super::heartbeat::{CutOff, with_heartbeat};
 use super::store::{ClaimStatus, Claimed, Outcome, RunRef};
-use super::{JobRun, Registered, RunKind, ScheduleError, borrow_bound, stale_after};
+use super::{JobRun, Registered, RunKind, ScheduleError};
 use crate::Term;
 use crate::background::TickOutcome;
 use crate::background::panic::{CaughtPanic, catch_panic};
@@ -208,209 +208,6 @@ async fn claim(
             }
             _ => Err(e),
         },
-    }
-}
-
-/// Runs `job` to its end, saying every poll that its `run` is alive; cut off (the job's
-/// future dropped at its current `.await`) when the beats stop landing, before another term
-/// may take the run for dead, or when another term has already called it abandoned.
-/// `claimed_at`: when the claim was sent, the run's last sign of life until a beat lands.
-async fn with_heartbeat<F: Future>(
-    ctx: &Context,
-    run: RunRef<'_>,
-    claimed_at: tokio::time::Instant,
-    job: F,
-) -> Result<F::Output, CutOff> {
-    let alive_at = first_beat(ctx, run, claimed_at).await?;
-    let silent = alive_at.elapsed();
-    if silent >= cut_off_after(stale_after(ctx.poll)) {
-        return Err(CutOff::Silent(silent));
-    }
-    let job = std::pin::pin!(job);
-    tokio::select! {
-        // The cut-off first: a run already silent for the cut-off does not start.
-        biased;
-        cut = heartbeat(ctx, run, alive_at) => Err(cut),
-        outcome = job => Ok(outcome),
-    }
-}
-
-/// Before the job starts, a beat when the claim took a poll or longer (a COMMIT that waited
-/// for a standby, a claim read back): other terms see the run from the claim's start, and
-/// may take it for dead soon after the claim finally commits. The run's last sign of life
-/// then, or its cut-off when another term has already called it abandoned.
-async fn first_beat(
-    ctx: &Context,
-    run: RunRef<'_>,
-    claimed_at: tokio::time::Instant,
-) -> Result<tokio::time::Instant, CutOff> {
-    if claimed_at.elapsed() < ctx.poll {
-        return Ok(claimed_at);
-    }
-    let sent = tokio::time::Instant::now();
-    let beat = ctx.query_within(borrow_bound(ctx.poll), async |client| {
-        ctx.store.heartbeat(client, run).await
-    });
-    match beat.await {
-        Ok(true) => Ok(sent),
-        Ok(false) => Err(CutOff::Settled),
-        // The heartbeat's own cut-off decides.
-        Err(_) => Ok(claimed_at),
-    }
-}
-
-/// A beat every poll, as the claim promised (the run's row holds the period): on a fixed
-/// cadence, each bounded by a poll (at least 1 s), so that a slow or failed beat does not push
-/// the next ones back. Returns when the run must end: its beats have not landed for
-/// [`cut_off_after`] (measured from when the last beat that landed was sent), or a beat found
-/// the run no longer `running`. What it says on the way is [`Silence`]'s.
-async fn heartbeat(ctx: &Context, run: RunRef<'_>, alive_at: tokio::time::Instant) -> CutOff {
-    let mut beats = tokio::time::interval_at(alive_at + ctx.poll, ctx.poll);
-    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut silence = Silence::new(run.job, stale_after(ctx.poll), alive_at);
-    loop {
-        let (cut_off, warn_at) = silence.deadlines();
-        let mut cut_off = std::pin::pin!(tokio::time::sleep_until(cut_off));
-        let mut warn = std::pin::pin!(tokio::time::sleep_until(warn_at));
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut cut_off => return CutOff::Silent(silence.silent()),
-                () = &mut warn, if !silence.warned => silence.warn(),
-                _ = beats.tick() => break,
-            }
-        }
-        let sent = tokio::time::Instant::now();
-        // Dropped at the cut-off, the beat's connection is closed, not given back.
-        let beat = ctx.query_within(borrow_bound(ctx.poll), async |client| {
-            ctx.store.heartbeat(client, run).await
-        });
-        let mut beat = std::pin::pin!(beat);
-        let landed = loop {
-            tokio::select! {
-                biased;
-                () = &mut cut_off => return CutOff::Silent(silence.silent()),
-                () = &mut warn, if !silence.warned => silence.warn(),
-                landed = &mut beat => break landed,
-            }
-        };
-        match landed {
-            Ok(true) => silence.landed(sent),
-            Ok(false) => return CutOff::Settled,
-            Err(e) => silence.failed(e.to_string()),
-        }
-    }
-}
-
-/// How long a run's beats may fail before its runner cuts it off: two thirds of the stale
-/// threshold (at least one heartbeat period short of it, as the threshold is at least three),
-/// so that the run has ended before another term can call it abandoned and rerun it.
-fn cut_off_after(stale_after: Duration) -> Duration {
-    stale_after.saturating_mul(2) / 3
-}
-
-/// Why a run was cut off before its end.
-#[derive(Debug)]
-enum CutOff {
-    /// Its beats did not land for this long.
-    Silent(Duration),
-    /// A beat found its record no longer `running`: another term called it abandoned, or the
-    /// row is gone (a restore, the tables emptied, a failover that lost the claim, after which
-    /// another term may have claimed the same due again: a beat names its own term).
-    Settled,
-}
-
-impl CutOff {
-    fn log(&self, job: &str, due: Timestamp) {
-        match self {
-            CutOff::Silent(silent) => tracing::error!(
-                job,
-                due = %due,
-                ?silent,
-                "the run was cut off: its heartbeats did not land, and another term would soon take it for dead"
-            ),
-            CutOff::Settled => tracing::error!(
-                job,
-                due = %due,
-                "the run was cut off: its record is no longer running (another term called it abandoned, or the row is gone: a failover may have lost the claim)"
-            ),
-        }
-    }
-}
-
-impl std::fmt::Display for CutOff {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CutOff::Silent(silent) => write!(
-                f,
-                "cut off: its heartbeats did not land for {silent:?}, and another term may take a run that silent for dead"
-            ),
-            CutOff::Settled => f.write_str(
-                "cut off: its record is no longer running (another term called it abandoned, or the row is gone: a failover may have lost the claim)",
-            ),
-        }
-    }
-}
-
-/// A running run's silence: since when its beats have not landed (the send time of the last
-/// one that did), and what was said of it. A failed beat is said at DEBUG; once the run has
-/// been silent for a third of the stale threshold, at WARN (once while the beats keep
-/// failing); at INFO when a beat lands again.
-struct Silence<'a> {
-    job: &'a str,
-    stale_after: Duration,
-    alive_at: tokio::time::Instant,
-    warned: bool,
-    last_error: Option<String>,
-}
-
-impl<'a> Silence<'a> {
-    fn new(job: &'a str, stale_after: Duration, alive_at: tokio::time::Instant) -> Self {
-        Self {
-            job,
-            stale_after,
-            alive_at,
-            warned: false,
-            last_error: None,
-        }
-    }
-
-    fn silent(&self) -> Duration {
-        self.alive_at.elapsed()
-    }
-
-    /// When the run is cut off, and when its silence is said at WARN.
-    fn deadlines(&self) -> (tokio::time::Instant, tokio::time::Instant) {
-        (
-            self.alive_at + cut_off_after(self.stale_after),
-            self.alive_at + self.stale_after / 3,
-        )
-    }
-
-    fn warn(&mut self) {
-        tracing::warn!(
-            job = self.job,
-            silent = ?self.silent(),
-            stale_after = ?self.stale_after,
-            cut_after = ?cut_off_after(self.stale_after),
-            error = self.last_error.as_deref().unwrap_or("no beat answered yet"),
-            "heartbeats of the running run keep failing; the run is cut off once silent for cut_after, before another term takes it as abandoned (and runs it again if rerun_abandoned)"
-        );
-        self.warned = true;
-    }
-
-    fn landed(&mut self, sent: tokio::time::Instant) {
-        if self.warned {
-            tracing::info!(job = self.job, silent = ?self.silent(), "heartbeats of the running run land again");
-        }
-        self.alive_at = sent;
-        self.warned = false;
-        self.last_error = None;
-    }
-
-    fn failed(&mut self, error: String) {
-        tracing::debug!(job = self.job, %error, "heartbeat failed");
-        self.last_error = Some(error);
     }
 }
 

@@ -90,6 +90,7 @@ mod context;
 mod due;
 mod error;
 mod handle;
+mod heartbeat;
 mod job;
 pub(crate) mod plan;
 mod store;

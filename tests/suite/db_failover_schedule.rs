@@ -464,3 +464,101 @@ mod f7_3 {
         );
     }
 }
+
+/// Issue "Hardening IV" item 3: what a running run's heartbeats wait for. A beat is seen on
+/// the primary at once; its confirmation waits for the synchronous standby, and the runner
+/// cuts its run off two thirds of the stale threshold (3 s here: a 50 ms poll) after its last
+/// confirmed beat.
+mod heartbeats {
+    use super::*;
+    use common::schedules::{first_start, leading_schedule, stored_runs};
+
+    /// The stored runs of `job` on the cluster's primary.
+    async fn runs_of(
+        cluster: &Cluster,
+        job: &str,
+    ) -> Vec<(SystemTime, i32, String, String, String)> {
+        let (client, connection) = cluster
+            .config()
+            .connect(tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        stored_runs(&client, job).await
+    }
+
+    /// A slow but healthy synchronous standby (its WAL 1.5 s late for 4 s, through the WAL
+    /// proxy) cuts no run off: the beats land every poll, their confirmations come 1.5 s late
+    /// and several at once, and the 5 s run ends as it would have, recorded `succeeded`.
+    /// (Before, every beat waited for the standby past its 1 s bound with the run's row locked,
+    /// and the run was cut off at 2 s and recorded abandoned.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_synchronous_standby_cuts_no_run_off() {
+        let _timing = timing();
+        let cluster = cluster(Follow::MultiHost, true).await;
+        let (starts, capture, sched) = leading_schedule(
+            cluster.pool(10),
+            Job::every("long", Duration::from_secs(1)).rerun_abandoned(false),
+            Duration::from_secs(5),
+        );
+        first_start(&starts, Duration::from_secs(5), "the job runs").await;
+        cluster.wal.delay(Duration::from_millis(1500));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        cluster.wal.delay(Duration::ZERO);
+        let finished = wait_for_async(Duration::from_secs(10), || async {
+            runs_of(&cluster, "long")
+                .await
+                .first()
+                .is_some_and(|run| run.3 != "running")
+        })
+        .await;
+        sched.stop().await;
+        let cut = capture.events("the run was cut off");
+        assert!(cut.is_empty(), "no run was cut off: {}", cut.len());
+        assert!(finished.is_some(), "the first run finished");
+        let runs = runs_of(&cluster, "long").await;
+        assert_eq!(
+            runs[0].3, "succeeded",
+            "the first run ran to its end: {runs:?}"
+        );
+    }
+
+    /// A dead synchronous standby (its link blackholed) confirms no beat: the running run is
+    /// cut off two thirds of the 3 s stale threshold after its last confirmed beat, so before
+    /// a term on a standby promoted meanwhile, or on this primary, could take it for dead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_synchronous_standby_cuts_the_run_off_before_it_is_stale() {
+        let _timing = timing();
+        let cluster = cluster(Follow::MultiHost, true).await;
+        let (starts, capture, sched) = leading_schedule(
+            cluster.pool(10),
+            Job::every("long", Duration::from_secs(1)).rerun_abandoned(false),
+            Duration::from_secs(8),
+        );
+        first_start(&starts, Duration::from_secs(5), "the job runs").await;
+        // Beats confirmed for a while, then none.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cluster.wal.blackhole();
+        let dead = Instant::now();
+        let cut = wait_for(Duration::from_secs(6), || {
+            !capture.events("the run was cut off").is_empty()
+        })
+        .await;
+        let after = dead.elapsed();
+        cluster.wal.pass();
+        sched.stop().await;
+        assert!(cut.is_some(), "the run was cut off");
+        // The last confirmed beat was sent at most a poll (50 ms) and a round trip before the
+        // standby died: the cut-off comes 2 s after it, before the 3 s threshold.
+        assert!(
+            after >= Duration::from_millis(1800) && after < Duration::from_millis(2600),
+            "cut off {after:?} after the standby died (2 s after the last confirmed beat)"
+        );
+        assert!(
+            !capture.events("the run was cut off")[0]
+                .field("silent")
+                .is_empty(),
+            "cut off for silence"
+        );
+    }
+}

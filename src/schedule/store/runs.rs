@@ -74,6 +74,16 @@ impl Store {
         Ok(beats > 0)
     }
 
+    /// Waits until everything this connection committed before is on the synchronous
+    /// standby, when one is configured ([`CONFIRM`](super::CONFIRM)).
+    pub(crate) async fn confirm(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<(), ScheduleError> {
+        client.execute_typed(super::CONFIRM, &[]).await?;
+        Ok(())
+    }
+
     /// Claims one run in `tx` (compare-and-set on the job's row) and returns its attempt
     /// number and the transaction's id; `None` when someone else claimed it first (or it is no
     /// longer due).

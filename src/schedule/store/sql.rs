@@ -240,11 +240,14 @@ impl Tables {
         )
     }
 
-    /// A running run says it is alive: its own claim's row only.
+    /// A running run says it is alive: its own claim's row only, committed without waiting
+    /// for a synchronous standby (seen at once here, the row held only for the update; the
+    /// [`CONFIRM`](super::CONFIRM) after it waits for the standby).
     pub(super) fn heartbeat(&self) -> String {
         let runs = &self.runs;
         format!(
             "UPDATE {runs} SET heartbeat_at = clock_timestamp() \
+             FROM (SELECT pg_catalog.set_config('synchronous_commit', 'local', true)) AS local_commit \
              WHERE {KEY} AND due = $3 AND attempt = $4 AND claimed_term = $5 \
                AND outcome = 'running'"
         )

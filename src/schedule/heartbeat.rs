@@ -1,0 +1,333 @@
+//! A running run's heartbeat: what it says, what it waits for, and when it cuts the run off.
+//!
+//! A beat has two parts on one borrowed connection. The beat itself (`heartbeat_at` in the
+//! run's row) commits without waiting for a synchronous standby, so that it is seen at once
+//! by every term on this server and holds the run's row only for the update: a slow standby
+//! neither makes it late nor queues the next beat behind it. Its confirmation, sent right
+//! after it, is an empty transactional WAL message whose commit waits for the synchronous
+//! standby as a claim does: once it is answered, the beat before it is on the standby too.
+//!
+//! The runner cuts the run off two thirds of the stale threshold after the send time of its
+//! last *confirmed* beat: a term on a standby promoted later (or on the old primary after a
+//! crash) has at least that beat, and takes the run for dead only a whole threshold after it.
+//! A dead synchronous standby, or a primary cut off from it (another primary may be promoted
+//! behind it), confirms nothing, and the run ends as the claim's durability promised.
+//!
+//! A slow but live standby delays every confirmation by its lag. While a confirmation is
+//! outstanding, the next beat goes out an eighth of the cut-off later instead of a poll, up to
+//! [`IN_FLIGHT`] at once, each on its own connection: the silence the runner sees is the lag
+//! plus that spacing, so a standby up to about six sevenths of the cut-off late (1.7 s at the
+//! default poll) cuts no run off.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::time::Instant;
+
+use super::ScheduleError;
+use super::context::Context;
+use super::stale_after;
+use super::store::RunRef;
+
+/// At most this many beats (each with its confirmation) are in flight at once: while a slow
+/// synchronous standby delays the confirmations, a running run holds up to this many
+/// connections of the schedule's pool.
+const IN_FLIGHT: usize = 6;
+
+/// Runs `job` to its end, beating every poll that its `run` is alive; cut off (the job's
+/// future dropped at its current `.await`) when no beat has been confirmed for the cut-off,
+/// before another term may take the run for dead, or when another term has already called it
+/// abandoned. `claimed_at`: when the claim was sent (its commit waited for the standby), the
+/// run's last confirmed sign of life until a beat is confirmed.
+pub(super) async fn with_heartbeat<F: Future>(
+    ctx: &Context,
+    run: RunRef<'_>,
+    claimed_at: Instant,
+    job: F,
+) -> Result<F::Output, CutOff> {
+    let alive_at = first_beat(ctx, run, claimed_at).await?;
+    let silent = alive_at.elapsed();
+    if silent >= cut_off_after(stale_after(ctx.poll)) {
+        return Err(CutOff::Silent(silent));
+    }
+    let job = std::pin::pin!(job);
+    tokio::select! {
+        // The cut-off first: a run already silent for the cut-off does not start.
+        biased;
+        cut = heartbeat(ctx, run, alive_at) => Err(cut),
+        outcome = job => Ok(outcome),
+    }
+}
+
+/// Before the job starts, a beat when the claim took a poll or longer (a COMMIT that waited
+/// for a standby, a claim read back): other terms see the run from the claim's start, and
+/// may take it for dead soon after the claim finally commits. The run's last confirmed sign of
+/// life then, or its cut-off when another term has already called it abandoned.
+async fn first_beat(
+    ctx: &Context,
+    run: RunRef<'_>,
+    claimed_at: Instant,
+) -> Result<Instant, CutOff> {
+    if claimed_at.elapsed() < ctx.poll {
+        return Ok(claimed_at);
+    }
+    // As long as the heartbeat would wait for it: the claim, committed, is the run's.
+    let (sent, beat) = beat(ctx, run, cut_off_after(stale_after(ctx.poll))).await;
+    match beat {
+        Ok(true) => Ok(sent),
+        Ok(false) => Err(CutOff::Settled),
+        // The heartbeat's own cut-off decides.
+        Err(_) => Ok(claimed_at),
+    }
+}
+
+/// One beat and its confirmation, bounded together by `bound`: when it was sent, and whether
+/// the run's record was still `running` (`Ok(true)`: the beat is on the standby too).
+async fn beat(
+    ctx: &Context,
+    run: RunRef<'_>,
+    bound: Duration,
+) -> (Instant, Result<bool, ScheduleError>) {
+    let sent = Instant::now();
+    let beat = ctx.query_within(bound, async |client| {
+        if !ctx.store.heartbeat(client, run).await? {
+            return Ok(false);
+        }
+        ctx.store.confirm(client).await?;
+        Ok(true)
+    });
+    (sent, beat.await)
+}
+
+/// Beats every poll, as the claim promised (the run's row holds the period), and more often
+/// while confirmations are slow (see the module docs). Returns when the run must end: no beat
+/// has been confirmed for [`cut_off_after`] (measured from when the last confirmed one was
+/// sent), or a beat found the run no longer `running`. Dropped, it drops the beats in flight,
+/// whose connections are closed, not given back. What it says on the way is [`Silence`]'s.
+async fn heartbeat(ctx: &Context, run: RunRef<'_>, alive_at: Instant) -> CutOff {
+    let cut_after = cut_off_after(stale_after(ctx.poll));
+    let cadence = Cadence::new(ctx.poll, cut_after);
+    let mut ticks = tokio::time::interval_at(alive_at + cadence.tick(), cadence.tick());
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut silence = Silence::new(run.job, stale_after(ctx.poll), alive_at);
+    let mut in_flight = FuturesUnordered::new();
+    let mut last_sent = alive_at;
+    loop {
+        let (cut_off, warn_at) = silence.deadlines();
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(cut_off) => return CutOff::Silent(silence.silent()),
+            () = tokio::time::sleep_until(warn_at), if !silence.warned => silence.warn(),
+            Some((sent, landed)) = in_flight.next() => {
+                let landed: Result<bool, ScheduleError> = landed;
+                match landed {
+                    Ok(true) => silence.landed(sent),
+                    Ok(false) => return CutOff::Settled,
+                    Err(e) => silence.failed(e.to_string()),
+                }
+            }
+            _ = ticks.tick() => {
+                if cadence.sends(last_sent.elapsed(), in_flight.len()) {
+                    last_sent = Instant::now();
+                    in_flight.push(beat(ctx, run, cut_after));
+                }
+            }
+        }
+    }
+}
+
+/// When the next beat goes out: a poll after the last one while none is in flight; while one
+/// is (its confirmation is slow), an eighth of the cut-off after the last one (at least a
+/// poll), up to [`IN_FLIGHT`] at once. Without I/O, for the unit tests.
+#[derive(Clone, Copy, Debug)]
+struct Cadence {
+    poll: Duration,
+    behind: Duration,
+}
+
+impl Cadence {
+    fn new(poll: Duration, cut_after: Duration) -> Self {
+        Self {
+            poll,
+            behind: (cut_after / 8).max(poll),
+        }
+    }
+
+    /// How often to ask whether a beat is to go out.
+    fn tick(self) -> Duration {
+        self.poll.min(self.behind)
+    }
+
+    /// Whether a beat goes out now, `since_last` after the last one, with `in_flight` beats
+    /// not yet answered.
+    fn sends(self, since_last: Duration, in_flight: usize) -> bool {
+        match in_flight {
+            0 => since_last >= self.poll,
+            n if n < IN_FLIGHT => since_last >= self.behind,
+            _ => false,
+        }
+    }
+}
+
+/// How long a run's beats may go unconfirmed before its runner cuts it off: two thirds of the
+/// stale threshold (at least one heartbeat period short of it, as the threshold is at least
+/// three), so that the run has ended before another term can call it abandoned and rerun it.
+fn cut_off_after(stale_after: Duration) -> Duration {
+    stale_after.saturating_mul(2) / 3
+}
+
+/// Why a run was cut off before its end.
+#[derive(Debug)]
+pub(super) enum CutOff {
+    /// No beat was confirmed for this long.
+    Silent(Duration),
+    /// A beat found its record no longer `running`: another term called it abandoned, or the
+    /// row is gone (a restore, the tables emptied, a failover that lost the claim, after which
+    /// another term may have claimed the same due again: a beat names its own term).
+    Settled,
+}
+
+impl CutOff {
+    pub(super) fn log(&self, job: &str, due: jiff::Timestamp) {
+        match self {
+            CutOff::Silent(silent) => tracing::error!(
+                job,
+                due = %due,
+                ?silent,
+                "the run was cut off: its heartbeats did not land, and another term would soon take it for dead"
+            ),
+            CutOff::Settled => tracing::error!(
+                job,
+                due = %due,
+                "the run was cut off: its record is no longer running (another term called it abandoned, or the row is gone: a failover may have lost the claim)"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for CutOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CutOff::Silent(silent) => write!(
+                f,
+                "cut off: its heartbeats did not land for {silent:?}, and another term may take a run that silent for dead"
+            ),
+            CutOff::Settled => f.write_str(
+                "cut off: its record is no longer running (another term called it abandoned, or the row is gone: a failover may have lost the claim)",
+            ),
+        }
+    }
+}
+
+/// A running run's silence: since when its beats have not been confirmed (the send time of
+/// the last one that was), and what was said of it. A failed beat is said at DEBUG; once the
+/// run has been silent for a third of the stale threshold, at WARN (once while the beats keep
+/// failing); at INFO when a beat is confirmed again.
+struct Silence<'a> {
+    job: &'a str,
+    stale_after: Duration,
+    alive_at: Instant,
+    warned: bool,
+    last_error: Option<String>,
+}
+
+impl<'a> Silence<'a> {
+    fn new(job: &'a str, stale_after: Duration, alive_at: Instant) -> Self {
+        Self {
+            job,
+            stale_after,
+            alive_at,
+            warned: false,
+            last_error: None,
+        }
+    }
+
+    fn silent(&self) -> Duration {
+        self.alive_at.elapsed()
+    }
+
+    /// When the run is cut off, and when its silence is said at WARN.
+    fn deadlines(&self) -> (Instant, Instant) {
+        (
+            self.alive_at + cut_off_after(self.stale_after),
+            self.alive_at + self.stale_after / 3,
+        )
+    }
+
+    fn warn(&mut self) {
+        tracing::warn!(
+            job = self.job,
+            silent = ?self.silent(),
+            stale_after = ?self.stale_after,
+            cut_after = ?cut_off_after(self.stale_after),
+            error = self.last_error.as_deref().unwrap_or("no beat answered yet"),
+            "heartbeats of the running run keep failing; the run is cut off once silent for cut_after, before another term takes it as abandoned (and runs it again if rerun_abandoned)"
+        );
+        self.warned = true;
+    }
+
+    /// A beat sent at `sent` was confirmed (beats in flight together may land out of order).
+    fn landed(&mut self, sent: Instant) {
+        if sent <= self.alive_at {
+            return;
+        }
+        if self.warned {
+            tracing::info!(job = self.job, silent = ?self.silent(), "heartbeats of the running run land again");
+        }
+        self.alive_at = sent;
+        self.warned = false;
+        self.last_error = None;
+    }
+
+    fn failed(&mut self, error: String) {
+        tracing::debug!(job = self.job, %error, "heartbeat failed");
+        self.last_error = Some(error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn beats_go_out_every_poll_while_none_is_in_flight() {
+        // The default poll (1 s): a 2 s cut-off, 250 ms while behind, which a poll outweighs.
+        let cadence = Cadence::new(1000 * MS, 2000 * MS);
+        assert_eq!(cadence.tick(), 1000 * MS);
+        assert!(!cadence.sends(999 * MS, 0));
+        assert!(cadence.sends(1000 * MS, 0));
+        assert!(cadence.sends(1000 * MS, 1));
+        assert!(!cadence.sends(999 * MS, 1));
+    }
+
+    #[test]
+    fn slow_confirmations_bring_beats_closer_up_to_the_cap() {
+        // A 50 ms poll under the 3 s floor: a 2 s cut-off, a beat every 250 ms while behind.
+        let cadence = Cadence::new(50 * MS, 2000 * MS);
+        assert_eq!(cadence.tick(), 50 * MS);
+        assert!(cadence.sends(50 * MS, 0));
+        assert!(!cadence.sends(249 * MS, 1));
+        assert!(cadence.sends(250 * MS, 1));
+        assert!(cadence.sends(250 * MS, IN_FLIGHT - 1));
+        assert!(!cadence.sends(10_000 * MS, IN_FLIGHT));
+    }
+
+    #[test]
+    fn a_late_confirmation_of_an_older_beat_does_not_move_the_silence_back() {
+        let start = Instant::now();
+        let mut silence = Silence::new("j", 3000 * MS, start);
+        silence.landed(start + 500 * MS);
+        silence.landed(start + 200 * MS);
+        assert_eq!(silence.alive_at, start + 500 * MS);
+        assert_eq!(silence.deadlines(), (start + 2500 * MS, start + 1500 * MS));
+    }
+
+    #[test]
+    fn the_cut_off_is_two_thirds_of_the_stale_threshold() {
+        assert_eq!(cut_off_after(Duration::from_secs(3)), 2000 * MS);
+        assert_eq!(cut_off_after(Duration::from_secs(30)), 20_000 * MS);
+    }
+}
