@@ -10,7 +10,7 @@ use crate::elector::{Elector, ManualControl, Mode};
 use crate::local::{LocalKind, promote};
 use crate::metrics::MetricsSpec;
 use crate::postgres::settings::PgSettings;
-use crate::postgres::{DEFAULT_FENCING_TABLE, FenceTable};
+use crate::postgres::{CandidatesTable, DEFAULT_FENCING_TABLE, FenceTable};
 use crate::{Error, LockKey};
 
 /// The default check interval: 5 s.
@@ -52,6 +52,8 @@ pub struct ElectorBuilder {
     fast_takeover: bool,
     prepared_statements: Option<bool>,
     preference: Option<u64>,
+    /// The candidates table's schema and name, when not the default.
+    candidates_table: Option<(Option<String>, String)>,
 }
 
 impl ElectorBuilder {
@@ -69,6 +71,7 @@ impl ElectorBuilder {
             fast_takeover: false,
             prepared_statements: None,
             preference: None,
+            candidates_table: None,
         }
     }
 
@@ -249,6 +252,32 @@ impl ElectorBuilder {
         self
     }
 
+    /// The candidates table of preferred leaders ([`preference`](Self::preference)): its name
+    /// (default `pg_elector_candidates`) and, optionally, its schema (default: the first
+    /// schema of the `search_path`). Names are quoted as identifiers, so they are taken as
+    /// written, case included. Every replica of a key, and every
+    /// [`request_handover_in`](crate::request_handover_in) for it, must name the same table:
+    /// a replica that reads another table neither sees the others' preferences nor hands over
+    /// on request. The schema is not created: while it is missing, a replica with a preference
+    /// says so in an error naming the statement to run ([`Elector::candidates_ddl`]), and the
+    /// election goes on as without preferences.
+    ///
+    /// ```
+    /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
+    /// use pg_elector::{Elector, LockKey};
+    ///
+    /// let elector = Elector::builder(pool, LockKey::from_name("billing/sweep"))
+    ///     .preference(2)
+    ///     .candidates_table(Some("ops"), "leader_candidates")
+    ///     .build()?;
+    /// assert!(elector.candidates_ddl().unwrap().contains(r#""ops"."leader_candidates""#));
+    /// # Ok(()) }
+    /// ```
+    pub fn candidates_table(mut self, schema: Option<&str>, table: &str) -> Self {
+        self.candidates_table = Some((schema.map(str::to_owned), table.to_owned()));
+        self
+    }
+
     /// The one interval I that drives the election (default 5 s; zero means the default).
     ///
     /// A standby tries the lock every I; the leader checks its session every I and each check
@@ -299,7 +328,8 @@ impl ElectorBuilder {
     /// # Errors
     ///
     /// [`Error::IntervalTooSmall`] and [`Error::IntervalTooLarge`] for an interval out of
-    /// range; [`Error::InvalidFencingTable`] for an empty or overlong table or schema name;
+    /// range; [`Error::InvalidFencingTable`] and [`Error::InvalidCandidatesTable`] for an empty or
+    /// overlong table or schema name;
     /// [`Error::InvalidIdentity`] for an identity with a NUL byte, or, with a
     /// [`preference`](Self::preference), one over 63 bytes or with a character outside
     /// printable ASCII;
@@ -312,6 +342,10 @@ impl ElectorBuilder {
         if interval > MAX_CHECK_INTERVAL {
             return Err(Error::IntervalTooLarge { interval });
         }
+        let candidates = match &self.candidates_table {
+            Some((schema, table)) => CandidatesTable::new(schema.as_deref(), table)?,
+            None => CandidatesTable::default(),
+        };
         let metrics = self.metrics.register(&self.key.to_string())?;
         let identity = self.identity.unwrap_or_else(default_identity);
         if identity.contains('\0') || (self.preference.is_some() && !kept_whole(&identity)) {
@@ -335,6 +369,7 @@ impl ElectorBuilder {
                 fast_takeover: self.fast_takeover,
                 prepared_statements: self.prepared_statements,
                 preference: self.preference,
+                candidates,
             }),
             metrics,
         ))

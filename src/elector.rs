@@ -416,6 +416,16 @@ impl Elector {
             .and_then(|pg| pg.fencing.as_ref().map(|t| t.ddl().to_owned()))
     }
 
+    /// The statement that creates this elector's candidates table of preferred leaders
+    /// (`CREATE TABLE IF NOT EXISTS …`, see
+    /// [`ElectorBuilder::candidates_table`](crate::ElectorBuilder::candidates_table)), for a
+    /// migration run by a role that may create tables; `None` for a local elector. A replica
+    /// with a preference creates it when missing, if its role may; the role needs `SELECT,
+    /// INSERT, UPDATE, DELETE` on it.
+    pub fn candidates_ddl(&self) -> Option<String> {
+        self.pg().map(|pg| pg.candidates.ddl().into_owned())
+    }
+
     /// Spawns [`run`](Self::run) on the current tokio runtime: the short form of
     /// `tokio::spawn({ let e = elector.clone(); async move { e.run(shutdown).await } })`.
     /// Cancel `shutdown` and await the handle for a graceful handover.

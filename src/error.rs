@@ -98,6 +98,15 @@ pub enum Error {
         name: String,
     },
 
+    /// The candidates table or schema name
+    /// ([`ElectorBuilder::candidates_table`](crate::ElectorBuilder::candidates_table)) is
+    /// empty, longer than PostgreSQL's 63-byte identifiers, or holds a NUL.
+    #[error("invalid candidates table or schema name {name:?}: 1 to 63 bytes, no NUL")]
+    InvalidCandidatesTable {
+        /// The name that was given.
+        name: String,
+    },
+
     /// A group of shards needs 1 to 16 384 shards.
     #[error("a group of shards needs 1 to {max} shards, not {count}")]
     InvalidShardCount {

@@ -29,5 +29,5 @@ pub use metrics::{
     CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME, SHARD_MOVES_NAME,
     SHARDS_HELD_UNOWNED_NAME, SHARDS_OWNED_NAME,
 };
-pub use postgres::{HandoverTo, LeaderInfo, current_leader, request_handover};
+pub use postgres::{HandoverTo, LeaderInfo, current_leader, request_handover, request_handover_in};
 pub use term::{Leadership, LossCause, Term, TermEnd};

@@ -129,6 +129,7 @@ async fn claim(pg: &PgSettings, session: &LockSession) -> Claim {
         pg.interval.max(MIN_TRY_BOUND),
         candidates::claim(
             session.client(),
+            &pg.candidates,
             pg.key,
             &pg.identity,
             pg.own_preference(),

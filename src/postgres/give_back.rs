@@ -102,7 +102,8 @@ async fn all_drained(work: &[&InFlight]) {
 pub(super) async fn unlock(pg: &PgSettings, session: Box<LockSession>, led: bool, own_row: bool) {
     let deadline = tokio::time::Instant::now() + RELEASE_BOUND;
     if own_row && pg.preference.is_some() {
-        let dropping = candidates::drop_own_row(session.client(), pg.key, &pg.identity);
+        let dropping =
+            candidates::drop_own_row(session.client(), &pg.candidates, pg.key, &pg.identity);
         if timeout(RELEASE_BOUND / 4, dropping).await.is_err() {
             tracing::debug!(key = %pg.key, "dropping this replica's row before it unlocks got no answer in time; it counts for two more intervals at most");
         }

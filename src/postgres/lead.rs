@@ -101,7 +101,14 @@ async fn look(
         candidates::bound_lock_waits(session.client(), pg.interval).await?;
         standing.waits_bounded = true;
     }
-    candidates::look(session.client(), pg.key, &pg.identity, pg.interval).await
+    candidates::look(
+        session.client(),
+        &pg.candidates,
+        pg.key,
+        &pg.identity,
+        pg.interval,
+    )
+    .await
 }
 
 /// Says why the term is given up to another replica; the request of a handover asked from
@@ -157,7 +164,7 @@ async fn lead(
             biased;
             () = shutdown.cancelled() => return Led::Shutdown,
             cause = watch(shared.lease(), session) => return Led::Lost(Loss::of(cause)),
-            check = session.check_seeing(pg.interval) => check,
+            check = session.check_seeing(pg.interval, &pg.candidates) => check,
         };
         if let Some(metrics) = shared.metrics() {
             metrics.observe_check(started.elapsed());

@@ -44,7 +44,8 @@ pub(crate) mod shards;
 mod standby;
 mod waiter;
 
-pub use candidates::{HandoverTo, request_handover};
+pub(crate) use candidates::CandidatesTable;
+pub use candidates::{HandoverTo, request_handover, request_handover_in};
 pub(crate) use leader::leader_via;
 pub use leader::{LeaderInfo, current_leader};
 
@@ -95,7 +96,14 @@ async fn run_with(
     loop {
         let Some(grant) = standby.wait_for_grant(&mut ticks, &mut resigns).await else {
             if pg.preference.is_some() {
-                candidates::withdraw(&pg.pool, pg.key, &pg.identity, settings::RELEASE_BOUND).await;
+                candidates::withdraw(
+                    &pg.pool,
+                    &pg.candidates,
+                    pg.key,
+                    &pg.identity,
+                    settings::RELEASE_BOUND,
+                )
+                .await;
             }
             return Ok(());
         };

@@ -8,7 +8,7 @@ use deadpool_postgres::{ClientWrapper, Object};
 use tokio_postgres::types::{ToSql, Type};
 
 use super::borrower::Borrower;
-use super::candidates::{Deferred, Gate};
+use super::candidates::{CandidatesTable, Deferred, Gate};
 use super::handover::{self, Unlocked};
 pub(crate) use super::prepared::Prepared;
 use super::prepared::send;
@@ -394,6 +394,8 @@ pub(crate) struct TryFor<'a> {
     pub(crate) bounds: &'a SessionBounds,
     pub(crate) interval: Duration,
     pub(crate) defer_as: Option<u64>,
+    /// Where the candidates `defer_as` reads are.
+    pub(crate) candidates: &'a CandidatesTable,
 }
 
 /// What [`try_acquire`] found, and how far a failed try got.
@@ -418,6 +420,7 @@ async fn attempt(
         bounds,
         interval,
         defer_as,
+        candidates,
     } = asked;
     let bound = interval.max(MIN_TRY_BOUND);
     let object = borrower.get(interval).await?;
@@ -444,7 +447,7 @@ async fn attempt(
         mode,
         client,
         &params,
-        Gate::new(defer_as, identity),
+        Gate::new(defer_as, identity, candidates),
         sent_at,
     );
     let rows = match bounded(bound, asking).await? {
@@ -640,13 +643,17 @@ impl LockSession {
     /// says so for it, as one unnamed statement otherwise, and unnamed from the first time the
     /// server session does not have it.
     pub(crate) async fn check(&self, bound: Duration) -> Result<Check, SessionError> {
-        self.check_seeing(bound).await.map(|(check, _)| check)
+        self.check_seeing(bound, &CandidatesTable::default())
+            .await
+            .map(|(check, _)| check)
     }
 
-    /// [`check`](Self::check), and whether the candidates table of preferred leaders exists.
+    /// [`check`](Self::check), and whether the candidates table of preferred leaders
+    /// (`candidates`) exists.
     pub(crate) async fn check_seeing(
         &self,
         bound: Duration,
+        candidates: &CandidatesTable,
     ) -> Result<(Check, bool), SessionError> {
         let class = self.key.class_oid();
         let object = self.key.object_oid();
@@ -661,7 +668,7 @@ impl LockSession {
                 self.key,
                 "check",
                 &self.client,
-                CHECK,
+                &candidates.sql(CHECK),
                 &params,
             )
             .await?;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
+use super::candidates::CandidatesTable;
 use super::fence::{FenceTable, FenceTarget};
 use crate::key::LockKey;
 
@@ -29,6 +30,8 @@ pub(crate) struct PgSettings {
     /// How much this replica prefers to lead; `Some` registers it as a candidate while it
     /// stands by.
     pub(crate) preference: Option<u64>,
+    /// The candidates table of preferred leaders.
+    pub(crate) candidates: CandidatesTable,
 }
 
 impl PgSettings {
@@ -52,6 +55,7 @@ impl PgSettings {
             fast_takeover: false,
             prepared_statements: None,
             preference: None,
+            candidates: self.candidates.clone(),
         }
     }
 

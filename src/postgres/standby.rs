@@ -134,6 +134,7 @@ impl Standby<'_> {
         tracing::info!(key = %pg.key, "this replica could not keep the lead it was given; it stays quiet for a while, so that no leader hands over to it meanwhile");
         candidates::withdraw(
             &pg.pool,
+            &pg.candidates,
             pg.key,
             &pg.identity,
             pg.interval.max(MIN_TRY_BOUND),
@@ -154,7 +155,7 @@ impl Standby<'_> {
             biased;
             // The loop's next select returns at once.
             () = self.shutdown.cancelled() => return true,
-            looked = candidates::target_seen(&pg.pool, pg.key, away.target(), bound) => looked,
+            looked = candidates::target_seen(&pg.pool, &pg.candidates, pg.key, away.target(), bound) => looked,
         };
         let seen = match looked {
             Ok(seen) => Some(seen),
@@ -213,7 +214,7 @@ impl Standby<'_> {
                     waiting.waiter = None;
                     self.borrower.let_go();
                     if pg.preference.is_some() {
-                        candidates::withdraw(&pg.pool, pg.key, &pg.identity, pg.interval.max(MIN_TRY_BOUND)).await;
+                        candidates::withdraw(&pg.pool, &pg.candidates, pg.key, &pg.identity, pg.interval.max(MIN_TRY_BOUND)).await;
                     }
                     self.shared.resign_handled();
                     continue;
@@ -297,6 +298,7 @@ impl Standby<'_> {
                     bounds,
                     interval: pg.interval,
                     defer_as: Some(pg.own_preference()),
+                    candidates: &pg.candidates,
                 };
                 (outranked, try_acquire(borrower, &asked).await)
             } => tried,
@@ -369,6 +371,7 @@ async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, alive: &mut Alive)
         Some(_) if quiet => return false,
         Some(preference) => {
             let candidate = candidates::Candidate {
+                table: &pg.candidates,
                 key: pg.key,
                 identity: &pg.identity,
                 preference,
@@ -379,10 +382,12 @@ async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, alive: &mut Alive)
             let registered = candidates::register(&pg.pool, &candidate, bound).await;
             registered.map(|registered| said_alive(pg, registered, alive))
         }
-        None if reads && pg.fast_takeover => match candidates::Gate::new(Some(0), &pg.identity) {
-            Some(gate) => candidates::outranked(&pg.pool, gate, pg.key, bound).await,
-            None => return false,
-        },
+        None if reads && pg.fast_takeover => {
+            match candidates::Gate::new(Some(0), &pg.identity, &pg.candidates) {
+                Some(gate) => candidates::outranked(&pg.pool, gate, pg.key, bound).await,
+                None => return false,
+            }
+        }
         None => return false,
     };
     if said.is_err() {

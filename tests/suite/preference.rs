@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use pg_elector::{Elector, Error, HandoverTo, LockKey, TermEnd, request_handover};
+use pg_elector::{
+    Elector, Error, HandoverTo, LockKey, TermEnd, request_handover, request_handover_in,
+};
 use pg_elector_testkit::FaultProxy;
 use tokio::task::JoinHandle;
 
@@ -379,4 +381,83 @@ async fn a_preferred_replica_that_cannot_keep_the_lead_backs_off() {
     eprintln!("the healthy leader yielded {yields} times in 14·I");
     broken.stop().await.unwrap();
     healthy.stop().await.unwrap();
+}
+
+/// Issue "Hardening IV": the candidates table may be named (schema and table, taken as
+/// written) like the fencing and job tables. Replicas on `"Ops"."Candidates"` create it there
+/// and leave the default table alone; the lead moves to the more preferred of them within
+/// two intervals; a request through `request_handover_in` on that table moves it to the named
+/// one, and the same request on the default table finds no such standby. Names PostgreSQL
+/// would cut or refuse are an error at `build()` and at the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_candidates_table_carries_preferences_and_requests() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let client = db.connect().await.unwrap();
+    client.batch_execute("CREATE SCHEMA \"Ops\"").await.unwrap();
+    let key = LockKey::new(0xf9, 40);
+    let named = |name: &str, preference: u64| {
+        let elector = Elector::builder(db.pool(3), key)
+            .check_interval(I)
+            .identity(name)
+            .preference(preference)
+            .candidates_table(Some("Ops"), "Candidates")
+            .build()
+            .expect("a valid elector");
+        assert!(
+            elector
+                .candidates_ddl()
+                .unwrap()
+                .starts_with("CREATE TABLE IF NOT EXISTS \"Ops\".\"Candidates\" (")
+        );
+        Replica::run(elector)
+    };
+    let low = named("low", 1);
+    lead_within(&low, 3 * I, "the first replica").await;
+    let high = named("high", 2);
+    lead_within(&high, PREFERRED_TAKES, "the more preferred replica").await;
+    let rows = query_i64(&client, "SELECT count(*) FROM \"Ops\".\"Candidates\"").await;
+    assert!(rows >= 1, "the standby's row is in the named table");
+    let default = query_i64(
+        &client,
+        "SELECT (pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL)::int4::int8",
+    )
+    .await;
+    assert_eq!(default, 0, "the default table was never made");
+
+    let asker = db.pool(1);
+    let to = |name: &str| HandoverTo::Identity(name.into());
+    let elsewhere = request_handover(&asker, key, to("low"), 10 * I, ASK).await;
+    assert!(
+        matches!(elsewhere, Err(Error::NoSuchStandby { .. })),
+        "{elsewhere:?}"
+    );
+    let asked = request_handover_in(
+        &asker,
+        Some("Ops"),
+        "Candidates",
+        key,
+        to("low"),
+        10 * I,
+        ASK,
+    )
+    .await;
+    assert_eq!(asked.unwrap(), "low");
+    lead_within(&low, 3 * I + SLACK, "the standby asked for").await;
+
+    let bad = request_handover_in(&asker, Some(""), "Candidates", key, to("low"), I, ASK).await;
+    assert!(
+        matches!(bad, Err(Error::InvalidCandidatesTable { ref name }) if name.is_empty()),
+        "{bad:?}"
+    );
+    let long = "x".repeat(64);
+    let refused = Elector::builder(db.pool(1), key)
+        .candidates_table(None, &long)
+        .build();
+    assert!(
+        matches!(refused, Err(Error::InvalidCandidatesTable { ref name }) if *name == long),
+        "{refused:?}"
+    );
+    high.stop().await.unwrap();
+    low.stop().await.unwrap();
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::borrowed::{borrow, give_back_unless_open};
 use super::sql::DEFER;
-use super::{Deferring, RegisterError, table_exists};
+use super::{CandidatesTable, Deferring, RegisterError, table_exists};
 use crate::LockKey;
 use crate::pooled::probed;
 use crate::postgres::session_error::bounded;
@@ -16,14 +16,20 @@ use crate::postgres::session_error::bounded;
 pub(crate) struct Gate<'a> {
     preference: u64,
     identity: &'a str,
+    table: &'a CandidatesTable,
 }
 
 impl<'a> Gate<'a> {
     /// The gate of a replica of `preference` (`None`: no gate, as for a group of shards).
-    pub(crate) fn new(preference: Option<u64>, identity: &'a str) -> Option<Self> {
+    pub(crate) fn new(
+        preference: Option<u64>,
+        identity: &'a str,
+        table: &'a CandidatesTable,
+    ) -> Option<Self> {
         preference.map(|preference| Self {
             preference,
             identity,
+            table,
         })
     }
 
@@ -50,11 +56,11 @@ impl<'a> Gate<'a> {
         client: &tokio_postgres::Client,
         key: LockKey,
     ) -> Result<Deferred, tokio_postgres::Error> {
-        if !table_exists(client).await? {
+        if !table_exists(client, self.table).await? {
             return Ok(Deferred::default());
         }
         let rows = Deferring::new(key, self.identity, self.preference)
-            .query(client, DEFER)
+            .query(client, &self.table.sql(DEFER))
             .await?;
         let Some(row) = rows.first() else {
             return Ok(Deferred::default());

@@ -39,9 +39,9 @@ mod sql;
 use crate::pooled::probed;
 use borrowed::{borrow, give_back_unless_open};
 pub(crate) use gate::{Deferred, Gate, outranked};
-pub use request::{HandoverTo, request_handover};
+pub use request::{HandoverTo, request_handover, request_handover_in};
 use sql::*;
-pub(crate) use sql::{CANDIDATES_DDL, EXISTS};
+pub(crate) use sql::{CandidatesTable, EXISTS};
 
 pub(crate) use rule::{
     Backoff, Look, Request, SHORT_TERM_INTERVALS, Standing, StayAway, TargetSeen, Yield,
@@ -53,9 +53,9 @@ pub(crate) enum RegisterError {
     #[error("no pool connection within {0:?}")]
     NoConnection(Duration),
     #[error(
-        "the candidates table is missing, or made by an earlier version and missing a column, and this role may not create or alter it ({source}); run: {CANDIDATES_DDL}"
+        "the candidates table is missing, or made by an earlier version and missing a column, and this role may not create or alter it ({source}); run: {ddl}"
     )]
-    CannotCreate { source: SessionError },
+    CannotCreate { source: SessionError, ddl: String },
     #[error("{0}")]
     Session(#[from] SessionError),
     #[error(
@@ -93,6 +93,7 @@ pub(crate) struct Registered {
 
 /// A standby that says it is alive.
 pub(crate) struct Candidate<'a> {
+    pub(crate) table: &'a CandidatesTable,
     pub(crate) key: LockKey,
     pub(crate) identity: &'a str,
     pub(crate) preference: u64,
@@ -113,6 +114,7 @@ pub(crate) async fn register(
     bound: Duration,
 ) -> Result<Registered, RegisterError> {
     let Candidate {
+        table,
         key,
         identity,
         preference,
@@ -134,7 +136,8 @@ pub(crate) async fn register(
         (&waits, Type::BOOL),
         (&written_before, Type::INT8),
     ];
-    let upsert = || probed(client, client.query_typed(REGISTER, &params));
+    let register = table.sql(REGISTER);
+    let upsert = || probed(client, client.query_typed(&register, &params));
     let rows = match bounded(bound, upsert()).await {
         Ok(rows) => rows,
         // No table, or one made before a column was added: the DDL makes both right.
@@ -144,7 +147,7 @@ pub(crate) async fn register(
                 Some(&SqlState::UNDEFINED_TABLE | &SqlState::UNDEFINED_COLUMN)
             ) =>
         {
-            create(client, bound).await?;
+            create(client, table, bound).await?;
             bounded(bound, upsert()).await?
         }
         Err(e) => return Err(e.into()),
@@ -160,8 +163,12 @@ pub(crate) async fn register(
 }
 
 /// Creates the table; a concurrent creation by another replica is no error.
-async fn create(client: &tokio_postgres::Client, bound: Duration) -> Result<(), RegisterError> {
-    match bounded(bound, client.batch_execute(CANDIDATES_DDL)).await {
+async fn create(
+    client: &tokio_postgres::Client,
+    table: &CandidatesTable,
+    bound: Duration,
+) -> Result<(), RegisterError> {
+    match bounded(bound, client.batch_execute(&table.ddl())).await {
         Ok(()) => Ok(()),
         Err(SessionError::Query(e))
             if matches!(
@@ -174,6 +181,7 @@ async fn create(client: &tokio_postgres::Client, bound: Duration) -> Result<(), 
         Err(SessionError::Query(e)) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             Err(RegisterError::CannotCreate {
                 source: SessionError::Query(e),
+                ddl: table.ddl().into_owned(),
             })
         }
         Err(e) => Err(e.into()),
@@ -233,6 +241,7 @@ pub(crate) enum Claim {
 /// not exist.
 pub(crate) async fn claim(
     client: &tokio_postgres::Client,
+    table: &CandidatesTable,
     key: LockKey,
     identity: &str,
     preference: u64,
@@ -244,11 +253,11 @@ pub(crate) async fn claim(
             ..Standing::default()
         })
     };
-    if !table_exists(client).await? {
+    if !table_exists(client, table).await? {
         return Ok(keep(false));
     }
     let asking = Deferring::new(key, identity, preference);
-    let rows = waits_bounded(client, interval, asking.query(client, CLAIM)).await?;
+    let rows = waits_bounded(client, interval, asking.query(client, &table.sql(CLAIM))).await?;
     let Some(row) = rows.first() else {
         return Ok(keep(false));
     };
@@ -320,13 +329,19 @@ const DROP_LOCK_WAIT_MS: u64 = 100;
 /// [`DROP_OWN_ROW`] on a lock session, in a transaction of its own whose lock waits are bounded
 /// ([`DROP_LOCK_WAIT_MS`]), in one round trip; an error (no table yet, a lock not granted in
 /// time) is only logged: the row then counts for two more intervals at most.
-pub(crate) async fn drop_own_row(client: &tokio_postgres::Client, key: LockKey, identity: &str) {
+pub(crate) async fn drop_own_row(
+    client: &tokio_postgres::Client,
+    table: &CandidatesTable,
+    key: LockKey,
+    identity: &str,
+) {
     let params: [(&(dyn ToSql + Sync), Type); 3] = [
         (&key.class(), Type::INT4),
         (&key.object(), Type::INT4),
         (&identity, Type::TEXT),
     ];
-    let dropping = client.query_typed(DROP_OWN_ROW, &params);
+    let drop_own_row = table.sql(DROP_OWN_ROW);
+    let dropping = client.query_typed(&drop_own_row, &params);
     if let Err(e) = waits_bounded_ms(client, DROP_LOCK_WAIT_MS, dropping).await {
         tracing::debug!(key = %key, error = %crate::error::chain(&e), "cannot drop this replica's row before it unlocks; it counts for two more intervals at most");
     }
@@ -334,10 +349,16 @@ pub(crate) async fn drop_own_row(client: &tokio_postgres::Client, key: LockKey, 
 
 /// Whether the candidates table exists, on a server not in recovery (a read replica's lock
 /// grants nothing, and its try goes on to say so).
-async fn table_exists(client: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
+async fn table_exists(
+    client: &tokio_postgres::Client,
+    table: &CandidatesTable,
+) -> Result<bool, tokio_postgres::Error> {
     Ok(client
         .query_typed(
-            &format!("SELECT {EXISTS} AND NOT pg_catalog.pg_is_in_recovery()"),
+            &format!(
+                "SELECT {} AND NOT pg_catalog.pg_is_in_recovery()",
+                table.sql(EXISTS)
+            ),
             &[],
         )
         .await?
@@ -348,6 +369,7 @@ async fn table_exists(client: &tokio_postgres::Client) -> Result<bool, tokio_pos
 /// [`TARGET`], on a connection of `pool`, bounded as [`register`].
 pub(crate) async fn target_seen(
     pool: &deadpool_postgres::Pool,
+    table: &CandidatesTable,
     key: LockKey,
     target: &str,
     bound: Duration,
@@ -360,7 +382,8 @@ pub(crate) async fn target_seen(
         (&object, Type::INT4),
         (&target, Type::TEXT),
     ];
-    let (rows, open) = bounded(bound, probed(client, client.query_typed(TARGET, &params))).await?;
+    let target = table.sql(TARGET);
+    let (rows, open) = bounded(bound, probed(client, client.query_typed(&target, &params))).await?;
     let row = rows.first().ok_or(SessionError::Unexpected(None))?;
     let column = |i| row.try_get::<_, bool>(i).map_err(SessionError::Query);
     let seen = TargetSeen {
@@ -375,6 +398,7 @@ pub(crate) async fn target_seen(
 /// row would otherwise count for two more intervals). A failure is only logged.
 pub(crate) async fn withdraw(
     pool: &deadpool_postgres::Pool,
+    table: &CandidatesTable,
     key: LockKey,
     identity: &str,
     bound: Duration,
@@ -388,7 +412,7 @@ pub(crate) async fn withdraw(
             (&key.object(), Type::INT4),
             (&identity, Type::TEXT),
         ];
-        let (rows, open) = probed(client, client.query_typed(WITHDRAW, &params))
+        let (rows, open) = probed(client, client.query_typed(&table.sql(WITHDRAW), &params))
             .await
             .map_err(|e| crate::error::chain(&e))?;
         let marked = rows.first().and_then(|row| row.try_get(2).ok());
@@ -410,6 +434,7 @@ pub(crate) async fn withdraw(
 /// leader's.
 pub(crate) async fn look(
     client: &tokio_postgres::Client,
+    table: &CandidatesTable,
     key: LockKey,
     identity: &str,
     interval: Duration,
@@ -417,7 +442,7 @@ pub(crate) async fn look(
     let ready_after = millis(interval);
     let rows = client
         .query_typed(
-            LOOK,
+            &table.sql(LOOK),
             &[
                 (&key.class(), Type::INT4),
                 (&key.object(), Type::INT4),

@@ -6,7 +6,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::millis;
-use super::sql::REQUEST;
+use super::sql::{CandidatesTable, REQUEST};
 use crate::pooled::{NotBorrowed, outside_transactions};
 use crate::{Error, LockKey};
 
@@ -72,6 +72,52 @@ pub async fn request_handover(
     stay_away: Duration,
     bound: Duration,
 ) -> Result<String, Error> {
+    let table = CandidatesTable::default();
+    asked_of(pool, &table, key, to, stay_away, bound).await
+}
+
+/// [`request_handover`] for replicas built with a
+/// [`candidates_table`](crate::ElectorBuilder::candidates_table) of their own: `table` in
+/// `schema` (the `search_path`'s first when `None`), named as there.
+///
+/// # Errors
+///
+/// As [`request_handover`]'s, and [`Error::InvalidCandidatesTable`] for an empty or overlong
+/// name (nothing is asked then).
+///
+/// ```no_run
+/// # async fn example(pool: &deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
+/// use std::time::Duration;
+/// use pg_elector::{HandoverTo, LockKey, request_handover_in};
+///
+/// let key = LockKey::from_name("billing/sweep");
+/// let to = HandoverTo::MostPreferred;
+/// let (stay_away, bound) = (Duration::from_secs(300), Duration::from_secs(5));
+/// request_handover_in(pool, Some("ops"), "leader_candidates", key, to, stay_away, bound).await?;
+/// # Ok(()) }
+/// ```
+pub async fn request_handover_in(
+    pool: &deadpool_postgres::Pool,
+    schema: Option<&str>,
+    table: &str,
+    key: LockKey,
+    to: HandoverTo,
+    stay_away: Duration,
+    bound: Duration,
+) -> Result<String, Error> {
+    let table = CandidatesTable::new(schema, table)?;
+    asked_of(pool, &table, key, to, stay_away, bound).await
+}
+
+/// [`request_handover_in`]'s work, on `table`.
+async fn asked_of(
+    pool: &deadpool_postgres::Pool,
+    table: &CandidatesTable,
+    key: LockKey,
+    to: HandoverTo,
+    stay_away: Duration,
+    bound: Duration,
+) -> Result<String, Error> {
     let until = tokio::time::Instant::now() + bound;
     let borrowed = outside_transactions(pool, until, until)
         .await
@@ -81,7 +127,7 @@ pub async fn request_handover(
             NotBorrowed::Query(e) => Error::HandoverQuery(e),
         })?;
     // A connection whose answer did not come in time, or that failed, is closed.
-    let asked = tokio::time::timeout_at(until, ask(borrowed.client(), key, &to, stay_away))
+    let asked = tokio::time::timeout_at(until, ask(borrowed.client(), table, key, &to, stay_away))
         .await
         .map_err(|_| Error::HandoverTimeout(bound))??;
     borrowed.give_back();
@@ -92,6 +138,7 @@ pub async fn request_handover(
 /// who leads, then the request.
 async fn ask(
     client: &tokio_postgres::Client,
+    table: &CandidatesTable,
     key: LockKey,
     to: &HandoverTo,
     stay_away: Duration,
@@ -117,7 +164,7 @@ async fn ask(
     let no_such = || Error::NoSuchStandby {
         identity: named.map(str::to_owned),
     };
-    let rows = match client.query_typed(REQUEST, &params).await {
+    let rows = match client.query_typed(&table.sql(REQUEST), &params).await {
         Ok(rows) => rows,
         // No table: nobody ever registered.
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Err(no_such()),

@@ -2,7 +2,66 @@
 //! a standby sends on its pool's connections (each guarded against a transaction the
 //! application left open), and the leader's on its lock session.
 
+use std::borrow::Cow;
+
+use crate::Error;
 use crate::pooled::in_open_transaction;
+use crate::postgres::ident::{self, quote};
+
+/// The table's default name, found on the `search_path`; every statement below is written
+/// with it.
+const DEFAULT_NAME: &str = "pg_elector_candidates";
+
+/// Where an elector's candidates table is: the default name on the `search_path`, or a name
+/// (and schema) given to [`ElectorBuilder::candidates_table`](crate::ElectorBuilder::candidates_table).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CandidatesTable {
+    /// The quoted, schema-qualified name; `None` for the default.
+    quoted: Option<String>,
+}
+
+impl CandidatesTable {
+    /// The table `table` in `schema` (the `search_path`'s first when `None`), names taken as
+    /// written; [`Error::InvalidCandidatesTable`] for an empty or overlong one or one with a
+    /// NUL byte.
+    pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Self, Error> {
+        for name in schema.iter().chain([&table]) {
+            if !ident::is_valid(name) {
+                return Err(Error::InvalidCandidatesTable {
+                    name: (*name).to_owned(),
+                });
+            }
+        }
+        let quoted = match schema {
+            None if table == DEFAULT_NAME => return Ok(Self::default()),
+            Some(schema) => format!("{}.{}", quote(schema), quote(table)),
+            None => quote(table),
+        };
+        Ok(Self {
+            quoted: Some(quoted),
+        })
+    }
+
+    /// `statement`, one of this module's (or the leader check), on this table: as written
+    /// for the default, else with every mention of the default name replaced (the one inside
+    /// a string literal, `to_regclass('…')`, by the quoted name as a literal).
+    pub(crate) fn sql(&self, statement: &'static str) -> Cow<'static, str> {
+        let Some(quoted) = &self.quoted else {
+            return Cow::Borrowed(statement);
+        };
+        let as_literal = format!("'{}'", quoted.replace('\'', "''"));
+        let parts: Vec<String> = statement
+            .split(&format!("'{DEFAULT_NAME}'"))
+            .map(|part| part.replace(DEFAULT_NAME, quoted))
+            .collect();
+        Cow::Owned(parts.join(&as_literal))
+    }
+
+    /// The statement that creates the table (and adds the columns of later versions).
+    pub(crate) fn ddl(&self) -> Cow<'static, str> {
+        self.sql(CANDIDATES_DDL)
+    }
+}
 
 /// The statement that creates the table, for a migration or an administrator.
 pub(crate) const CANDIDATES_DDL: &str = "CREATE TABLE IF NOT EXISTS pg_elector_candidates (\
@@ -229,3 +288,58 @@ pub(super) const TARGET: &str = concat!(
        AND c.live_until > pg_catalog.statement_timestamp() AND c.heard_at <= pg_catalog.statement_timestamp()), ",
     in_open_transaction!()
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_table_keeps_the_statements_as_written() {
+        let table = CandidatesTable::new(None, DEFAULT_NAME).unwrap();
+        assert_eq!(table, CandidatesTable::default());
+        assert!(matches!(table.sql(LOOK), Cow::Borrowed(s) if s == LOOK));
+    }
+
+    #[test]
+    fn a_named_table_is_quoted_everywhere_and_a_literal_in_to_regclass() {
+        let table = CandidatesTable::new(Some("Ops"), "it's").unwrap();
+        let exists = table.sql(EXISTS);
+        assert_eq!(
+            exists,
+            "pg_catalog.to_regclass('\"Ops\".\"it''s\"') IS NOT NULL"
+        );
+        let ddl = table.ddl();
+        assert!(ddl.starts_with("CREATE TABLE IF NOT EXISTS \"Ops\".\"it's\" ("));
+        assert!(ddl.contains("ALTER TABLE \"Ops\".\"it's\" ADD COLUMN"));
+        for statement in [
+            REGISTER,
+            DEFER,
+            CLAIM,
+            WITHDRAW,
+            LOOK,
+            REQUEST,
+            DROP_OWN_ROW,
+            TARGET,
+        ] {
+            assert!(!table.sql(statement).contains(DEFAULT_NAME), "{statement}");
+        }
+        // A table of the default name in another schema.
+        let table = CandidatesTable::new(Some("ops"), DEFAULT_NAME).unwrap();
+        assert_eq!(
+            table.sql(EXISTS),
+            "pg_catalog.to_regclass('\"ops\".\"pg_elector_candidates\"') IS NOT NULL"
+        );
+    }
+
+    #[test]
+    fn names_postgresql_would_cut_or_refuse_are_an_error() {
+        for (schema, table) in [(None, ""), (Some(""), "t"), (None, "a\0b")] {
+            assert!(matches!(
+                CandidatesTable::new(schema, table),
+                Err(Error::InvalidCandidatesTable { .. })
+            ));
+        }
+        let long = "x".repeat(64);
+        assert!(CandidatesTable::new(None, &long).is_err());
+    }
+}

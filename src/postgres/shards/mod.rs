@@ -46,6 +46,7 @@ pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<()
                     bounds: &bounds,
                     interval: pg.interval,
                     defer_as: None,
+                    candidates: &pg.candidates,
                 };
                 try_acquire(&mut borrower, &asked).await.attempt
             } => attempt,
