@@ -334,6 +334,47 @@ async fn a_standby_never_writes_inside_a_transaction_the_application_left_open()
     leader.stop().await.unwrap();
 }
 
+/// A preferred standby that stops while the application has just handed its pool's only
+/// connection back inside a transaction: its withdrawal closes that connection (ending the
+/// transaction) and drops its row on a fresh one, so the row is gone when `stop` returns
+/// (before, the withdrawal gave up after the first connection and the row counted for two
+/// more intervals, the free lock left to a replica that had stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_withdraws_past_a_connection_left_inside_a_transaction() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let key = LockKey::new(0xf95, 2);
+    let leader = preferring(db.pool(3), key, "leader", 9);
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("the leader leads");
+    let app = db.pool(1);
+    let standby = preferring(app.clone(), key, "standby", 1);
+    let admin = db.connect().await.unwrap();
+    let rows = || async {
+        query_i64(
+            &admin,
+            "SELECT count(*) FROM pg_elector_candidates WHERE identity = 'standby'",
+        )
+        .await
+    };
+    wait_for_async(3 * I, || async { rows().await == 1 })
+        .await
+        .expect("the standby says it is alive");
+    // Right after a try, so that the next one does not close the connection first.
+    tokio::time::sleep(I / 4).await;
+    let (leaked, _) = leave_in_transaction(&app, "").await;
+    standby.stop().await.unwrap();
+    assert_eq!(rows().await, 0, "the row is gone when stop returns");
+    let leaked = format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {leaked}");
+    let closed = wait_for_async(I, || async { query_i64(&admin, &leaked).await == 0 }).await;
+    leader.stop().await.unwrap();
+    assert!(
+        closed.is_some(),
+        "the connection left inside a transaction was closed"
+    );
+}
+
 /// A handover asked on the application's pool of one connection, which the application handed
 /// back inside a transaction: the request is not written inside that transaction (where it
 /// would never commit, and the call would say it was asked); that connection is closed, which

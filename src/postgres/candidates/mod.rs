@@ -395,7 +395,9 @@ pub(crate) async fn target_seen(
 }
 
 /// Drops this standby's row as it stops, on a connection of `pool`, bounded by `bound` (the
-/// row would otherwise count for two more intervals). A failure is only logged.
+/// row would otherwise count for two more intervals). A connection the application left
+/// inside a transaction is closed and another borrowed (a few times at most). A failure is
+/// only logged.
 pub(crate) async fn withdraw(
     pool: &deadpool_postgres::Pool,
     table: &CandidatesTable,
@@ -404,19 +406,13 @@ pub(crate) async fn withdraw(
     bound: Duration,
 ) {
     let withdrawn = tokio::time::timeout(bound, async {
-        let object = pool.get().await.map_err(|e| e.to_string())?;
-        let borrowed = Borrowed::new(object);
-        let client = borrowed.client();
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&key.class(), Type::INT4),
-            (&key.object(), Type::INT4),
-            (&identity, Type::TEXT),
-        ];
-        let (rows, open) = probed(client, client.query_typed(&table.sql(WITHDRAW), &params))
-            .await
-            .map_err(|e| crate::error::chain(&e))?;
-        let marked = rows.first().and_then(|row| row.try_get(2).ok());
-        give_back_unless_open(borrowed, open || marked.unwrap_or(false)).map_err(|e| e.to_string())
+        let mut left_open = 0;
+        loop {
+            match withdraw_once(pool, table, key, identity).await {
+                Err(RegisterError::InTransaction) if left_open < WITHDRAW_TRIES => left_open += 1,
+                done => return done,
+            }
+        }
     })
     .await;
     match withdrawn {
@@ -428,6 +424,31 @@ pub(crate) async fn withdraw(
             tracing::warn!(key = %key, ?bound, "dropping this standby's row from the candidates table got no answer; it counts for two more intervals")
         }
     }
+}
+
+/// How many connections left inside a transaction [`withdraw`] closes before it gives up.
+const WITHDRAW_TRIES: u32 = 3;
+
+/// [`WITHDRAW`] once, on a connection of `pool` given back only outside a transaction.
+async fn withdraw_once(
+    pool: &deadpool_postgres::Pool,
+    table: &CandidatesTable,
+    key: LockKey,
+    identity: &str,
+) -> Result<(), RegisterError> {
+    let object = pool.get().await.map_err(SessionError::Pool)?;
+    let borrowed = Borrowed::new(object);
+    let client = borrowed.client();
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&key.class(), Type::INT4),
+        (&key.object(), Type::INT4),
+        (&identity, Type::TEXT),
+    ];
+    let (rows, open) = probed(client, client.query_typed(&table.sql(WITHDRAW), &params))
+        .await
+        .map_err(SessionError::Query)?;
+    let marked = rows.first().and_then(|row| row.try_get(2).ok());
+    give_back_unless_open(borrowed, open || marked.unwrap_or(false))
 }
 
 /// The leader's look at the candidates, on its lock session (see [`LOOK`]); `interval` is the
