@@ -136,8 +136,8 @@ impl Prepared {
             backend,
             cancel_key_process = cancel_key.process_id,
             direct,
-            "a new pool connection: its statements go {}",
-            if direct { "prepared" } else { "unnamed (a pooler's cancel key)" }
+            statements = if direct { "prepared" } else { "unnamed (a pooler's cancel key)" },
+            "a new pool connection: how its statements go"
         );
         self.remember(cancel_key, direct);
         direct

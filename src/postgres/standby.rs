@@ -450,7 +450,7 @@ pub(super) fn report_try(
         }
         Err(e) => match lock_table::full(&e) {
             Some(raise) => {
-                loud_or_debug!(repeats.loud("lock table"), error, key = %key, error = %e, "the server's shared lock table is full, so this replica cannot take the lock; {raise}")
+                loud_or_debug!(repeats.loud("lock table"), error, key = %key, error = %e, fix = raise, "the server's shared lock table is full, so this replica cannot take the lock")
             }
             None => {
                 loud_or_debug!(repeats.loud("acquire"), warn, key = %key, error = %e, "acquire lock connection")

@@ -117,10 +117,10 @@ mod f6_7 {
                 )
             });
         tokio::time::sleep(3 * I).await;
-        let errors: Vec<String> = capture
-            .errors(key)
+        let errors: Vec<(String, String)> = capture
+            .errors_with(key, "fix")
             .into_iter()
-            .filter(|m| m.contains("lock table"))
+            .filter(|(m, _)| m.contains("lock table"))
             .collect();
         assert_eq!(
             errors.len(),
@@ -128,8 +128,8 @@ mod f6_7 {
             "once, then at DEBUG for a minute: {errors:?}"
         );
         assert!(
-            errors[0].contains("max_locks_per_transaction"),
-            "{}",
+            errors[0].1.contains("max_locks_per_transaction"),
+            "the line names the setting to raise: {:?}",
             errors[0]
         );
         let owned = member.shards.owned().len();
@@ -184,11 +184,11 @@ mod f6_7 {
             &capture,
         );
         let key = pg_elector::LockKey::new(first.shards.shard(0).unwrap().key().class(), -1);
-        let refused = |capture: &Capture| -> Vec<String> {
+        let refused = |capture: &Capture| -> Vec<(String, String)> {
             capture
-                .errors(key)
+                .errors_with(key, "fix")
                 .into_iter()
-                .filter(|m| m.contains("cannot take the lock"))
+                .filter(|(m, _)| m.contains("cannot take the lock"))
                 .collect()
         };
         wait_for(3 * I, || !refused(&capture).is_empty())
@@ -204,8 +204,8 @@ mod f6_7 {
         let errors = refused(&capture);
         assert_eq!(errors.len(), 1, "once, then at DEBUG: {errors:?}");
         assert!(
-            errors[0].contains("max_locks_per_transaction"),
-            "{}",
+            errors[0].1.contains("max_locks_per_transaction"),
+            "the line names the setting to raise: {:?}",
             errors[0]
         );
         let warnings = capture.at(tracing::Level::WARN, key);

@@ -319,7 +319,7 @@ impl<'a> Member<'a> {
             return Err(Loss::failed(Statement::LiveMark, e));
         };
         let loud = self.repeats.loud("lock table");
-        loud_or_debug!(loud, error, key = %self.pg.key, error = %e, "the server's shared lock table is full, so this member cannot take its live mark and owns no shard yet; {raise}");
+        loud_or_debug!(loud, error, key = %self.pg.key, error = %e, fix = raise, "the server's shared lock table is full, so this member cannot take its live mark and owns no shard yet");
         Ok(false)
     }
 
@@ -477,7 +477,7 @@ impl<'a> Member<'a> {
             return Err(Loss::failed(Statement::Try, e));
         };
         let loud = self.repeats.loud("lock table");
-        loud_or_debug!(loud, error, key = %self.pg.key, error = %e, "the server's shared lock table is full, so shards this member should own stay unowned; {raise}");
+        loud_or_debug!(loud, error, key = %self.pg.key, error = %e, fix = raise, "the server's shared lock table is full, so shards this member should own stay unowned");
         Ok(Vec::new())
     }
 

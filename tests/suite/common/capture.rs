@@ -70,6 +70,19 @@ impl Capture {
         self.at(tracing::Level::ERROR, key)
     }
 
+    /// The ERROR events about `key`: each message and its field `field` (empty when absent).
+    pub fn errors_with(&self, key: LockKey, field: &str) -> Vec<(String, String)> {
+        let key = key.to_string();
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.level == tracing::Level::ERROR)
+            .filter(|e| e.fields.get("key").is_some_and(|k| *k == key))
+            .map(|e| (e.message().to_owned(), e.field(field).to_owned()))
+            .collect()
+    }
+
     /// The events about `key` at `level`.
     pub fn at(&self, level: tracing::Level, key: LockKey) -> Vec<String> {
         let key = key.to_string();
