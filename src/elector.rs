@@ -9,14 +9,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::builder::{ElectorBuilder, LocalBuilder};
+use crate::builder::ElectorBuilder;
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::local::LocalKind;
 use crate::metrics::{Change, Metrics};
 use crate::postgres::settings::PgSettings;
 use crate::state::Shared;
-use crate::term::{Leadership, LossCause, Term, TermEnd};
+use crate::term::{Leadership, Term, TermEnd};
 
 /// One replica's part in the election: a cheap, cloneable handle.
 ///
@@ -80,44 +80,6 @@ impl Elector {
     /// the pool's recycling and lifetime limits never close it.
     pub fn builder(pool: Pool, key: LockKey) -> ElectorBuilder {
         ElectorBuilder::new(pool, key)
-    }
-
-    /// An elector that leads from the start, with no database: for a deployment of one
-    /// process. Its term ends (with [`TermEnd::Shutdown`]) only when its `run`, if started,
-    /// is shut down; `run` started again leads again at once, in a new term.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let elector = pg_elector::Elector::always_leader();
-    /// assert!(elector.is_leader());
-    /// let out = elector.do_work(|_term| async { Ok::<_, ()>(1) }).await;
-    /// assert_eq!(out, Ok(Some(1)));
-    /// # }
-    /// ```
-    pub fn always_leader() -> Elector {
-        LocalBuilder::default().always_leader()
-    }
-
-    /// A standby elector with no database, promoted and demoted by hand through the returned
-    /// [`ManualControl`]: for unit tests of code that takes an `Elector`.
-    ///
-    /// ```
-    /// use pg_elector::{Elector, TermEnd};
-    ///
-    /// let (elector, control) = Elector::manual();
-    /// assert!(!elector.is_leader());
-    /// let term = control.promote();
-    /// assert!(elector.is_leader() && term.is_leader());
-    /// control.demote();
-    /// assert_eq!(term.end(), Some(TermEnd::LeadershipLost));
-    /// ```
-    pub fn manual() -> (Elector, ManualControl) {
-        LocalBuilder::default().manual()
-    }
-
-    /// Configures a local elector (for example with a registry for its gauge).
-    pub fn local_builder() -> LocalBuilder {
-        LocalBuilder::default()
     }
 
     pub(crate) fn from_mode(mode: Mode, metrics: Option<Metrics>) -> Self {
@@ -489,31 +451,5 @@ impl std::fmt::Debug for Elector {
             .field("check_interval", &self.check_interval())
             .field("is_leader", &self.is_leader())
             .finish_non_exhaustive()
-    }
-}
-
-/// Promotes and demotes a manual elector by hand; made by [`Elector::manual`].
-#[derive(Clone, Debug)]
-pub struct ManualControl {
-    pub(crate) elector: Elector,
-}
-
-impl ManualControl {
-    /// The elector this controls.
-    pub fn elector(&self) -> &Elector {
-        &self.elector
-    }
-
-    /// Makes the elector lead, starting a new term unless one is live; returns the term.
-    pub fn promote(&self) -> Term {
-        crate::local::promote(&self.elector.shared);
-        self.elector.term()
-    }
-
-    /// Ends the live term, if any, with [`TermEnd::LeadershipLost`], as a lost lock would.
-    pub fn demote(&self) {
-        self.elector
-            .shared
-            .demote(TermEnd::LeadershipLost, Change::Lost(LossCause::Demoted));
     }
 }

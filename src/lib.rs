@@ -6,10 +6,14 @@ pub mod background;
 mod builder;
 mod elector;
 mod error;
+mod fence;
+mod ident;
+mod identity;
 mod in_flight;
 mod key;
 mod lease;
 mod local;
+mod local_builder;
 mod metrics;
 mod pooled;
 mod postgres;
@@ -20,11 +24,11 @@ mod state;
 mod sync;
 mod term;
 
-pub use builder::LocalBuilder;
 pub use builder::{DEFAULT_CHECK_INTERVAL, ElectorBuilder, MAX_CHECK_INTERVAL, MIN_CHECK_INTERVAL};
-pub use elector::{Elector, ManualControl};
+pub use elector::Elector;
 pub use error::{Error, Fenced};
 pub use key::LockKey;
+pub use local_builder::{LocalBuilder, ManualControl};
 pub use metrics::{
     CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, EPOCH_NAME, SHARD_MOVES_NAME,
     SHARDS_HELD_UNOWNED_NAME, SHARDS_OWNED_NAME,

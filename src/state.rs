@@ -21,11 +21,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
+use crate::fence::FenceTarget;
 use crate::in_flight::InFlight;
 use crate::key::LockKey;
 use crate::lease::Lease;
 use crate::metrics::{Change, Metrics};
-use crate::postgres::fence::FenceTarget;
 use crate::sync::lock;
 use crate::term::{Born, DrainGrace, Leadership, Term, TermEnd};
 

@@ -1,6 +1,5 @@
 //! The worker supervisor: named workers, restarted with backoff within a budget.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,6 +15,8 @@ use super::panic::{CaughtIn, catch_panic};
 use super::probe::{Probe, TickOutcome};
 use super::{LeaderTicker, WhileLeader};
 use crate::{Elector, Term};
+pub use restart::RestartPolicy;
+use restart::Restarts;
 
 /// The supervisor probe's default name.
 pub const DEFAULT_SUPERVISOR_PROBE: &str = "workers";
@@ -40,87 +41,6 @@ impl<E: fmt::Display> WorkerResult for Result<(), E> {
 
 type BoxedRun = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type Factory = Box<dyn FnMut(CancellationToken) -> BoxedRun + Send>;
-
-/// How a [`Supervisor`] restarts a worker that failed.
-///
-/// After a failure (an `Err` or a panic), the worker waits `initial · 2^r`, capped at `max`,
-/// where `r` is the number of its restarts within the last `window`, and then starts again,
-/// unless it already had `budget` restarts within the `window`: then it stops for good,
-/// and the supervisor's probe reports it. A worker that fails rarely thus restarts after
-/// `initial`, and one that fails in a loop backs off and, past its budget, stops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use]
-pub struct RestartPolicy {
-    initial: Duration,
-    max: Duration,
-    budget: u32,
-    window: Duration,
-}
-
-impl Default for RestartPolicy {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-            budget: 5,
-            window: Duration::from_secs(600),
-        }
-    }
-}
-
-impl RestartPolicy {
-    /// The default policy: backoff from 1 s up to 60 s, at most 5 restarts within 10 min.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The first backoff (default 1 s) and its cap (default 60 s). A cap below `initial` is
-    /// raised to `initial`.
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.initial = initial;
-        self.max = max.max(initial);
-        self
-    }
-
-    /// At most `restarts` restarts within `window` (default 5 within 10 minutes). A budget of
-    /// zero never restarts.
-    pub fn budget(mut self, restarts: u32, window: Duration) -> Self {
-        self.budget = restarts;
-        self.window = window;
-        self
-    }
-
-    /// The wait before a restart, given the restarts already counted in the window.
-    pub fn backoff_after(&self, restarts_in_window: u32) -> Duration {
-        let factor = 2u32.saturating_pow(restarts_in_window);
-        self.initial.saturating_mul(factor).min(self.max)
-    }
-}
-
-/// The restarts of one worker within the policy's window.
-#[derive(Debug, Default)]
-struct Restarts {
-    at: VecDeque<Instant>,
-}
-
-impl Restarts {
-    /// After a failure at `now`: the wait before the restart, or `None` past the budget.
-    fn next(&mut self, policy: &RestartPolicy, now: Instant) -> Option<Duration> {
-        while self
-            .at
-            .front()
-            .is_some_and(|&t| now.saturating_duration_since(t) >= policy.window)
-        {
-            self.at.pop_front();
-        }
-        let counted = u32::try_from(self.at.len()).unwrap_or(u32::MAX);
-        if counted >= policy.budget {
-            return None;
-        }
-        self.at.push_back(now);
-        Some(policy.backoff_after(counted))
-    }
-}
 
 /// Runs named workers, restarts those that fail, and stops them all at shutdown.
 ///
@@ -504,57 +424,6 @@ async fn supervise(watch: Watch, mut start: Factory, shutdown: CancellationToken
     }
 }
 
+mod restart;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn b5_backoff_doubles_up_to_its_cap() {
-        let policy =
-            RestartPolicy::new().backoff(Duration::from_millis(100), Duration::from_millis(500));
-        let waits: Vec<_> = (0..5)
-            .map(|r| policy.backoff_after(r).as_millis())
-            .collect();
-        assert_eq!(waits, [100, 200, 400, 500, 500]);
-        assert_eq!(policy.backoff_after(u32::MAX), Duration::from_millis(500));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn b5_budget_counts_restarts_within_the_window() {
-        let policy = RestartPolicy::new()
-            .backoff(Duration::from_secs(1), Duration::from_secs(60))
-            .budget(3, Duration::from_secs(60));
-        let mut restarts = Restarts::default();
-        let t0 = Instant::now();
-        assert_eq!(restarts.next(&policy, t0), Some(Duration::from_secs(1)));
-        assert_eq!(
-            restarts.next(&policy, t0 + Duration::from_secs(10)),
-            Some(Duration::from_secs(2))
-        );
-        assert_eq!(
-            restarts.next(&policy, t0 + Duration::from_secs(20)),
-            Some(Duration::from_secs(4))
-        );
-        assert_eq!(
-            restarts.next(&policy, t0 + Duration::from_secs(30)),
-            None,
-            "4th within 60 s"
-        );
-        // Once the first restart leaves the window, there is room for one more.
-        assert_eq!(
-            restarts.next(&policy, t0 + Duration::from_secs(60)),
-            Some(Duration::from_secs(4))
-        );
-        assert_eq!(
-            RestartPolicy::new()
-                .budget(0, Duration::from_secs(1))
-                .budget,
-            0
-        );
-        assert_eq!(
-            Restarts::default().next(&RestartPolicy::new().budget(0, Duration::from_secs(1)), t0),
-            None,
-            "a zero budget never restarts"
-        );
-    }
-}
+mod tests;

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::gate::Gate;
-use super::panic::{CaughtIn, catch_panic};
+use super::panic::{CaughtIn, CaughtPanic, catch_panic};
 use super::probe::{Probe, TickOutcome};
 use crate::{Term, TermEnd};
 
@@ -191,32 +191,42 @@ impl WhileLeader {
                 }
             };
             drop(in_flight);
-            match outcome {
-                None => {
-                    tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop stopped");
-                }
-                Some(_) if !term.is_leader() => {
-                    tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop returned");
-                }
-                Some(Ok(Ok(()))) => {
-                    tracing::info!(loop_name = %self.name, "loop returned while leading; it starts again in the next term");
-                }
-                Some(Ok(Err(error))) => {
-                    tracing::warn!(loop_name = %self.name, error = %error, "loop failed; it starts again in the next term");
-                    self.record(TickOutcome::Failed(error.to_string()));
-                }
-                Some(Err(panic)) => {
-                    panic.log(CaughtIn::Loop(&self.name));
-                    self.record(TickOutcome::Failed(format!(
-                        "background loop {:?}: loop panicked: {}",
-                        &*self.name, panic.message
-                    )));
-                }
-            }
+            self.report(&term, outcome);
             // Not in the same term again: wait for it to end (or for shutdown, which ends it).
             term.cancelled().await;
         }
         tracing::debug!(loop_name = %self.name, "while-leader launcher stopped");
+    }
+
+    /// Says (and records in the probe) how a term's loop ended: `None` when it was stopped
+    /// at the term's end (after its grace), else what it returned or how it panicked.
+    fn report<E: fmt::Display>(
+        &self,
+        term: &Term,
+        outcome: Option<Result<Result<(), E>, CaughtPanic>>,
+    ) {
+        match outcome {
+            None => {
+                tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop stopped");
+            }
+            Some(_) if !term.is_leader() => {
+                tracing::debug!(loop_name = %self.name, end = ?term.end(), "term ended; loop returned");
+            }
+            Some(Ok(Ok(()))) => {
+                tracing::info!(loop_name = %self.name, "loop returned while leading; it starts again in the next term");
+            }
+            Some(Ok(Err(error))) => {
+                tracing::warn!(loop_name = %self.name, error = %error, "loop failed; it starts again in the next term");
+                self.record(TickOutcome::Failed(error.to_string()));
+            }
+            Some(Err(panic)) => {
+                panic.log(CaughtIn::Loop(&self.name));
+                self.record(TickOutcome::Failed(format!(
+                    "background loop {:?}: loop panicked: {}",
+                    &*self.name, panic.message
+                )));
+            }
+        }
     }
 
     /// How long a loop whose term ended with `end` may run on: after a graceful end (the

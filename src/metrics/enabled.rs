@@ -200,7 +200,7 @@ impl ShardMetrics {
 
 /// Registers `made` under `name`, or finds the collector of ours an earlier elector
 /// registered there.
-pub(super) fn register_shared<C>(
+pub(crate) fn register_shared<C>(
     registry: &Registry,
     name: &str,
     made: prometheus::Result<C>,

@@ -69,10 +69,10 @@ impl Change {
     }
 }
 
+#[cfg(all(feature = "prometheus", feature = "schedule"))]
+pub(crate) use enabled::register_shared;
 #[cfg(feature = "prometheus")]
 pub(crate) use enabled::{Metrics, MetricsSpec, ShardMetrics};
-#[cfg(all(feature = "prometheus", feature = "schedule"))]
-pub(crate) use jobs::JobMetrics;
 
 #[cfg(not(feature = "prometheus"))]
 pub(crate) use disabled::{Metrics, MetricsSpec, ShardMetrics};
@@ -82,9 +82,6 @@ mod disabled;
 
 #[cfg(feature = "prometheus")]
 mod enabled;
-
-#[cfg(all(feature = "prometheus", feature = "schedule"))]
-mod jobs;
 
 #[cfg(test)]
 mod cause_tests {

@@ -53,8 +53,7 @@ pub(super) async fn start_term(
     // A resign asked while the try was on the wire: its cooldown holds, and no epoch is
     // bumped for a term that will not start.
     if shared.cooling_down() {
-        held.give_back().await;
-        return Start::GaveUp;
+        return give_back(held, Start::GaveUp).await;
     }
     let Some(session) = held.session.as_deref() else {
         return Start::GaveUp;
@@ -76,38 +75,43 @@ pub(super) async fn start_term(
     };
     let (held_since, epoch) = match prepared {
         Some(Ok(ready)) => ready,
-        Some(Err(())) => {
-            held.give_back().await;
-            return Start::GaveUp;
-        }
-        None => {
-            held.give_back().await;
-            return Start::Stopped;
-        }
+        Some(Err(())) => return give_back(held, Start::GaveUp).await,
+        None => return give_back(held, Start::Stopped).await,
     };
     // A resign asked while the try was on the wire: its cooldown holds.
     if shared.cooling_down() {
-        held.give_back().await;
-        return Start::GaveUp;
+        return give_back(held, Start::GaveUp).await;
     }
     if let Some(until) = grant.settle_until {
         tokio::select! {
             biased;
-            () = shutdown.cancelled() => {
-                held.give_back().await;
-                return Start::Stopped;
-            }
+            () = shutdown.cancelled() => return give_back(held, Start::Stopped).await,
             () = tokio::time::sleep_until(until) => {}
         }
     }
-    let deadline = deadline_after(held_since, lease_length(pg.interval));
-    if now_ms() >= deadline {
-        held.close();
-        tracing::warn!(key = %pg.key, "the grant was confirmed after the lease it would start had expired; its session is closed");
+    let Some(deadline) = lease_left(held, pg, held_since) else {
         return Start::GaveUp;
-    }
+    };
     shared.promote(|lease| lease.hold_until(deadline), epoch, pg.fence_target());
     Start::Leading(Begun { epoch, standing })
+}
+
+/// The deadline of the lease a term would start with, counted from `held_since` (when the
+/// lock was last known held); `None` when it has passed already, the session then closed.
+fn lease_left(held: &mut Held<'_>, pg: &PgSettings, held_since: u64) -> Option<u64> {
+    let deadline = deadline_after(held_since, lease_length(pg.interval));
+    if now_ms() < deadline {
+        return Some(deadline);
+    }
+    held.close();
+    tracing::warn!(key = %pg.key, "the grant was confirmed after the lease it would start had expired; its session is closed");
+    None
+}
+
+/// Gives the grant back gracefully before its term began: `start`, as the term will not.
+async fn give_back(held: &mut Held<'_>, start: Start) -> Start {
+    held.give_back().await;
+    start
 }
 
 /// Gives back a grant before its term began: for a live standby that should have it

@@ -53,7 +53,7 @@ async fn drain(shared: &Shared, pg: &PgSettings, session: &LockSession) -> bool 
 /// silent session never ends it under running work, and a lost lock is seen; `false` when the
 /// lock was lost meanwhile (there is nothing left to unlock). A single elector's drain and a
 /// shard member's at its leave.
-pub(super) async fn drain_checked<F, Fut>(pg: &PgSettings, work: &[&InFlight], mut check: F) -> bool
+pub(crate) async fn drain_checked<F, Fut>(pg: &PgSettings, work: &[&InFlight], mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), Loss>>,

@@ -6,7 +6,7 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::begin::Begun;
-use super::candidates::{self, Request, Standing, Yield};
+use super::candidates::{self, Look, Request, Standing, Yield};
 use super::give_back::hand_over;
 use super::loss::{Loss, Statement, proven};
 use super::repeats::{Repeats, loud_or_debug};
@@ -185,24 +185,37 @@ async fn lead(
             cause = watch(shared.lease(), session) => return Led::Lost(Loss::of(cause)),
             looked = bounded(pg.interval, look(session, pg, &mut standing)) => looked,
         };
-        match looked_at {
-            Ok(look) => {
-                *looked = true;
-                if standing.duplicate(&look) {
-                    loud_or_debug!(repeats.loud("duplicate"), error, key = %pg.key, identity = %pg.identity, "another live replica of this key has this leader's identity: the leader drops its row at every check, so preferences cannot see it; give each replica its own identity (the default, hostname-pid, is unique on a host)");
-                }
-                if let Some(why) = standing.after(&look, pg.own_preference()) {
-                    return Led::Yield(why);
-                }
-            }
-            // The server answered with an error (the table dropped since, a role without
-            // rights on it): the session is fine and still leads; said once a minute.
-            Err(SessionError::Query(e)) if e.as_db_error().is_some() => {
-                loud_or_debug!(repeats.loud("candidates"), error, key = %pg.key, error = %crate::error::chain(&e), "cannot read the candidates table; this leader does not hand over to a preferred standby meanwhile");
-            }
-            // No answer in time, or the connection broke: the session proves nothing more.
-            Err(e) => return Led::Lost(Loss::failed(Statement::Candidates, e)),
+        if let Some(led) = after_look(pg, looked_at, &mut standing, looked, &mut repeats) {
+            return led;
         }
+    }
+}
+
+/// What the leader's look at the candidates (`looked_at`) means for its term: a yield to
+/// another standby, a loss when it got no answer, or nothing (the term goes on).
+fn after_look(
+    pg: &PgSettings,
+    looked_at: Result<Look, SessionError>,
+    standing: &mut Standing,
+    looked: &mut bool,
+    repeats: &mut Repeats,
+) -> Option<Led> {
+    match looked_at {
+        Ok(look) => {
+            *looked = true;
+            if standing.duplicate(&look) {
+                loud_or_debug!(repeats.loud("duplicate"), error, key = %pg.key, identity = %pg.identity, "another live replica of this key has this leader's identity: the leader drops its row at every check, so preferences cannot see it; give each replica its own identity (the default, hostname-pid, is unique on a host)");
+            }
+            standing.after(&look, pg.own_preference()).map(Led::Yield)
+        }
+        // The server answered with an error (the table dropped since, a role without rights
+        // on it): the session is fine and still leads; said once a minute.
+        Err(SessionError::Query(e)) if e.as_db_error().is_some() => {
+            loud_or_debug!(repeats.loud("candidates"), error, key = %pg.key, error = %crate::error::chain(&e), "cannot read the candidates table; this leader does not hand over to a preferred standby meanwhile");
+            None
+        }
+        // No answer in time, or the connection broke: the session proves nothing more.
+        Err(e) => Some(Led::Lost(Loss::failed(Statement::Candidates, e))),
     }
 }
 
@@ -210,7 +223,7 @@ async fn lead(
 /// lease length after `sent_at`, which it returns. A late answer does not revive a lease that
 /// ran out while the check was under way: the term has ended for everyone who read it
 /// meanwhile. The one rule of a leader's checks and a shard member's.
-pub(super) fn renew(lease: &Lease, sent_at: u64, pg: &PgSettings) -> Result<u64, Loss> {
+pub(crate) fn renew(lease: &Lease, sent_at: u64, pg: &PgSettings) -> Result<u64, Loss> {
     if !lease.is_live() {
         return Err(Loss::of(LossCause::LeaseExpired));
     }
@@ -222,7 +235,7 @@ pub(super) fn renew(lease: &Lease, sent_at: u64, pg: &PgSettings) -> Result<u64,
 /// Completes, with the cause, when the lock connection closes or the local lease expires,
 /// within [`WATCH_POLL`] of either, so that a process resumed after a freeze ends its
 /// term (and cancels its token) at once rather than at its next tick or when its check ends.
-pub(super) async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
+pub(crate) async fn watch(lease: &Lease, session: &LockSession) -> LossCause {
     loop {
         if session.is_closed() {
             return LossCause::ConnectionClosed;

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::types::Type;
 
-use super::fence::{DEFAULT_TABLE, FenceTable};
+use crate::fence::{DEFAULT_TABLE, FenceTable};
 use crate::pooled::Borrowed;
 use crate::{Error, LockKey};
 

@@ -18,7 +18,7 @@ const SETTING: &str = "max_locks_per_transaction";
 /// lock table is full. Returns what to do about it, naming the setting to raise; `None` for any
 /// other error, a backend's own "out of memory" included (the same SQLSTATE, for which raising
 /// the setting would do nothing).
-pub(super) fn full(error: &SessionError) -> Option<&'static str> {
+pub(crate) fn full(error: &SessionError) -> Option<&'static str> {
     let server_error = match error {
         SessionError::Query(e) | SessionError::Pool(PoolError::Backend(e)) => e,
         _ => return None,

@@ -7,7 +7,7 @@ use crate::key::LockKey;
 use crate::term::LossCause;
 
 /// What the logs say when a transaction-mode pooler is detected.
-pub(super) const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
+pub(crate) const POOLER: &str = "the connection goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction), which cannot carry a session advisory lock; connect directly or through a session-mode pooler";
 
 const LEASE_EXPIRED: &str =
     "the local lease expired: the process was paused or starved for longer than the lease";
@@ -15,7 +15,7 @@ const LEASE_EXPIRED: &str =
 /// The statement on a lock session whose failure or silence ended a term: the log names it,
 /// so that a failed try or unlock is not reported as a failed check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Statement {
+pub(crate) enum Statement {
     /// The leader's check, or a shard member's.
     Check,
     /// A shard member's try of the shards it should own.
@@ -45,8 +45,8 @@ impl Statement {
 
 /// A lost term: its cause, and for the log the statement's bound or error.
 #[derive(Debug)]
-pub(super) struct Loss {
-    pub(super) cause: LossCause,
+pub(crate) struct Loss {
+    pub(crate) cause: LossCause,
     /// The statement that got no answer or failed.
     statement: Statement,
     /// The bound a statement that got no answer was given.
@@ -57,7 +57,7 @@ pub(super) struct Loss {
 
 impl Loss {
     /// A loss with nothing to add to its cause.
-    pub(super) fn of(cause: LossCause) -> Self {
+    pub(crate) fn of(cause: LossCause) -> Self {
         Self {
             cause,
             statement: Statement::Check,
@@ -69,7 +69,7 @@ impl Loss {
     /// The loss a `statement` other than a check tells of when it got no answer or failed:
     /// the public cause is a check's (the session proved nothing), the log names the
     /// statement.
-    pub(super) fn failed(statement: Statement, error: SessionError) -> Self {
+    pub(crate) fn failed(statement: Statement, error: SessionError) -> Self {
         Self {
             statement,
             ..Self::from_check(Err(error))
@@ -78,7 +78,7 @@ impl Loss {
 
     /// The loss a check that did not find the lock held tells of (a `Holds` is not a loss; it
     /// maps to [`LossCause::LockGone`] only if passed by mistake).
-    pub(super) fn from_check(check: Result<Check, SessionError>) -> Self {
+    pub(crate) fn from_check(check: Result<Check, SessionError>) -> Self {
         match check {
             Ok(Check::Holds | Check::Lost) => Self::of(LossCause::LockGone),
             Ok(Check::SharedSession) => Self::of(LossCause::Pooler),
@@ -98,7 +98,7 @@ impl Loss {
 /// and holds the lock; otherwise the loss, with an ERROR naming the pooler when the check ran
 /// on a server session a transaction-mode pooler shares. The one reading of a leader's checks
 /// and a shard member's.
-pub(super) fn proven(check: Result<Check, SessionError>, key: LockKey) -> Result<(), Loss> {
+pub(crate) fn proven(check: Result<Check, SessionError>, key: LockKey) -> Result<(), Loss> {
     match check {
         Ok(Check::Holds) => Ok(()),
         Ok(Check::SharedSession) => {

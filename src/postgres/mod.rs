@@ -16,32 +16,31 @@ use crate::state::Shared;
 use crate::term::{LossCause, TermEnd};
 use begin::{Start, start_term};
 use borrower::Borrower;
-use candidates::{Backoff, SHORT_TERM_INTERVALS, StayAway};
+
+use candidates::{SHORT_TERM_INTERVALS, StayAway};
 use lead::Ended;
 use repeats::Repeats;
-use session::{LockSession, SessionBounds};
+use session::LockSession;
 use settings::PgSettings;
 use standby::Standby;
+use tokio::time::Instant;
 
 mod begin;
-mod borrower;
+pub(crate) mod borrower;
 mod cancel_key;
 pub(crate) mod candidates;
-pub(crate) mod fence;
-mod give_back;
+pub(crate) mod give_back;
 mod handover;
-pub(crate) mod ident;
-mod lead;
+pub(crate) mod lead;
 mod leader;
-mod lock_table;
-mod loss;
+pub(crate) mod lock_table;
+pub(crate) mod loss;
 mod prepared;
-mod repeats;
-mod session;
+pub(crate) mod repeats;
+pub(crate) mod session;
 mod session_error;
 pub(crate) mod settings;
-pub(crate) mod shards;
-mod standby;
+pub(crate) mod standby;
 mod waiter;
 
 pub(crate) use candidates::CandidatesTable;
@@ -49,7 +48,7 @@ pub use candidates::{HandoverTo, request_handover, request_handover_in};
 pub(crate) use leader::leader_via;
 pub use leader::{LeaderInfo, current_leader};
 
-pub(crate) use fence::{DEFAULT_TABLE as DEFAULT_FENCING_TABLE, FenceTable};
+pub(crate) use crate::fence::{DEFAULT_TABLE as DEFAULT_FENCING_TABLE, FenceTable};
 
 /// The election on PostgreSQL, until `shutdown`: standby, start a term, lead, give back.
 pub(crate) async fn run(
@@ -74,18 +73,7 @@ async fn run_with(
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut resigns = shared.resign.subscribe();
     resigns.borrow_and_update();
-    let mut standby = Standby {
-        shared,
-        pg,
-        bounds: SessionBounds::for_interval(pg.interval),
-        shutdown: &shutdown,
-        borrower,
-        hold_off: false,
-        outranked: false,
-        backoff: Backoff::default(),
-        tried_well: true,
-        stay_away: None,
-    };
+    let mut standby = Standby::new(shared, pg, &shutdown, borrower);
     let mut repeats = Repeats::default();
     let mut held = Held {
         shared,
@@ -95,16 +83,7 @@ async fn run_with(
     };
     loop {
         let Some(grant) = standby.wait_for_grant(&mut ticks, &mut resigns).await else {
-            if pg.preference.is_some() {
-                candidates::withdraw(
-                    &pg.pool,
-                    &pg.candidates,
-                    pg.key,
-                    &pg.identity,
-                    settings::RELEASE_BOUND,
-                )
-                .await;
-            }
+            standby.withdraw(settings::RELEASE_BOUND).await;
             return Ok(());
         };
         let begun = match start_term(shared, pg, &shutdown, grant, &mut held, &mut repeats).await {
@@ -132,21 +111,33 @@ async fn run_with(
         );
         let began = tokio::time::Instant::now();
         let ended = led.instrument(term_span).await;
-        if matches!(ended, Ended::Lost) && began.elapsed() < SHORT_TERM_INTERVALS * pg.interval {
-            standby.could_not_keep().await;
-        } else {
-            standby.backoff.held();
-        }
-        match ended {
-            Ended::Lost => continue,
-            Ended::Yielded(request) => {
-                standby.hold_off = true;
-                standby.stay_away = request.map(|r| StayAway::new(r, tokio::time::Instant::now()));
-            }
-            Ended::Gracefully(TermEnd::Shutdown) => return Ok(()),
-            Ended::Gracefully(_) => shared.resign_handled(),
+        if after_term(&mut standby, ended, began).await {
+            return Ok(());
         }
     }
+}
+
+/// After a term that began at `began` and `ended` so: a term lost within a few intervals
+/// is a lead this replica could not keep (it stays quiet a while), any other resets that
+/// count; a yield holds the next try off (and stays away when a handover asked it to).
+/// `true` when the election is over (a shutdown).
+async fn after_term(standby: &mut Standby<'_>, ended: Ended, began: Instant) -> bool {
+    let short = began.elapsed() < SHORT_TERM_INTERVALS * standby.pg.interval;
+    if matches!(ended, Ended::Lost) && short {
+        standby.could_not_keep().await;
+    } else {
+        standby.backoff.held();
+    }
+    match ended {
+        Ended::Lost => {}
+        Ended::Yielded(request) => {
+            standby.hold_off = true;
+            standby.stay_away = request.map(|r| StayAway::new(r, Instant::now()));
+        }
+        Ended::Gracefully(TermEnd::Shutdown) => return true,
+        Ended::Gracefully(_) => standby.shared.resign_handled(),
+    }
+    false
 }
 
 fn millis(d: Duration) -> u64 {
@@ -155,7 +146,7 @@ fn millis(d: Duration) -> u64 {
 
 /// The local lease: the server cannot free the lock within 4·I of the last check's
 /// send time; one I of that is kept as a margin.
-fn lease_length(interval: Duration) -> Duration {
+pub(crate) fn lease_length(interval: Duration) -> Duration {
     3 * interval
 }
 

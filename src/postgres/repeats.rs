@@ -6,20 +6,20 @@ use tokio::time::Instant;
 
 /// How often a standby or a shard member repeats the same complaint at its full level; in
 /// between, at DEBUG.
-pub(super) const REPEAT_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const REPEAT_EVERY: Duration = Duration::from_secs(60);
 
 /// A failure is logged at its level the first time and then once a minute while it lasts, in
 /// between at DEBUG (see [`loud_or_debug`]); each kind on its own clock, so that two failures
 /// that come in turn are not both loud every time.
 #[derive(Debug, Default)]
-pub(super) struct Repeats {
+pub(crate) struct Repeats {
     /// When each kind was last logged at its level (a handful of kinds at most).
     loud_at: Vec<(&'static str, Instant)>,
 }
 
 impl Repeats {
     /// Whether a failure of `kind` now is logged at its own level.
-    pub(super) fn loud(&mut self, kind: &'static str) -> bool {
+    pub(crate) fn loud(&mut self, kind: &'static str) -> bool {
         let now = Instant::now();
         match self.loud_at.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, at)) if now.duration_since(*at) < REPEAT_EVERY => false,
@@ -35,7 +35,7 @@ impl Repeats {
     }
 
     /// Forgets every failure: the next one is new.
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.loud_at.clear();
     }
 }
@@ -50,7 +50,7 @@ macro_rules! loud_or_debug {
         }
     };
 }
-pub(super) use loud_or_debug;
+pub(crate) use loud_or_debug;
 
 #[cfg(test)]
 mod tests {

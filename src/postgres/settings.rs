@@ -6,7 +6,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 
 use super::candidates::CandidatesTable;
-use super::fence::{FenceTable, FenceTarget};
+use crate::fence::{FenceTable, FenceTarget};
 use crate::key::LockKey;
 
 /// How long the unlock at shutdown may take.

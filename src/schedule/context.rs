@@ -42,7 +42,7 @@ pub(super) struct Context {
     /// later that is behind it lost committed writes.
     moved_to: Mutex<HashMap<String, Timestamp>>,
     #[cfg(feature = "prometheus")]
-    pub(super) metrics: Option<crate::metrics::JobMetrics>,
+    pub(super) metrics: Option<super::metrics::JobMetrics>,
 }
 
 impl Context {
@@ -62,7 +62,7 @@ impl Context {
             #[cfg(feature = "prometheus")]
             metrics: match &schedule.registry {
                 Some(registry) => Some(
-                    crate::metrics::JobMetrics::register(registry)
+                    super::metrics::JobMetrics::register(registry)
                         .map_err(|e| {
                             tracing::error!(error = %e, "job metrics not registered");
                             e

@@ -16,8 +16,10 @@
 //! A slow but live standby delays every confirmation by its lag. While a confirmation is
 //! outstanding, the next beat goes out an eighth of the cut-off later instead of a poll, up to
 //! [`IN_FLIGHT`] at once, each on its own connection: the silence the runner sees is the lag
-//! plus that spacing, so a standby up to about six sevenths of the cut-off late (1.7 s at the
-//! default poll) cuts no run off.
+//! plus that spacing, so a standby that turns slow while a run goes on cuts it off only when
+//! more than about six sevenths of the cut-off late (1.7 s of the 2 s cut-off at the 3 s
+//! floor). A standby already slow when the run is claimed delays the claim, and the job
+//! starts on the first confirmed beat after it; from then on the same holds.
 
 use std::time::Duration;
 
@@ -40,45 +42,39 @@ const IN_FLIGHT: usize = 6;
 /// before another term may take the run for dead, or when another term has already called it
 /// abandoned. `claimed_at`: when the claim was sent (its commit waited for the standby), the
 /// run's last confirmed sign of life until a beat is confirmed.
+///
+/// A claim that took a poll or longer (a COMMIT that waited for a standby, a claim read back)
+/// leaves the run's row stale-looking to other terms soon after it finally commits: the
+/// beats then start at once, as many as a slow standby calls for, and the job starts only
+/// once one of them is confirmed. None confirmed within the cut-off of the first one's send,
+/// or a record that is no longer `running`, ends the run before it started.
 pub(super) async fn with_heartbeat<F: Future>(
     ctx: &Context,
     run: RunRef<'_>,
     claimed_at: Instant,
     job: F,
 ) -> Result<F::Output, CutOff> {
-    let alive_at = first_beat(ctx, run, claimed_at).await?;
-    let silent = alive_at.elapsed();
-    if silent >= cut_off_after(stale_after(ctx.poll)) {
-        return Err(CutOff::Silent(silent));
-    }
+    let slow_claim = claimed_at.elapsed() >= ctx.poll;
+    // After a slow claim the job waits for a confirmed beat, and the cut-off counts from the
+    // first one's send: nothing runs until then, and a beat that lands proves that no other
+    // term has taken the run over.
+    let alive_at = if slow_claim {
+        Instant::now()
+    } else {
+        claimed_at
+    };
+    let (confirmed, mut start) = tokio::sync::watch::channel(!slow_claim);
+    let job = async move {
+        // The sender lives as long as the heartbeat, which this future is raced against.
+        let _ = start.wait_for(|&confirmed| confirmed).await;
+        job.await
+    };
     let job = std::pin::pin!(job);
     tokio::select! {
         // The cut-off first: a run already silent for the cut-off does not start.
         biased;
-        cut = heartbeat(ctx, run, alive_at) => Err(cut),
+        cut = heartbeat(ctx, run, alive_at, slow_claim, &confirmed) => Err(cut),
         outcome = job => Ok(outcome),
-    }
-}
-
-/// Before the job starts, a beat when the claim took a poll or longer (a COMMIT that waited
-/// for a standby, a claim read back): other terms see the run from the claim's start, and
-/// may take it for dead soon after the claim finally commits. The run's last confirmed sign of
-/// life then, or its cut-off when another term has already called it abandoned.
-async fn first_beat(
-    ctx: &Context,
-    run: RunRef<'_>,
-    claimed_at: Instant,
-) -> Result<Instant, CutOff> {
-    if claimed_at.elapsed() < ctx.poll {
-        return Ok(claimed_at);
-    }
-    // As long as the heartbeat would wait for it: the claim, committed, is the run's.
-    let (sent, beat) = beat(ctx, run, cut_off_after(stale_after(ctx.poll))).await;
-    match beat {
-        Ok(true) => Ok(sent),
-        Ok(false) => Err(CutOff::Settled),
-        // The heartbeat's own cut-off decides.
-        Err(_) => Ok(claimed_at),
     }
 }
 
@@ -105,14 +101,21 @@ async fn beat(
 /// has been confirmed for [`cut_off_after`] (measured from when the last confirmed one was
 /// sent), or a beat found the run no longer `running`. Dropped, it drops the beats in flight,
 /// whose connections are closed, not given back. What it says on the way is [`Silence`]'s.
-async fn heartbeat(ctx: &Context, run: RunRef<'_>, alive_at: Instant) -> CutOff {
+async fn heartbeat(
+    ctx: &Context,
+    run: RunRef<'_>,
+    alive_at: Instant,
+    beat_now: bool,
+    confirmed: &tokio::sync::watch::Sender<bool>,
+) -> CutOff {
     let cut_after = cut_off_after(stale_after(ctx.poll));
     let cadence = Cadence::new(ctx.poll, cut_after);
-    let mut ticks = tokio::time::interval_at(alive_at + cadence.tick(), cadence.tick());
+    let mut ticks = tokio::time::interval(cadence.tick());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut silence = Silence::new(run.job, stale_after(ctx.poll), alive_at);
     let mut in_flight = FuturesUnordered::new();
-    let mut last_sent = alive_at;
+    // `None`: a beat goes out at the first tick, at once.
+    let mut last_sent = (!beat_now).then_some(alive_at);
     loop {
         let (cut_off, warn_at) = silence.deadlines();
         tokio::select! {
@@ -122,14 +125,18 @@ async fn heartbeat(ctx: &Context, run: RunRef<'_>, alive_at: Instant) -> CutOff 
             Some((sent, landed)) = in_flight.next() => {
                 let landed: Result<bool, ScheduleError> = landed;
                 match landed {
-                    Ok(true) => silence.landed(sent),
+                    Ok(true) => {
+                        silence.landed(sent);
+                        confirmed.send_replace(true);
+                    }
                     Ok(false) => return CutOff::Settled,
                     Err(e) => silence.failed(e.to_string()),
                 }
             }
             _ = ticks.tick() => {
-                if cadence.sends(last_sent.elapsed(), in_flight.len()) {
-                    last_sent = Instant::now();
+                let since_last = last_sent.map_or(Duration::MAX, |at| at.elapsed());
+                if cadence.sends(since_last, in_flight.len()) {
+                    last_sent = Some(Instant::now());
                     in_flight.push(beat(ctx, run, cut_after));
                 }
             }
@@ -138,8 +145,8 @@ async fn heartbeat(ctx: &Context, run: RunRef<'_>, alive_at: Instant) -> CutOff 
 }
 
 /// When the next beat goes out: a poll after the last one while none is in flight; while one
-/// is (its confirmation is slow), an eighth of the cut-off after the last one (at least a
-/// poll), up to [`IN_FLIGHT`] at once. Without I/O, for the unit tests.
+/// is (its confirmation is slow), an eighth of the cut-off after the last one (sooner than a
+/// poll, whatever the poll), up to [`IN_FLIGHT`] at once. Without I/O, for the unit tests.
 #[derive(Clone, Copy, Debug)]
 struct Cadence {
     poll: Duration,
@@ -150,7 +157,7 @@ impl Cadence {
     fn new(poll: Duration, cut_after: Duration) -> Self {
         Self {
             poll,
-            behind: (cut_after / 8).max(poll),
+            behind: cut_after / 8,
         }
     }
 
@@ -294,13 +301,15 @@ mod tests {
 
     #[test]
     fn beats_go_out_every_poll_while_none_is_in_flight() {
-        // The default poll (1 s): a 2 s cut-off, 250 ms while behind, which a poll outweighs.
-        let cadence = Cadence::new(1000 * MS, 2000 * MS);
-        assert_eq!(cadence.tick(), 1000 * MS);
-        assert!(!cadence.sends(999 * MS, 0));
-        assert!(cadence.sends(1000 * MS, 0));
-        assert!(cadence.sends(1000 * MS, 1));
-        assert!(!cadence.sends(999 * MS, 1));
+        // A 5 s poll (the default check interval): a 10 s cut-off, 1.25 s while behind.
+        let cadence = Cadence::new(5000 * MS, 10_000 * MS);
+        assert_eq!(cadence.tick(), 1250 * MS);
+        assert!(!cadence.sends(4999 * MS, 0));
+        assert!(cadence.sends(5000 * MS, 0));
+        assert!(!cadence.sends(1249 * MS, 1));
+        assert!(cadence.sends(1250 * MS, 1));
+        // The first beat of a slow claim goes at once.
+        assert!(cadence.sends(Duration::MAX, 0));
     }
 
     #[test]

@@ -86,13 +86,17 @@
 //! zone); replicas whose clocks disagree still never run a due twice (the claim decides), but
 //! a run may start as early or late as the skew.
 
+mod bounds;
 mod context;
 mod due;
 mod error;
 mod handle;
 mod heartbeat;
 mod job;
+#[cfg(feature = "prometheus")]
+mod metrics;
 pub(crate) mod plan;
+mod skips;
 mod store;
 mod task;
 
@@ -116,6 +120,9 @@ pub use plan::SkipReason;
 
 use crate::background::{Probe, Readiness, TickOutcome};
 use crate::{Elector, Term};
+use bounds::{
+    STALE_BEATS, STALE_FLOOR, borrow_bound, grace, poll_within_bounds, query_bound, stale_after,
+};
 use context::{Context, ensure_tables, term_id};
 use store::Store;
 use task::JobTask;
@@ -149,44 +156,6 @@ pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// The longest poll interval a schedule takes ([`Schedule::poll_interval`]): an hour.
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
-
-/// `every` as a poll interval: from [`MIN_POLL_INTERVAL`] to [`MAX_POLL_INTERVAL`].
-fn poll_within_bounds(every: Duration) -> Duration {
-    every.clamp(MIN_POLL_INTERVAL, MAX_POLL_INTERVAL)
-}
-
-/// How long one query of the job tables may take, for a schedule polling every `poll`: two
-/// polls, at least 2 s.
-fn query_bound(poll: Duration) -> Duration {
-    poll.saturating_mul(2).max(Duration::from_secs(2))
-}
-
-/// How many of the heartbeat periods its runner promised (the poll interval of the replica
-/// that claimed it, stored with the run) a run may stay silent before another term calls it
-/// abandoned ...
-const STALE_BEATS: u32 = 3;
-
-/// ... and at least how long. (A period is at most [`MAX_POLL_INTERVAL`], so the threshold is
-/// at most three hours.)
-const STALE_FLOOR: Duration = Duration::from_secs(3);
-
-/// How long a run whose runner beats every `poll` may stay silent before another term calls it
-/// abandoned: [`STALE_BEATS`] periods, at least [`STALE_FLOOR`] (the rule of the SQL's `stale`).
-fn stale_after(poll: Duration) -> Duration {
-    poll.saturating_mul(STALE_BEATS).max(STALE_FLOOR)
-}
-
-/// How long the job tasks of an ended term may go on before they are cut off, for a schedule
-/// polling every `poll` on an elector whose graceful handover waits `drain` for work
-/// ([`Elector::drain_timeout`]): the query bound, and at least the drain timeout.
-fn grace(poll: Duration, drain: Duration) -> Duration {
-    query_bound(poll).max(drain)
-}
-
-/// How long a pool borrow may wait, for a schedule polling every `poll`: a poll, at least 1 s.
-fn borrow_bound(poll: Duration) -> Duration {
-    poll.max(Duration::from_secs(1))
-}
 
 /// How many of its ended terms a schedule remembers (their runs are abandoned at the start of
 /// the next term, so a few are plenty).
@@ -510,94 +479,4 @@ impl fmt::Debug for Schedule {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::error::Error as _;
-    use std::time::Duration;
-
-    use super::*;
-    use crate::Fenced;
-
-    const SEC: Duration = Duration::from_secs(1);
-
-    #[test]
-    fn the_grace_after_a_term_is_at_least_the_elector_s_drain_timeout() {
-        let poll = Duration::from_millis(200);
-        assert_eq!(
-            grace(poll, Duration::ZERO),
-            2 * SEC,
-            "two polls, at least 2 s"
-        );
-        assert_eq!(grace(poll, Duration::from_millis(200)), 2 * SEC);
-        assert_eq!(grace(poll, 6 * SEC), 6 * SEC, "the drain timeout");
-        assert_eq!(grace(5 * SEC, 6 * SEC), 10 * SEC, "two polls");
-        assert_eq!(grace(poll, Duration::MAX), Duration::MAX);
-        assert_eq!(
-            grace(poll, Elector::manual().0.drain_timeout()),
-            crate::DEFAULT_CHECK_INTERVAL,
-            "a local elector's drain timeout"
-        );
-    }
-
-    #[test]
-    fn only_a_lost_answer_leaves_a_commit_unknown() {
-        assert!(ScheduleError::Timeout(SEC).leaves_commit_unknown());
-        assert!(!ScheduleError::PoolTimeout(SEC).leaves_commit_unknown());
-        assert!(
-            !ScheduleError::Fence(Fenced::term_ended(Some(7))).leaves_commit_unknown(),
-            "a fence refused before the COMMIT"
-        );
-    }
-
-    #[test]
-    fn a_poll_interval_is_kept_between_10_ms_and_an_hour() {
-        assert_eq!(
-            poll_within_bounds(Duration::ZERO),
-            Duration::from_millis(10)
-        );
-        assert_eq!(poll_within_bounds(Duration::MAX), Duration::from_secs(3600));
-        assert_eq!(poll_within_bounds(SEC), SEC);
-        let (elector, _control) = Elector::manual();
-        let mut config = deadpool_postgres::Config::new();
-        config.dbname = Some("never-connected".to_owned());
-        let pool = config.create_pool(None, tokio_postgres::NoTls).unwrap();
-        let schedule = Schedule::new(&elector, pool).poll_interval(Duration::MAX);
-        assert_eq!(schedule.poll, MAX_POLL_INTERVAL);
-        assert_eq!(schedule.handle().wait, MAX_POLL_INTERVAL);
-    }
-
-    /// Every bound derived from a user's duration saturates instead of overflowing.
-    #[test]
-    fn bounds_from_user_durations_saturate() {
-        for poll in [
-            Duration::ZERO,
-            Duration::from_millis(10),
-            SEC,
-            Duration::MAX,
-        ] {
-            // No panic on any input, and each bound at least its floor.
-            assert!(query_bound(poll) >= 2 * SEC, "{poll:?}");
-            assert!(borrow_bound(poll) >= SEC, "{poll:?}");
-        }
-        assert_eq!(query_bound(Duration::MAX), Duration::MAX);
-        assert_eq!(query_bound(Duration::from_millis(50)), 2 * SEC);
-        assert_eq!(query_bound(5 * SEC), 10 * SEC);
-        assert_eq!(borrow_bound(MAX_POLL_INTERVAL), MAX_POLL_INTERVAL);
-        assert_eq!(grace(Duration::MAX, Duration::MAX), Duration::MAX);
-        // What a schedule derives from its largest poll is far from any overflow.
-        assert_eq!(query_bound(MAX_POLL_INTERVAL), 2 * MAX_POLL_INTERVAL);
-    }
-
-    #[test]
-    fn an_error_says_its_cause_once() {
-        let pool = ScheduleError::Pool(Box::new(deadpool_postgres::PoolError::Closed));
-        let fence = ScheduleError::Fence(Fenced::term_ended(Some(7)));
-        for error in [pool, fence] {
-            assert!(error.source().is_none(), "{error:?}");
-        }
-        let fence = ScheduleError::Fence(Fenced::term_ended(Some(7)));
-        assert_eq!(
-            fence.to_string(),
-            "the claim's fence failed: fenced: the term of epoch 7 has ended"
-        );
-    }
-}
+mod tests;

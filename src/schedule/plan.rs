@@ -115,40 +115,17 @@ pub(crate) fn plan(
         latest: first_run.checked_sub(1).map_or(last, |i| dues[i]),
         dues: first_run as u64,
     };
-    // Past the limit: the dues older than the listed ones. Those that came on time would
-    // have run, and so would the missed ones under `All`; under `Skip` and `Latest` the
-    // missed ones are dropped by the policy anyway.
-    let mut limited = Skipped {
-        reason: SkipReason::CatchUpLimit,
-        latest: last,
-        dues: 0,
-    };
-    if let (true, Some(&first)) = (more, dues.first()) {
-        if let Some(older_latest) = spec.previous(first, false).filter(|&d| d > last) {
-            let older = spec.count_between(last, older_latest);
-            let older_late = spec
-                .previous(on_time_from.min(first), false)
-                .filter(|&d| d > last)
-                .map_or(0, |latest_late| spec.count_between(last, latest_late))
-                .min(older);
-            let on_time_older = older - older_late;
-            limited.latest = older_latest;
-            limited.dues = on_time_older;
-            match catch_up {
-                CatchUp::All => limited.dues += older_late,
-                _ if older_late > 0 => {
-                    dropped.dues += older_late;
-                    if first_run == 0 {
-                        // Only older dues are dropped: the latest of the missed ones.
-                        dropped.latest = spec
-                            .previous(on_time_from.min(first), false)
-                            .unwrap_or(older_latest);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
+    let limited = beyond_limit(
+        spec,
+        Window {
+            last,
+            on_time_from,
+            first_run,
+        },
+        catch_up,
+        more.then(|| dues.first().copied()).flatten(),
+        &mut dropped,
+    );
     let mut skipped: Vec<Skipped> = [dropped, limited]
         .into_iter()
         .filter(|s| s.dues > 0)
@@ -159,6 +136,66 @@ pub(crate) fn plan(
         skipped,
         run,
     }
+}
+
+/// Where a pass's dues fall: after `last` (handled), on time from `on_time_from`, and the
+/// first that runs at index `first_run` of the listed ones.
+#[derive(Clone, Copy)]
+struct Window {
+    last: Timestamp,
+    on_time_from: Timestamp,
+    first_run: usize,
+}
+
+/// The dues past the limit: those older than the listed ones (the oldest listed being
+/// `first`, `None` when nothing is past the limit). Those that came on time would have run,
+/// and so would the missed ones under `All`; under `Skip` and `Latest` the missed ones are
+/// dropped by the policy anyway, and added to `dropped`.
+fn beyond_limit(
+    spec: &Spec,
+    window: Window,
+    catch_up: CatchUp,
+    first: Option<Timestamp>,
+    dropped: &mut Skipped,
+) -> Skipped {
+    let Window {
+        last,
+        on_time_from,
+        first_run,
+    } = window;
+    let mut limited = Skipped {
+        reason: SkipReason::CatchUpLimit,
+        latest: last,
+        dues: 0,
+    };
+    let Some(first) = first else {
+        return limited;
+    };
+    let Some(older_latest) = spec.previous(first, false).filter(|&d| d > last) else {
+        return limited;
+    };
+    let older = spec.count_between(last, older_latest);
+    let older_late = spec
+        .previous(on_time_from.min(first), false)
+        .filter(|&d| d > last)
+        .map_or(0, |latest_late| spec.count_between(last, latest_late))
+        .min(older);
+    limited.latest = older_latest;
+    limited.dues = older - older_late;
+    match catch_up {
+        CatchUp::All => limited.dues += older_late,
+        _ if older_late > 0 => {
+            dropped.dues += older_late;
+            if first_run == 0 {
+                // Only older dues are dropped: the latest of the missed ones.
+                dropped.latest = spec
+                    .previous(on_time_from.min(first), false)
+                    .unwrap_or(older_latest);
+            }
+        }
+        _ => {}
+    }
+    limited
 }
 
 #[cfg(test)]

@@ -110,6 +110,7 @@ pub(crate) mod assign;
 mod builder;
 pub(crate) mod group;
 mod loops;
+mod member;
 
 pub use builder::ShardsBuilder;
 pub(crate) use group::Inner;
@@ -274,9 +275,7 @@ impl Shards {
             group = %self.inner.group,
             identity = self.inner.member.identity().unwrap_or_default(),
         );
-        crate::postgres::shards::run(&self.inner, shutdown)
-            .instrument(span)
-            .await
+        member::run(&self.inner, shutdown).instrument(span).await
     }
 }
 

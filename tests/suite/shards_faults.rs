@@ -1263,10 +1263,10 @@ mod f6_2 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let key = pg_elector::LockKey::new(a.shards.shard(0).unwrap().key().class(), -1);
-        let errors: Vec<String> = capture
-            .errors(key)
+        let errors: Vec<(String, String)> = capture
+            .errors_with(key, "other_counts")
             .into_iter()
-            .filter(|m| m.contains("another shard count"))
+            .filter(|(m, _)| m.contains("another shard count"))
             .collect();
         b.stop().await.unwrap();
         a.stop().await.unwrap();
@@ -1277,7 +1277,8 @@ mod f6_2 {
             "one ERROR from each member, then DEBUG: {errors:?}"
         );
         assert!(
-            errors.iter().any(|m| m.contains("12")) && errors.iter().any(|m| m.contains('8')),
+            errors.iter().any(|(_, other)| other.contains("12"))
+                && errors.iter().any(|(_, other)| other.contains('8')),
             "each names the other's count: {errors:?}"
         );
     }

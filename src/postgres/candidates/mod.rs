@@ -406,10 +406,10 @@ pub(crate) async fn withdraw(
     bound: Duration,
 ) {
     let withdrawn = tokio::time::timeout(bound, async {
-        let mut left_open = 0;
+        let mut tries = 1;
         loop {
             match withdraw_once(pool, table, key, identity).await {
-                Err(RegisterError::InTransaction) if left_open < WITHDRAW_TRIES => left_open += 1,
+                Err(RegisterError::InTransaction) if tries < WITHDRAW_TRIES => tries += 1,
                 done => return done,
             }
         }
@@ -426,7 +426,8 @@ pub(crate) async fn withdraw(
     }
 }
 
-/// How many connections left inside a transaction [`withdraw`] closes before it gives up.
+/// How many connections [`withdraw`] borrows at most: each one left inside a transaction is
+/// closed, and the last such one makes it give up.
 const WITHDRAW_TRIES: u32 = 3;
 
 /// [`WITHDRAW`] once, on a connection of `pool` given back only outside a transaction.

@@ -5,8 +5,8 @@
 use std::borrow::Cow;
 
 use crate::Error;
+use crate::ident;
 use crate::pooled::in_open_transaction;
-use crate::postgres::ident::{self, quote};
 
 /// The table's default name, found on the `search_path`; every statement below is written
 /// with it.
@@ -25,20 +25,13 @@ impl CandidatesTable {
     /// written; [`Error::InvalidCandidatesTable`] for an empty or overlong one or one with a
     /// NUL byte.
     pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Self, Error> {
-        for name in schema.iter().chain([&table]) {
-            if !ident::is_valid(name) {
-                return Err(Error::InvalidCandidatesTable {
-                    name: (*name).to_owned(),
-                });
-            }
-        }
-        let quoted = match schema {
-            None if table == DEFAULT_NAME => return Ok(Self::default()),
-            Some(schema) => format!("{}.{}", quote(schema), quote(table)),
-            None => quote(table),
-        };
-        Ok(Self {
-            quoted: Some(quoted),
+        let quoted = ident::qualified(schema, table)
+            .map_err(|name| Error::InvalidCandidatesTable { name })?;
+        Ok(match (schema, table) {
+            (None, DEFAULT_NAME) => Self::default(),
+            _ => Self {
+                quoted: Some(quoted),
+            },
         })
     }
 

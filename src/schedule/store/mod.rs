@@ -19,19 +19,19 @@ enum Table {
     Runs,
 }
 
-/// The columns versions after the first added, with their types: in the tables this version
-/// creates, and added (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`) to tables an earlier version
-/// made.
 /// A heartbeat's confirmation: an empty transactional WAL message (no table, no row, no lock;
 /// prefix `pg_elector`, which logical decoding consumers may see and ignore) whose commit
 /// waits for the synchronous standby as a claim's does (`synchronous_commit` raised to `on`
-/// from `off` or `local`, stricter settings kept). Answered, it says that the beats this
-/// connection committed before it are on the standby too.
+/// from `off` or `local`, stricter settings kept). Answered, it says that the beats committed
+/// before it was sent are on the standby too (WAL is one stream: any connection would do).
 const CONFIRM: &str = "SELECT pg_catalog.pg_logical_emit_message(true, 'pg_elector', ''), \
      pg_catalog.set_config('synchronous_commit', \
        CASE WHEN pg_catalog.current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
        ELSE pg_catalog.current_setting('synchronous_commit') END, true)";
 
+/// The columns versions after the first added, with their types: in the tables this version
+/// creates, and added (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`) to tables an earlier version
+/// made.
 const ADDED_COLUMNS: &[(Table, &str, &str)] = &[
     // The heartbeat period the running replica promised: its run is stale after a few of
     // them, whatever the reader's own poll interval.

@@ -2,7 +2,7 @@
 //! tables' names, each quoted as an identifier (never pasted).
 
 use super::{ADDED_COLUMNS, Table};
-use crate::postgres::ident::{self, quote};
+use crate::ident::{self, quote};
 use crate::schedule::{STALE_BEATS, STALE_FLOOR, ScheduleError};
 
 /// A job's row, and the runs of that job.

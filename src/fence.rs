@@ -13,9 +13,9 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use super::ident::{self, quote};
 use crate::LockKey;
 use crate::error::{Error, Fenced};
+use crate::ident;
 
 /// The server's clock in whole milliseconds since 1970: the least epoch a bump hands out.
 const CLOCK_MS: &str =
@@ -39,63 +39,8 @@ pub(crate) struct FenceTable {
 impl FenceTable {
     /// The table `table` in `schema` (or the first schema of the `search_path`).
     pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Arc<Self>, Error> {
-        for name in schema.iter().chain([&table]) {
-            if !ident::is_valid(name) {
-                return Err(Error::InvalidFencingTable {
-                    name: (*name).to_owned(),
-                });
-            }
-        }
-        let quoted = match schema {
-            Some(schema) => format!("{}.{}", quote(schema), quote(table)),
-            None => quote(table),
-        };
-        // The row lock waits at most $4 (lock_timeout, local to this statement's transaction),
-        // so that a fenced transaction left open by the old term cannot hold the bump forever.
-        // An existing row's `since` is read after that wait: when the term really begins.
-        // The commit is flushed locally whatever the server's default (`local`): with
-        // `synchronous_commit = off`, a crash right after a bump can lose it, and the next
-        // term would get the same epoch again (seen in the restart test). It does not wait
-        // for a synchronous standby: one that stops confirming would hold the bump, and with
-        // it the lock (a backend waiting for its standby keeps its locks even when its client
-        // is gone), so that nobody could lead; a bump a failover loses is covered by the clock
-        // (below).
-        //
-        // The new epoch is the larger of the row's + 1 and the server's clock in milliseconds
-        // since 1970, so that epochs never repeat across a failover to a standby that had not
-        // received the latest bumps (asynchronous replication): a later term reads a later
-        // clock, as long as the two servers' clocks agree to within the failover's duration.
-        let bump = format!(
-            "INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
-             SELECT $1::int4, $2::int4, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
-             FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true), \
-                          pg_catalog.set_config('synchronous_commit', 'local', true)) AS bound \
-             ON CONFLICT (class, object) DO UPDATE \
-             SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), \
-                 holder = EXCLUDED.holder, since = pg_catalog.clock_timestamp() \
-             RETURNING epoch"
-        );
-        // Many keys of one class at once (a shard member's gained shards): one round trip and
-        // one commit, whatever their number. A row that a fenced transaction holds is skipped,
-        // not waited for: its key's term waits for a later bump. New rows are inserted; the
-        // rows that exist are locked (those free of fenced transactions) and bumped, as above.
-        let bump_free = format!(
-            "WITH bound AS MATERIALIZED (\
-               SELECT pg_catalog.set_config('synchronous_commit', 'local', true)), \
-             want AS (SELECT o FROM pg_catalog.unnest($2::int4[]) AS o), \
-             fresh AS (INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
-               SELECT $1::int4, w.o, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
-               FROM want w, bound ON CONFLICT (class, object) DO NOTHING \
-               RETURNING e.object, e.epoch), \
-             free AS (SELECT e.object FROM {quoted} e JOIN want w ON e.object = w.o \
-               WHERE e.class = $1::int4 FOR UPDATE OF e SKIP LOCKED), \
-             bumped AS (UPDATE {quoted} AS e \
-               SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), holder = $3::text, \
-                   since = pg_catalog.clock_timestamp() \
-               FROM free f, bound WHERE e.class = $1::int4 AND e.object = f.object \
-               RETURNING e.object, e.epoch) \
-             SELECT object, epoch FROM fresh UNION ALL SELECT object, epoch FROM bumped"
-        );
+        let quoted =
+            ident::qualified(schema, table).map_err(|name| Error::InvalidFencingTable { name })?;
         let check = format!(
             "SELECT epoch FROM {quoted} WHERE class = $1::int4 AND object = $2::int4 FOR SHARE"
         );
@@ -108,9 +53,9 @@ impl FenceTable {
              holder text NOT NULL, since timestamptz NOT NULL, PRIMARY KEY (class, object))"
         );
         Ok(Arc::new(Self {
+            bump: bump_sql(&quoted),
+            bump_free: bump_free_sql(&quoted),
             quoted,
-            bump,
-            bump_free,
             check,
             read,
             ddl,
@@ -343,6 +288,59 @@ impl BumpError {
     pub(crate) fn needs_an_operator(&self) -> bool {
         matches!(self, Self::CannotCreate { .. })
     }
+}
+
+/// The bump of one key's epoch, on the table `quoted`. The row lock waits at most $4
+/// (lock_timeout, local to this statement's transaction), so that a fenced transaction left open by the old term cannot hold the bump forever.
+/// An existing row's `since` is read after that wait: when the term really begins.
+/// The commit is flushed locally whatever the server's default (`local`): with
+/// `synchronous_commit = off`, a crash right after a bump can lose it, and the next
+/// term would get the same epoch again (seen in the restart test). It does not wait
+/// for a synchronous standby: one that stops confirming would hold the bump, and with
+/// it the lock (a backend waiting for its standby keeps its locks even when its client
+/// is gone), so that nobody could lead; a bump a failover loses is covered by the clock
+/// (below).
+///
+/// The new epoch is the larger of the row's + 1 and the server's clock in milliseconds
+/// since 1970, so that epochs never repeat across a failover to a standby that had not
+/// received the latest bumps (asynchronous replication): a later term reads a later
+/// clock, as long as the two servers' clocks agree to within the failover's duration.
+fn bump_sql(quoted: &str) -> String {
+    format!(
+        "INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
+             SELECT $1::int4, $2::int4, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
+             FROM (SELECT pg_catalog.set_config('lock_timeout', $4::text, true), \
+                          pg_catalog.set_config('synchronous_commit', 'local', true)) AS bound \
+             ON CONFLICT (class, object) DO UPDATE \
+             SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), \
+                 holder = EXCLUDED.holder, since = pg_catalog.clock_timestamp() \
+             RETURNING epoch"
+    )
+}
+
+/// The bump of many keys of one class at once, on the table `quoted` (a shard member's
+/// gained shards): one round trip and
+/// one commit, whatever their number. A row that a fenced transaction holds is skipped,
+/// not waited for: its key's term waits for a later bump. New rows are inserted; the
+/// rows that exist are locked (those free of fenced transactions) and bumped, as above.
+fn bump_free_sql(quoted: &str) -> String {
+    format!(
+        "WITH bound AS MATERIALIZED (\
+               SELECT pg_catalog.set_config('synchronous_commit', 'local', true)), \
+             want AS (SELECT o FROM pg_catalog.unnest($2::int4[]) AS o), \
+             fresh AS (INSERT INTO {quoted} AS e (class, object, epoch, holder, since) \
+               SELECT $1::int4, w.o, {CLOCK_MS}, $3::text, pg_catalog.clock_timestamp() \
+               FROM want w, bound ON CONFLICT (class, object) DO NOTHING \
+               RETURNING e.object, e.epoch), \
+             free AS (SELECT e.object FROM {quoted} e JOIN want w ON e.object = w.o \
+               WHERE e.class = $1::int4 FOR UPDATE OF e SKIP LOCKED), \
+             bumped AS (UPDATE {quoted} AS e \
+               SET epoch = GREATEST(e.epoch + 1, {CLOCK_MS}), holder = $3::text, \
+                   since = pg_catalog.clock_timestamp() \
+               FROM free f, bound WHERE e.class = $1::int4 AND e.object = f.object \
+               RETURNING e.object, e.epoch) \
+             SELECT object, epoch FROM fresh UNION ALL SELECT object, epoch FROM bumped"
+    )
 }
 
 #[cfg(test)]

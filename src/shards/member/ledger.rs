@@ -1,6 +1,6 @@
 //! A member's ledger of its shards: for each, whether this member owns it, drains it before
 //! its unlock or has neither, and whether the assignment makes it this member's. Plain state,
-//! no I/O: the member ([`super::member`]) asks it what to do, does the statements, and tells
+//! no I/O: the member ([`super::serve`]) asks it what to do, does the statements, and tells
 //! it what happened.
 //!
 //! # Invariants

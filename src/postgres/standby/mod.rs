@@ -20,6 +20,9 @@ use super::settings::PgSettings;
 use super::waiter::{self, WaitSpec, Waiter};
 use crate::key::LockKey;
 use crate::state::Shared;
+use alive::{Alive, outranked};
+
+mod alive;
 
 const RECOVERY: &str = "the server is in recovery (a read replica): its advisory locks are local to it, so this replica stays standby; point the pool at the primary";
 
@@ -33,7 +36,7 @@ const SHARED_TRY: &str = "this try ran on a server session that another elector 
 /// waiting session at once or by a try that happened to land right after the session ended.
 /// A lock handed over by a graceful unlock needs no wait: that leader stepped down before it
 /// unlocked (see [`handover`](super::handover)).
-pub(super) const SETTLE: Duration = Duration::from_millis(5);
+pub(crate) const SETTLE: Duration = Duration::from_millis(5);
 
 /// A granted try.
 pub(super) struct Grant {
@@ -49,6 +52,33 @@ pub(super) struct Grant {
     pub(super) handed_over: bool,
     /// The grant came to the waiting session.
     pub(super) from_wait: bool,
+}
+
+impl Grant {
+    /// The grant an [`Attempt::Granted`] is (`from_wait`: to the waiting session); `None` for
+    /// any other attempt.
+    fn of(attempt: Attempt, from_wait: bool) -> Option<Self> {
+        let Attempt::Granted {
+            session,
+            sent_at,
+            unbounded,
+            applied,
+            handed_over,
+        } = attempt
+        else {
+            return None;
+        };
+        Some(Self {
+            session,
+            sent_at,
+            unbounded,
+            applied,
+            // A graceful unlock came after the old leader stepped down: no wait.
+            settle_until: (!handed_over).then(|| Instant::now() + SETTLE),
+            from_wait,
+            handed_over,
+        })
+    }
 }
 
 /// What a standby runs with, for as long as `run` runs.
@@ -72,6 +102,38 @@ pub(super) struct Standby<'a> {
     pub(super) stay_away: Option<StayAway>,
 }
 
+impl<'a> Standby<'a> {
+    /// A standby of `pg`'s key that has not tried yet.
+    pub(super) fn new(
+        shared: &'a Shared,
+        pg: &'a PgSettings,
+        shutdown: &'a CancellationToken,
+        borrower: Borrower,
+    ) -> Self {
+        Self {
+            shared,
+            pg,
+            bounds: SessionBounds::for_interval(pg.interval),
+            shutdown,
+            borrower,
+            hold_off: false,
+            outranked: false,
+            backoff: Backoff::default(),
+            tried_well: true,
+            stay_away: None,
+        }
+    }
+
+    /// Drops this standby's row of the candidates table, if it has a preference (it writes
+    /// one), within `bound`: it is no standby any more, or not for a while.
+    pub(super) async fn withdraw(&self, bound: Duration) {
+        let pg = self.pg;
+        if pg.preference.is_some() {
+            candidates::withdraw(&pg.pool, &pg.candidates, pg.key, &pg.identity, bound).await;
+        }
+    }
+}
+
 /// The standby's failures, for [`Repeats`]: the tries', and the waiting session's apart (a
 /// refused try clears the tries' record, and would make a waiting session's failure loud
 /// every interval).
@@ -80,16 +142,6 @@ struct Records {
     tries: Repeats,
     wait: Repeats,
     alive: Alive,
-}
-
-/// What a standby with a preference remembers of saying it is alive: its failures and the
-/// duplicates of its identity it saw, for [`Repeats`], and the `live_until` its last upsert
-/// wrote, by which the next one sees another replica of the key with the same identity.
-#[derive(Default)]
-struct Alive {
-    repeats: Repeats,
-    duplicates: Repeats,
-    written: Option<i64>,
 }
 
 /// The waiting session of fast takeover, and what starts one.
@@ -186,18 +238,7 @@ impl Standby<'_> {
         resigns: &mut watch::Receiver<u64>,
     ) -> Option<Grant> {
         let pg = self.pg;
-        let mut waiting = Waiting {
-            spec: pg.fast_takeover.then(|| WaitSpec {
-                pool: pg.pool.clone(),
-                key: pg.key,
-                identity: pg.identity.clone(),
-                bounds: self.bounds,
-                interval: pg.interval,
-                setup_bound: pg.interval.max(MIN_TRY_BOUND),
-                prepared: self.borrower.prepared.clone(),
-            }),
-            waiter: None,
-        };
+        let mut waiting = self.waiting();
         let mut records = Records::default();
         // With fast takeover the first try is at once, not at the next tick: a replica that has
         // just stopped leading gets its waiting session within a round trip rather than within
@@ -213,9 +254,7 @@ impl Standby<'_> {
                     // and no leader may hand over to this replica meanwhile.
                     waiting.waiter = None;
                     self.borrower.let_go();
-                    if pg.preference.is_some() {
-                        candidates::withdraw(&pg.pool, &pg.candidates, pg.key, &pg.identity, pg.interval.max(MIN_TRY_BOUND)).await;
-                    }
+                    self.withdraw(pg.interval.max(MIN_TRY_BOUND)).await;
                     self.shared.resign_handled();
                     continue;
                 }
@@ -237,29 +276,31 @@ impl Standby<'_> {
                 None => self.try_once(&mut waiting, &mut records.alive).await?,
             };
             match attempt {
-                Ok(Attempt::Granted {
-                    session,
-                    sent_at,
-                    unbounded,
-                    applied,
-                    handed_over,
-                }) => {
+                Ok(granted @ Attempt::Granted { .. }) => {
                     // The waiting session, if the try won, is closed with the waiter; a borrow
                     // of a try that the waiting session beat gives its connection back.
                     self.borrower.let_go();
-                    return Some(Grant {
-                        session,
-                        sent_at,
-                        unbounded,
-                        applied,
-                        // A graceful unlock came after the old leader stepped down: no wait.
-                        settle_until: (!handed_over).then(|| Instant::now() + SETTLE),
-                        from_wait,
-                        handed_over,
-                    });
+                    return Grant::of(granted, from_wait);
                 }
                 other => self.report(other, from_wait, &mut records),
             }
+        }
+    }
+
+    /// The waiting session of fast takeover, not yet set up (none without fast takeover).
+    fn waiting(&self) -> Waiting {
+        let pg = self.pg;
+        Waiting {
+            spec: pg.fast_takeover.then(|| WaitSpec {
+                pool: pg.pool.clone(),
+                key: pg.key,
+                identity: pg.identity.clone(),
+                bounds: self.bounds,
+                interval: pg.interval,
+                setup_bound: pg.interval.max(MIN_TRY_BOUND),
+                prepared: self.borrower.prepared.clone(),
+            }),
+            waiter: None,
         }
     }
 
@@ -304,6 +345,17 @@ impl Standby<'_> {
             } => tried,
         };
         self.outranked = outranked;
+        let tried = self.count(tried);
+        if outranked && waiting.waiter.take().is_some() {
+            tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");
+        }
+        waiting.start_after(&tried, outranked);
+        Some((tried, false))
+    }
+
+    /// Counts a try for the backoff: whether it got an answer a replica able to lead gets,
+    /// and whether it failed once the lock was free. Returns its attempt.
+    fn count(&mut self, tried: Tried) -> Result<Attempt, SessionError> {
         let Tried {
             attempt: tried,
             granting,
@@ -323,14 +375,10 @@ impl Standby<'_> {
         // on. A failed borrow or question came nowhere near the lock: it only makes the next
         // try quiet (`tried_well`), so that a cut link or a restarted server costs a
         // preferred standby nothing once they are back.
-        if granting && pg.preference.is_some() {
-            self.backoff.failed(now, pg.interval);
+        if granting && self.pg.preference.is_some() {
+            self.backoff.failed(now, self.pg.interval);
         }
-        if outranked && waiting.waiter.take().is_some() {
-            tracing::debug!(key = %pg.key, "a live standby outranks this one; its waiting session is closed, freeing its slot");
-        }
-        waiting.start_after(&tried, outranked);
-        Some((tried, false))
+        tried
     }
 
     /// Logs an attempt that was not granted; a repeated failure at DEBUG in between.
@@ -355,77 +403,9 @@ impl Standby<'_> {
     }
 }
 
-/// Whether a live standby outranks this one (see [`candidates`](super::candidates)), as a
-/// standby learns it before each try:
-/// - with a preference, it says it is alive (its row upserted), unless it stays quiet after a
-///   lead it could not keep ([`Backoff`]) or after a try that failed;
-/// - without one, with fast takeover, it reads the table only while it holds a waiting slot
-///   (at most three standbys a key), which it gives up if outranked, and while it is outranked;
-/// - otherwise it reads nothing.
-///
-/// A failure is logged and counts as not outranked: the try goes on, and this replica only
-/// counts as less preferred than it is.
-async fn outranked(pg: &PgSettings, reads: bool, quiet: bool, alive: &mut Alive) -> bool {
-    let bound = pg.interval.max(MIN_TRY_BOUND);
-    let said = match pg.preference {
-        Some(_) if quiet => return false,
-        Some(preference) => {
-            let candidate = candidates::Candidate {
-                table: &pg.candidates,
-                key: pg.key,
-                identity: &pg.identity,
-                preference,
-                interval: pg.interval,
-                waits: pg.fast_takeover,
-                written_before: alive.written,
-            };
-            let registered = candidates::register(&pg.pool, &candidate, bound).await;
-            registered.map(|registered| said_alive(pg, registered, alive))
-        }
-        None if reads && pg.fast_takeover => {
-            match candidates::Gate::new(Some(0), &pg.identity, &pg.candidates) {
-                Some(gate) => candidates::outranked(&pg.pool, gate, pg.key, bound).await,
-                None => return false,
-            }
-        }
-        None => return false,
-    };
-    if said.is_err() {
-        // A lost answer may have written a row this replica does not know of.
-        alive.written = None;
-    }
-    let repeats = &mut alive.repeats;
-    match said {
-        Ok(outranked) => {
-            repeats.clear();
-            outranked
-        }
-        Err(e) if e.needs_an_operator() => {
-            loud_or_debug!(repeats.loud("alive: no table"), error, key = %pg.key, error = %e, "this standby cannot say it is alive, so it counts as preference 0");
-            false
-        }
-        Err(e) => {
-            loud_or_debug!(repeats.loud("alive"), warn, key = %pg.key, error = %e, "this standby cannot say it is alive or read the candidates, so it counts as preference 0 until it can");
-            false
-        }
-    }
-}
-
-/// What a standby's upsert found: whether it is outranked. A row another replica wrote since
-/// this one's last upsert is another live replica of the key with this identity: said at
-/// ERROR once a minute, since their rows overwrite each other's and a leader of that identity
-/// drops them, so that preferences cannot see the more preferred of them.
-fn said_alive(pg: &PgSettings, registered: candidates::Registered, alive: &mut Alive) -> bool {
-    if registered.duplicate {
-        loud_or_debug!(alive.duplicates.loud("duplicate"), error, key = %pg.key, identity = %pg.identity, "another live replica of this key has this replica's identity: their rows in the candidates table overwrite each other's, so preferences cannot tell them apart; give each replica its own identity (the default, hostname-pid, is unique on a host)");
-    }
-    alive.written = registered.written;
-    registered.outranked
-}
-
 /// Logs a try that was not granted; a repeated failure at DEBUG in between. Shard members
 /// report their membership tries here too.
-pub(super) fn report_try(
+pub(crate) fn report_try(
     key: LockKey,
     attempt: Result<Attempt, SessionError>,
     repeats: &mut Repeats,

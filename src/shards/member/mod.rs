@@ -6,20 +6,21 @@
 use tokio::time::{MissedTickBehavior, interval};
 use tokio_util::sync::CancellationToken;
 
-use super::borrower::Borrower;
-use super::repeats::Repeats;
-use super::session::{Attempt, LockMode, SessionBounds, TryFor, try_acquire};
-use super::standby::report_try;
 use crate::error::Error;
+use crate::postgres::borrower::Borrower;
+use crate::postgres::repeats::Repeats;
+use crate::postgres::session::{Attempt, LockMode, SessionBounds, TryFor, try_acquire};
+use crate::postgres::standby::report_try;
 use crate::shards::group::Inner;
 
 mod drains;
+mod follow;
 mod ledger;
 mod marks;
-mod member;
+mod serve;
 mod sql;
 
-use member::{Member, Served};
+use serve::{Member, Served};
 
 /// The group's membership on PostgreSQL, until `shutdown`.
 pub(crate) async fn run(inner: &Inner, shutdown: CancellationToken) -> Result<(), Error> {

@@ -14,6 +14,21 @@ pub(crate) fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// `table` in `schema` (the `search_path`'s first when `None`), each name quoted
+/// ([`quote`]): the name of a table the crate builds statements with. `Err` names the first
+/// name that is not valid ([`is_valid`]).
+pub(crate) fn qualified(schema: Option<&str>, table: &str) -> Result<String, String> {
+    for name in schema.iter().chain([&table]) {
+        if !is_valid(name) {
+            return Err((*name).to_owned());
+        }
+    }
+    Ok(match schema {
+        Some(schema) => format!("{}.{}", quote(schema), quote(table)),
+        None => quote(table),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -26,5 +41,8 @@ mod tests {
         assert!(!is_valid(""));
         assert!(!is_valid("a\0b"));
         assert_eq!(quote("Ops\"x"), "\"Ops\"\"x\"");
+        assert_eq!(qualified(Some("Ops"), "t").unwrap(), "\"Ops\".\"t\"");
+        assert_eq!(qualified(None, "t").unwrap(), "\"t\"");
+        assert_eq!(qualified(Some(""), "t").unwrap_err(), "");
     }
 }

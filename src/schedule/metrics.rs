@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use super::enabled::register_shared;
+use super::plan::SkipReason;
 use crate::Error;
-use crate::schedule::plan::SkipReason;
+use crate::metrics::register_shared;
 
 /// The counter of a scheduled job's due runs that did not run, by `job` and `reason` (a
 /// [`SkipReason`]'s label).
