@@ -257,11 +257,14 @@ mod excerpts;
 mod failover;
 mod faults;
 mod fleet;
+mod handover;
 mod inject;
 mod injector;
 mod join;
 mod link;
 mod options;
+mod prefs;
+mod prefs_report;
 mod probes;
 mod report;
 mod servers;
@@ -392,6 +395,7 @@ async fn start_fleet(
     servers: &Arc<Servers>,
     keys: Vec<LockKey>,
     rng: &mut Rng,
+    candidates: Arc<prefs::Candidates>,
 ) -> (Arc<Ctx>, u64) {
     let i = options.interval;
     let links = fleet::Links {
@@ -402,6 +406,9 @@ async fn start_fleet(
     fleet.split_key = options.split_key;
     fleet.shards = options.shards;
     fleet.schedule = Some(options.seed);
+    if options.preferences {
+        (fleet.preferences, fleet.release) = prefs::first(options.replicas, rng);
+    }
     let start = unix_us();
     for slot in 0..options.replicas {
         let fast = match options.mode {
@@ -429,6 +436,12 @@ async fn start_fleet(
         checkpoints: Mutex::new(Vec::new()),
         probes: Mutex::new(Vec::new()),
         failovers: Mutex::new(Vec::new()),
+        candidates,
+        handover_pool: options
+            .preferences
+            .then(|| handover::pool(&servers.checker)),
+        handovers: Mutex::new(Vec::new()),
+        requested: Mutex::new(None),
         options: options.clone(),
     });
     (ctx, start)
@@ -447,6 +460,8 @@ struct Started {
     /// With `--cluster`, what the watch on a server in recovery saw.
     recovery: Arc<failover::RecoveryWatch>,
     recovery_watch: tokio::task::JoinHandle<()>,
+    /// With `--preferences`: the reader of the live rows.
+    candidates_watch: Option<tokio::task::JoinHandle<()>>,
     rng: Rng,
     ctx: Arc<Ctx>,
     /// Samples the memory and respawns the replicas that died by themselves.
@@ -474,6 +489,9 @@ struct Collected {
     probes: Vec<probes::Sent>,
     /// The failovers.
     failovers: Vec<failover::Failover>,
+    /// With `--preferences`: the reads of the live rows, and what the handovers cost.
+    candidates: Vec<prefs::Sample>,
+    handovers: Vec<handover::Cost>,
 }
 
 impl Started {
@@ -506,8 +524,14 @@ impl Started {
             recovery.clone(),
             stop_sampling.clone(),
         ));
+        let candidates = Arc::new(prefs::Candidates::default());
+        let candidates_watch = options.preferences.then(|| {
+            let (config, candidates, key) = (servers.checker.clone(), candidates.clone(), keys[0]);
+            let stop = stop_sampling.clone();
+            tokio::spawn(async move { prefs::sample(config, key, offset, &candidates, stop).await })
+        });
         let mut rng = Rng::new(options.seed);
-        let (ctx, start) = start_fleet(&options, &servers, keys, &mut rng).await;
+        let (ctx, start) = start_fleet(&options, &servers, keys, &mut rng, candidates).await;
         let rss = tokio::spawn({
             let ctx = ctx.clone();
             async move {
@@ -533,6 +557,7 @@ impl Started {
             sampler,
             recovery,
             recovery_watch,
+            candidates_watch,
             rng,
             ctx,
             rss,
@@ -553,6 +578,9 @@ impl Started {
         self.stop_sampling.cancel();
         let _ = (&mut self.sampler).await;
         let _ = (&mut self.recovery_watch).await;
+        if let Some(watch) = self.candidates_watch.as_mut() {
+            let _ = watch.await;
+        }
         self.rss.abort();
         let rows = match db::connect(&self.servers.checker).await {
             Ok(client) => db::rows(&client).await.unwrap_or_else(|e| {
@@ -571,6 +599,8 @@ impl Started {
         let checkpoints = ctx.checkpoints.lock().unwrap().clone();
         let probes = ctx.probes.lock().unwrap().clone();
         let failovers = ctx.failovers.lock().unwrap().clone();
+        let candidates = ctx.candidates.samples.lock().unwrap().clone();
+        let handovers = ctx.handovers.lock().unwrap().clone();
         let (stalls, runtime_stalls) = self.stalls.stop().await;
         Collected {
             rows,
@@ -584,6 +614,8 @@ impl Started {
             end,
             probes,
             failovers,
+            candidates,
+            handovers,
         }
     }
 
@@ -609,6 +641,8 @@ impl Started {
             stalls: &c.stalls,
             probes: &c.probes,
             due_overlaps_allowed: &allowed,
+            candidates: &c.candidates,
+            handovers: &c.handovers,
         };
         let mut analysis = if options.shards == 0 {
             check::analyse(&input)
@@ -698,6 +732,7 @@ fn proc_infos(fleet: &mut Fleet, end: u64) -> Vec<ProcInfo> {
             ended: p.ended.filter(|&e| e <= end),
             rss: p.rss.clone(),
             fast: p.fast,
+            preference: p.preference,
         })
         .collect()
 }
