@@ -64,7 +64,7 @@ pub(crate) fn render(
          schedule's in progress (a tick's takes milliseconds). A term taken on request keeps the \
          lead against preferences until it ends. Stretches of reads where the most preferred \
          live replica did not lead: {}, the longest {} ms; each must fall within these bounds \
-         (+ slack and stalls).",
+         (+ slack and stalls), which covered {:.0} % of the run.",
         options.replicas,
         prefs.len(),
         prefs.iter().min().copied().unwrap_or(0),
@@ -73,6 +73,7 @@ pub(crate) fn render(
         p.reads,
         p.stretches.0,
         ms(p.stretches.1),
+        p.allowed_share * 100.0,
     );
     let count = |kind: Kind, answer: &Answer| {
         p.answers
