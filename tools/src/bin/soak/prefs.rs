@@ -40,6 +40,10 @@ pub(crate) struct Sample {
     pub(crate) at: u64,
     /// The live rows: the replica process and its preference.
     pub(crate) live: Vec<(usize, u64)>,
+    /// The live rows a pending handover request names (`requested_until` not past): the
+    /// library's own record of whom a request went to, which the soak cannot know for a
+    /// request that timed out ("it may or may not have asked").
+    pub(crate) requested: Vec<usize>,
 }
 
 /// Every read of the live rows, and the latest.
@@ -88,7 +92,8 @@ pub(crate) async fn sample(
     stop: CancellationToken,
 ) {
     let query = "SELECT (extract(epoch FROM pg_catalog.statement_timestamp()) * 1e6)::int8, \
-         coalesce((SELECT array_agg(c.identity || ' ' || c.preference::text) \
+         coalesce((SELECT array_agg(c.identity || ' ' || c.preference::text || ' ' || \
+              coalesce(c.requested_until > pg_catalog.statement_timestamp(), false)::text) \
             FROM pg_elector_candidates c WHERE c.class = $1 AND c.object = $2 \
              AND c.live_until > pg_catalog.statement_timestamp() \
              AND c.heard_at <= pg_catalog.statement_timestamp()), '{}')";
@@ -120,17 +125,20 @@ pub(crate) async fn sample(
                 Err(_) => break,
             };
             let at: i64 = row.get(0);
-            let live = row
+            let rows: Vec<(usize, u64, bool)> = row
                 .get::<_, Vec<String>>(1)
                 .iter()
                 .filter_map(|text| {
-                    let (name, preference) = text.rsplit_once(' ')?;
-                    Some((db::replica_of(name)?, preference.parse().ok()?))
+                    let mut words = text.rsplitn(3, ' ');
+                    let requested = words.next()? == "true";
+                    let preference = words.next()?.parse().ok()?;
+                    Some((db::replica_of(words.next()?)?, preference, requested))
                 })
                 .collect();
             candidates.samples.lock().unwrap().push(Sample {
                 at: (at - offset).max(0) as u64,
-                live,
+                live: rows.iter().map(|&(p, pref, _)| (p, pref)).collect(),
+                requested: rows.iter().filter(|r| r.2).map(|r| r.0).collect(),
             });
         }
         candidates.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -156,12 +164,14 @@ mod tests {
         let s = Sample {
             at: 0,
             live: vec![(1, 3), (2, 5), (3, 5)],
+            requested: Vec::new(),
         };
         assert!(outranked(Some(&s), 1, 3));
         assert!(!outranked(Some(&s), 2, 5), "equal never moves the lead");
         let own = Sample {
             at: 0,
             live: vec![(4, 9)],
+            requested: Vec::new(),
         };
         assert!(!outranked(Some(&own), 4, 1), "its own row");
         assert!(!outranked(None, 1, 0), "nothing read");

@@ -62,7 +62,8 @@ pub(crate) fn render(
          a leader for at most 3·I and one try\", from the request; then a move, 2·I plus the \
          drain, as the README states for any handover). The drain is the rest of a run of the \
          schedule's in progress (a tick's takes milliseconds). A term taken on request keeps the \
-         lead against preferences until it ends. Stretches of reads where the most preferred \
+         lead against preferences until it ends (a term of the target a request named, or one \
+         begun while the candidates table showed a request pending for its replica). Stretches of reads where the most preferred \
          live replica did not lead: {}, the longest {} ms; each must fall within these bounds \
          (+ slack and stalls), which covered {:.0} % of the run.",
         options.replicas,

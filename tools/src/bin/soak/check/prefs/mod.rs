@@ -3,7 +3,9 @@
 //!
 //! - **The most preferred live replica leads.** At each read, a replica that certainly leads
 //!   must have a preference at least that of every other live row, or hold a term taken on
-//!   request (a handover's target keeps the lead against preferences until its term ends).
+//!   request (a handover's target keeps the lead against preferences until its term ends): the
+//!   first term of a target a request named, or a term begun while the table showed a request
+//!   pending for that replica (the target of a timed-out request to the most preferred).
 //!   Every stretch of reads where none does must fall within an allowance: after a fault, until
 //!   it healed and then **4·I plus the leader's drain** (plus, after a cut link, one bounded
 //!   try for each connection of the elector's pool), or the fault's own leaderless bound if
@@ -105,9 +107,28 @@ impl Checker<'_> {
     }
 
     /// The terms taken on request: the target's first term begun within the request's
-    /// validity.
+    /// validity; and any term that began while the library's candidates table showed a request
+    /// pending for that replica (a request that timed out names no target the soak knows,
+    /// and it may still land, seconds later, when a silent synchronous standby comes back).
     fn requested_terms(&self) -> Vec<(usize, Iv)> {
         let lead = &self.lead;
+        let mut pending: Vec<(usize, Iv)> = Vec::new();
+        for read in self.input.candidates {
+            for &p in &read.requested {
+                let Some(terms) = lead.definite.get(p) else {
+                    continue;
+                };
+                // Seen pending from just before the term's start until its first check.
+                if let Some(&term) = terms
+                    .iter()
+                    .find(|&&(s, _)| s <= read.at + READ_GAP && read.at <= s + us(self.i))
+                {
+                    if !pending.contains(&(p, term)) {
+                        pending.push((p, term));
+                    }
+                }
+            }
+        }
         self.input
             .faults
             .iter()
@@ -123,6 +144,7 @@ impl Checker<'_> {
                     .find(|&&(s, e)| e > f.inject && s <= f.inject + REQUEST_VALID)?;
                 Some((t, *term))
             })
+            .chain(pending)
             .collect()
     }
 

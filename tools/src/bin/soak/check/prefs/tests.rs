@@ -31,6 +31,12 @@ fn leads(replica: usize, from: u64) -> Event {
 /// Replica 1 (preference 2) is live from 1 s on; replica 0 (preference 1) leads from the
 /// start; `events` add to that. The preference violations of a 20 s run at I = 250 ms.
 fn judged(more: &[Event]) -> Vec<String> {
+    judged_with(more, false)
+}
+
+/// As [`judged`]; with `asked`, the first read shows a handover request pending for
+/// replica 0 (its term is then one taken on request).
+fn judged_with(more: &[Event], asked: bool) -> Vec<String> {
     let options = Options::parse(&[]).expect("the defaults");
     let procs = [proc(1), proc(2)];
     let mut events = vec![leads(0, 100)];
@@ -43,6 +49,7 @@ fn judged(more: &[Event]) -> Vec<String> {
             } else {
                 Vec::new()
             },
+            requested: if asked && k == 0 { vec![0] } else { Vec::new() },
         })
         .collect();
     let input = Input {
@@ -98,4 +105,9 @@ fn a_move_within_two_intervals_is_allowed_and_one_later_is_not() {
     // 2·I + slack = 875 ms from the standby's first live row at 1 s.
     assert!(moved(1_500_000).is_empty(), "{:?}", moved(1_500_000));
     assert_eq!(moved(3_000_000).len(), 1, "{:?}", moved(3_000_000));
+}
+
+#[test]
+fn a_term_begun_while_the_table_showed_a_request_for_it_keeps_the_lead() {
+    assert!(judged_with(&[], true).is_empty(), "taken on request");
 }
