@@ -54,6 +54,8 @@ pub(crate) const ENV_INTERVAL_MS: &str = "PG_ELECTOR_SOAK_INTERVAL_MS";
 pub(crate) const ENV_IDENTITY: &str = "PG_ELECTOR_SOAK_IDENTITY";
 /// Set: fast takeover.
 pub(crate) const ENV_FAST: &str = "PG_ELECTOR_SOAK_FAST";
+/// Key mode with `--preferences`: the elector's preference (unset: none).
+pub(crate) const ENV_PREFERENCE: &str = "PG_ELECTOR_SOAK_PREFERENCE";
 /// Shard mode: `<group>,<count>` (unset: key mode).
 pub(crate) const ENV_SHARDS: &str = "PG_ELECTOR_SOAK_SHARDS";
 /// Set (key mode): run a leader schedule on the application's pool; its value is the run's
@@ -98,14 +100,16 @@ impl Runs {
             } else {
                 interval
             };
-            let elector = Elector::builder(pool.clone(), key_setting(ENV_KEY))
+            let mut builder = Elector::builder(pool.clone(), key_setting(ENV_KEY))
                 .check_interval(interval)
                 .identity(identity)
                 .fencing(true)
                 .fast_takeover(std::env::var(ENV_FAST).is_ok())
-                .drain_timeout(drain)
-                .build()
-                .expect("a valid elector");
+                .drain_timeout(drain);
+            if let Ok(preference) = std::env::var(ENV_PREFERENCE) {
+                builder = builder.preference(preference.parse().expect("a preference"));
+            }
+            let elector = builder.build().expect("a valid elector");
             return Runs::Key(elector);
         };
         let (group, count) = shards.rsplit_once(',').expect("<group>,<count>");

@@ -43,6 +43,15 @@ pub(crate) struct Ctx {
     pub(crate) probes: Mutex<Vec<crate::probes::Sent>>,
     /// The failovers over so far.
     pub(crate) failovers: Mutex<Vec<crate::failover::Failover>>,
+    /// With `--preferences`: the live rows of the candidates table, read every 20 ms.
+    pub(crate) candidates: Arc<crate::prefs::Candidates>,
+    /// With `--preferences`: the soak's pool for `request_handover` (its connections are named
+    /// as the checker's), and what each handover request cost.
+    pub(crate) handover_pool: Option<deadpool_postgres::Pool>,
+    pub(crate) handovers: Mutex<Vec<crate::handover::Cost>>,
+    /// The target of the latest handover request that was made: its term, taken on request,
+    /// keeps the lead against preferences until it ends.
+    pub(crate) requested: Mutex<Option<usize>>,
 }
 
 impl Ctx {
@@ -99,6 +108,25 @@ impl Ctx {
             s.started && !s.stopped && !s.ended
         }) && (self.options.split_key
             || (0..self.keys.len()).all(|lane| self.board.leaders(lane).len() == 1))
+            && self.preferred_leads()
+    }
+
+    /// With `--preferences`: the leader is not outranked by a live standby (a term taken on
+    /// request is not: it keeps the lead until it ends), as the latest read of the live rows
+    /// tells; true when that read is older than a second.
+    fn preferred_leads(&self) -> bool {
+        if !self.options.preferences {
+            return true;
+        }
+        let Some(&leader) = self.board.leaders(0).first() else {
+            return false;
+        };
+        if *self.requested.lock().unwrap() == Some(leader) {
+            return true;
+        }
+        let latest = self.candidates.latest(unix_us(), 1_000_000);
+        let preference = self.board.preference(leader).unwrap_or(0);
+        !crate::prefs::outranked(latest.as_ref(), leader, preference)
     }
 
     /// Waits (at most `limit`) until no fault runs and the fleet is steady.

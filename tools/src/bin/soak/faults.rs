@@ -42,6 +42,15 @@ pub(crate) enum Kind {
     /// With `--cluster`: the primary crashed (`-m immediate`) or switched over (`-m fast`), the
     /// standby promoted, the old primary back as the new standby.
     Failover,
+    /// With `--preferences` (key mode): `request_handover` to a live standby, named by identity
+    /// (or, half of the time, the most preferred one).
+    HandoverLive,
+    /// With `--preferences`: `request_handover` to a live standby, SIGKILLed right after the
+    /// request, respawned as after `kill`.
+    HandoverDying,
+    /// With `--preferences`: `request_handover` to an identity no live standby has (one never
+    /// spawned, or one that ended long ago): must return `Error::NoSuchStandby`.
+    HandoverMissing,
 }
 
 /// The stale threshold of the soak's schedules (three heartbeat periods of I, at least 3 s):
@@ -79,7 +88,7 @@ pub(crate) const SCHEDULING: Duration = Duration::from_millis(20);
 
 impl Kind {
     /// Every kind, in the report's order.
-    pub(crate) const ALL: [Kind; 15] = [
+    pub(crate) const ALL: [Kind; 18] = [
         Kind::Kill,
         Kind::Stop,
         Kind::TerminateLock,
@@ -95,6 +104,9 @@ impl Kind {
         Kind::JoinPartition,
         Kind::SyncStandby,
         Kind::Failover,
+        Kind::HandoverLive,
+        Kind::HandoverDying,
+        Kind::HandoverMissing,
     ];
 
     /// The kinds of a run with `shards` shards (0: key mode): shards have no resign and no
@@ -102,6 +114,7 @@ impl Kind {
     pub(crate) fn of_mode(self, shards: usize) -> bool {
         match self {
             Kind::Resign | Kind::LongPartition => shards == 0,
+            k if k.handover() => shards == 0,
             Kind::JoinPartition => shards > 0,
             _ => true,
         }
@@ -115,6 +128,14 @@ impl Kind {
         )
     }
 
+    /// Whether it is a handover request (a fault of `--preferences` only).
+    pub(crate) fn handover(self) -> bool {
+        matches!(
+            self,
+            Kind::HandoverLive | Kind::HandoverDying | Kind::HandoverMissing
+        )
+    }
+
     /// The kinds a name on the command line stands for.
     pub(crate) fn by_name(name: &str) -> Result<Vec<Kind>, String> {
         Ok(match name {
@@ -124,6 +145,11 @@ impl Kind {
             "sigkill" => vec![Kind::Kill],
             "sigstop" | "freeze" => vec![Kind::Stop],
             "blackhole" => vec![Kind::Partition],
+            "handover" => vec![
+                Kind::HandoverLive,
+                Kind::HandoverDying,
+                Kind::HandoverMissing,
+            ],
             other => vec![
                 *Kind::ALL
                     .iter()
@@ -151,6 +177,9 @@ impl Kind {
             Kind::JoinPartition => "join-partition",
             Kind::SyncStandby => "sync-standby",
             Kind::Failover => "failover",
+            Kind::HandoverLive => "handover-live",
+            Kind::HandoverDying => "handover-dying",
+            Kind::HandoverMissing => "handover-missing",
         }
     }
 
@@ -172,6 +201,9 @@ impl Kind {
             Kind::JoinPartition => "partition at a join's grant",
             Kind::SyncStandby => "sync standby silent",
             Kind::Failover => "database failover",
+            Kind::HandoverLive => "handover request, live target",
+            Kind::HandoverDying => "handover request, target killed",
+            Kind::HandoverMissing => "handover request, missing target",
         }
     }
 
@@ -185,7 +217,8 @@ impl Kind {
             Kind::RestartFast
             | Kind::RestartImmediate
             | Kind::SyncStandby
-            | Kind::LongPartition => 1,
+            | Kind::LongPartition
+            | Kind::HandoverMissing => 1,
             _ => 2,
         }
     }
@@ -205,7 +238,10 @@ impl Kind {
 
     /// Whether it ends the process, so that it cannot hit the slot kept alive.
     pub(crate) fn ends_process(self) -> bool {
-        matches!(self, Kind::Kill | Kind::Graceful | Kind::JoinPartition)
+        matches!(
+            self,
+            Kind::Kill | Kind::Graceful | Kind::JoinPartition | Kind::HandoverDying
+        )
     }
 
     /// Whether it hits one replica's slot (and so claims it while it lasts).
@@ -218,6 +254,8 @@ impl Kind {
                 | Kind::RestartImmediate
                 | Kind::SyncStandby
                 | Kind::Failover
+                | Kind::HandoverLive
+                | Kind::HandoverMissing
         )
     }
 
@@ -261,6 +299,15 @@ impl Kind {
             Kind::Exhaust => b(zero, i, zero, None),
             // Demoted at once; drain ≤ I (the drain timeout), unlock, new leader ≤ 1·I after.
             Kind::Graceful | Kind::Resign => b(i * 2, zero, zero, graceful),
+            // README ("A handover on request"): the leader sees the request at its next check
+            // (≤ 1·I) and demotes, drains (≤ I, the drain timeout), unlocks; the target takes
+            // the lock at its next try (≤ 1·I); never two.
+            Kind::HandoverLive => b(i * 3, zero, zero, Some(i)),
+            // README ("A request never strands the key"): a target that dies leaves the key
+            // without a leader for at most 3·I and one try.
+            Kind::HandoverDying => b(i * 3 + try_bound(i), zero, zero, Some(i)),
+            // Refused: nothing changes, so nothing is excused.
+            Kind::HandoverMissing => b(zero, zero, zero, None),
         }
     }
 
@@ -279,8 +326,17 @@ impl Kind {
             Kind::Failover => "writable + 1·I / never",
             Kind::Exhaust => "end + 1·I / never",
             Kind::Graceful | Kind::Resign => "≤ 2·I (drain + 1·I) / never",
+            Kind::HandoverLive => "≤ 3·I (check + drain + 1·I) / never",
+            Kind::HandoverDying => "≤ 3·I + one try / never",
+            Kind::HandoverMissing => "refused, nothing changes / never",
         }
     }
+}
+
+/// One try of a standby, the README's "one bounded try": at most I for a pool connection and
+/// I, at least 1 s, for its statement (`src/postgres/session.rs`, `MIN_TRY_BOUND`).
+pub(crate) fn try_bound(i: Duration) -> Duration {
+    i + i.max(Duration::from_secs(1))
 }
 
 /// One injected fault.
@@ -314,6 +370,8 @@ pub(crate) struct Fault {
     pub(crate) overlapped: bool,
     /// What else is worth saying (the terminated backend, a failed restart).
     pub(crate) note: String,
+    /// A handover request: the target it named (the replica process), and its answer.
+    pub(crate) handover: Option<crate::handover::Asked>,
 }
 
 #[cfg(test)]
@@ -338,6 +396,7 @@ impl Fault {
             done: true,
             overlapped: false,
             note: String::new(),
+            handover: None,
         }
     }
 }
@@ -373,7 +432,7 @@ pub(crate) fn draw_param(kind: Kind, i: Duration, rng: &mut Rng) -> Duration {
         Duration::from_millis(rng.between(ms(lo), ms(hi)))
     };
     match kind {
-        Kind::Kill | Kind::Graceful => between(rng, Duration::ZERO, i),
+        Kind::Kill | Kind::Graceful | Kind::HandoverDying => between(rng, Duration::ZERO, i),
         // From short (the old leader still leads on resume) to well past 3·I (it must not).
         Kind::Stop => between(rng, (i / 2).max(Duration::from_millis(150)), i * 6),
         // From shorter than the old leader's 2·I to longer than the server's 4·I.

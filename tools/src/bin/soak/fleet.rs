@@ -228,6 +228,8 @@ pub(crate) struct Board {
     states: Mutex<Vec<State>>,
     /// Per process: its stderr lines, each stamped on arrival (the latest few thousand).
     logs: Mutex<Vec<VecDeque<(u64, String)>>>,
+    /// Per process: its preference (`--preferences`).
+    preferences: Mutex<Vec<Option<u64>>>,
     version: watch::Sender<u64>,
 }
 
@@ -289,6 +291,25 @@ impl Board {
             lines.pop_front();
         }
         lines.push_back((unix_us(), line));
+    }
+
+    /// Records the preference process `replica` was built with.
+    pub(crate) fn set_preference(&self, replica: usize, preference: Option<u64>) {
+        let mut preferences = self.preferences.lock().unwrap();
+        if preferences.len() <= replica {
+            preferences.resize(replica + 1, None);
+        }
+        preferences[replica] = preference;
+    }
+
+    /// The preference process `replica` was built with.
+    pub(crate) fn preference(&self, replica: usize) -> Option<u64> {
+        self.preferences
+            .lock()
+            .unwrap()
+            .get(replica)
+            .copied()
+            .flatten()
     }
 
     /// A copy of every event so far.
@@ -367,6 +388,8 @@ pub(crate) struct Proc {
     pub(crate) pid: Pid,
     /// Whether its elector has fast takeover.
     pub(crate) fast: bool,
+    /// Its preference (`--preferences`; `None`: built without one).
+    pub(crate) preference: Option<u64>,
     /// When it was spawned.
     pub(crate) spawned: u64,
     /// When it was killed or exited.
@@ -397,6 +420,11 @@ pub(crate) struct Fleet {
     pub(crate) shards: usize,
     /// Key mode: each process runs a leader schedule whose run lengths this seed fixes.
     pub(crate) schedule: Option<u64>,
+    /// With `--preferences`: the preference the next process of each slot gets (see
+    /// `soak/prefs.rs`); empty without.
+    pub(crate) preferences: Vec<u64>,
+    /// With `--preferences`: the latest release (the highest preference handed out).
+    pub(crate) release: u64,
 }
 
 impl Fleet {
@@ -423,6 +451,8 @@ impl Fleet {
             split_key: false,
             shards: 0,
             schedule: None,
+            preferences: Vec::new(),
+            release: 0,
         }
     }
 
@@ -469,6 +499,12 @@ impl Fleet {
         } else {
             command.env_remove(child::ENV_FAST);
         }
+        let preference = self.preferences.get(slot).copied();
+        self.board.set_preference(index, preference);
+        match preference {
+            Some(p) => command.env(child::ENV_PREFERENCE, p.to_string()),
+            None => command.env_remove(child::ENV_PREFERENCE),
+        };
         let mut process = command.spawn().expect("start a replica process");
         let pid = Pid::from_raw(process.id().expect("a running child") as i32).expect("a pid");
         let stdout = process.stdout.take().expect("piped stdout");
@@ -486,6 +522,7 @@ impl Fleet {
             slot,
             pid,
             fast,
+            preference,
             spawned: unix_us(),
             ended: None,
             rss: Vec::new(),

@@ -36,7 +36,11 @@ pub(crate) async fn inject(ctx: &Arc<Ctx>, mut plan: Plan, overlapped: bool) -> 
         done: false,
         overlapped,
         note: String::new(),
+        handover: None,
     };
+    if kind.handover() {
+        return crate::handover::inject(ctx, plan, fault).await;
+    }
     if kind == Kind::JoinPartition {
         return crate::join::inject(ctx, plan, fault).await;
     }
@@ -317,7 +321,8 @@ pub(crate) fn update(ctx: &Ctx, id: usize, f: impl FnOnce(&mut Fault)) {
 }
 
 /// The rest of a per-slot fault: wait, heal, respawn; then the slot is free again.
-async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan: Plan) {
+/// A handover to a dying target ends as a kill of that target does.
+pub(crate) async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan: Plan) {
     let i = ctx.options.interval;
     let slack = ctx.options.slack();
     match plan.kind {
@@ -349,7 +354,7 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
                 })
                 .await;
         }
-        Kind::Kill | Kind::Graceful => {
+        Kind::Kill | Kind::Graceful | Kind::HandoverDying => {
             // A graceful shutdown: the drain (≤ I; with a run of the schedule's in progress,
             // or while every COMMIT waits for a silent synchronous standby, so that a tick's
             // or a claim's may hold it, ≤ the drain timeout), the unlock (≤ 2 s), the exit.
@@ -396,6 +401,8 @@ async fn finish_slot(ctx: Arc<Ctx>, id: usize, slot: usize, replica: usize, plan
             };
             let index = {
                 let mut fleet = ctx.fleet.lock().await;
+                // With `--preferences`, a new pod of the latest release (or of a new one).
+                crate::prefs::roll(&mut fleet, slot, plan.pick);
                 let index = fleet.spawn(slot, fast);
                 ctx.live.lock().unwrap()[slot] = index;
                 index

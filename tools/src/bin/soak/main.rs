@@ -17,7 +17,8 @@
 //! (the check interval I, default 250), `--mode poll|fast|mixed` (default `mixed`),
 //! `--faults all|<kind>[,<kind>…]`, `--overlap P` (default 0.25), `--shards N` (shard mode,
 //! below; 1 to 64), `--cluster sync|async` and `--follow moving-address|multi-host` (the
-//! database fails over too, below), `--no-keep-one`,
+//! database fails over too, below), `--no-preferences` (key mode without preferences and
+//! handover faults, below), `--no-keep-one`,
 //! `--out FILE` (the report, also written there), `--verbose` (each fault as it is injected),
 //! `--sabotage split-key` (checks the checker, below). It exits 1 on any violation, 2 on a
 //! bad option.
@@ -65,6 +66,9 @@
 //! | `join-partition` (shard mode) | a replica killed, started again once the others own every shard, its proxy blackholed as soon as its member lock (or, half of the time, its live mark) shows granted, for [4·I, 8·I] | 1·I (a gap begun during it: 1·I) | never | — |
 //! | `sync-standby` | `synchronous_standby_names = '*'` and synchronous commits, no standby, for [4 s, 5.5 s] (with `--cluster`: the standby's WAL link blackholed) | the end + 1·I | never | — |
 //! | `failover` (with `--cluster`) | a crash (the standby first cut off its WAL for [0, 1.5 s]) or a switchover of the primary, the standby promoted, the old primary back as the standby | the promoted server taking writes + 1·I | never | ≤ 100 ms |
+//! | `handover-live` (`--preferences`) | `request_handover` to a live standby, by identity or the most preferred | 3·I (the leader's next check, the drain, the target's next try) | never | ≤ 1·I (its next check) |
+//! | `handover-dying` (`--preferences`) | the same, the target SIGKILLed right after the request, respawned after [0, I] | 3·I and one try (I + max(I, 1 s)) | never | ≤ 1·I |
+//! | `handover-missing` (`--preferences`) | `request_handover` to an identity no live standby has: must return `Error::NoSuchStandby` | (nothing changes) | never | — |
 //!
 //! A graceful restart or a resign of a leader with a run of its schedule in progress drains up
 //! to that run's end (at most the drain timeout, 7 s): its bounds get that time.
@@ -149,6 +153,25 @@
 //! - **Memory.** Each replica's RSS (`/proc/<pid>/status`) every 2 s; for each process that
 //!   lived 30 s or more, the growth from its first sample at 10 s of age to its last is a
 //!   violation beyond 16 MiB and 50 %.
+//!
+//! # Preferences
+//!
+//! With `--preferences` (the default in key mode; `--no-preferences` turns it off, and shard
+//! mode has none: groups of shards do not use preferences) every replica is built with
+//! `ElectorBuilder::preference`, numbered as in a rolling deploy (`soak/prefs.rs`): the first
+//! fleet draws 1 to 3, every process a fault starts again is a pod of the latest release, one
+//! in three of a new, higher one. The soak reads the library's own live rows of
+//! `pg_elector_candidates` every 20 ms, draws the three handover faults above
+//! (`soak/handover.rs`), and checks (`check/prefs.rs`): after every fault heals, the most
+//! preferred live replica leads within the README's bound (4·I plus the leader's drain, plus a
+//! try per pool connection after a cut link; a move to a newly live, more preferred standby
+//! within 2·I plus the drain, 3·I with fast takeover; a live handover target within 2·I plus
+//! the drain; a term taken on request keeps the lead until it ends); the leaderless gaps of
+//! the handovers by their own bounds (above), and a move's (drain + 1·I) for every gap; and
+//! that a handover request costs the other standbys no pool connection (none there before it
+//! replaced meanwhile) and opens at most one lock session and the key's three waiting
+//! sessions. The report adds a column (from each fault's heal to the most preferred leading)
+//! and a paragraph on the preferences, the requests' answers and their cost.
 //!
 //! # Shard mode
 //!
@@ -257,11 +280,14 @@ mod excerpts;
 mod failover;
 mod faults;
 mod fleet;
+mod handover;
 mod inject;
 mod injector;
 mod join;
 mod link;
 mod options;
+mod prefs;
+mod prefs_report;
 mod probes;
 mod report;
 mod servers;
@@ -392,6 +418,7 @@ async fn start_fleet(
     servers: &Arc<Servers>,
     keys: Vec<LockKey>,
     rng: &mut Rng,
+    candidates: Arc<prefs::Candidates>,
 ) -> (Arc<Ctx>, u64) {
     let i = options.interval;
     let links = fleet::Links {
@@ -402,6 +429,9 @@ async fn start_fleet(
     fleet.split_key = options.split_key;
     fleet.shards = options.shards;
     fleet.schedule = Some(options.seed);
+    if options.preferences {
+        (fleet.preferences, fleet.release) = prefs::first(options.replicas, rng);
+    }
     let start = unix_us();
     for slot in 0..options.replicas {
         let fast = match options.mode {
@@ -429,6 +459,12 @@ async fn start_fleet(
         checkpoints: Mutex::new(Vec::new()),
         probes: Mutex::new(Vec::new()),
         failovers: Mutex::new(Vec::new()),
+        candidates,
+        handover_pool: options
+            .preferences
+            .then(|| handover::pool(&servers.checker)),
+        handovers: Mutex::new(Vec::new()),
+        requested: Mutex::new(None),
         options: options.clone(),
     });
     (ctx, start)
@@ -447,6 +483,8 @@ struct Started {
     /// With `--cluster`, what the watch on a server in recovery saw.
     recovery: Arc<failover::RecoveryWatch>,
     recovery_watch: tokio::task::JoinHandle<()>,
+    /// With `--preferences`: the reader of the live rows.
+    candidates_watch: Option<tokio::task::JoinHandle<()>>,
     rng: Rng,
     ctx: Arc<Ctx>,
     /// Samples the memory and respawns the replicas that died by themselves.
@@ -474,6 +512,9 @@ struct Collected {
     probes: Vec<probes::Sent>,
     /// The failovers.
     failovers: Vec<failover::Failover>,
+    /// With `--preferences`: the reads of the live rows, and what the handovers cost.
+    candidates: Vec<prefs::Sample>,
+    handovers: Vec<handover::Cost>,
 }
 
 impl Started {
@@ -506,8 +547,14 @@ impl Started {
             recovery.clone(),
             stop_sampling.clone(),
         ));
+        let candidates = Arc::new(prefs::Candidates::default());
+        let candidates_watch = options.preferences.then(|| {
+            let (config, candidates, key) = (servers.checker.clone(), candidates.clone(), keys[0]);
+            let stop = stop_sampling.clone();
+            tokio::spawn(async move { prefs::sample(config, key, offset, &candidates, stop).await })
+        });
         let mut rng = Rng::new(options.seed);
-        let (ctx, start) = start_fleet(&options, &servers, keys, &mut rng).await;
+        let (ctx, start) = start_fleet(&options, &servers, keys, &mut rng, candidates).await;
         let rss = tokio::spawn({
             let ctx = ctx.clone();
             async move {
@@ -533,6 +580,7 @@ impl Started {
             sampler,
             recovery,
             recovery_watch,
+            candidates_watch,
             rng,
             ctx,
             rss,
@@ -553,6 +601,9 @@ impl Started {
         self.stop_sampling.cancel();
         let _ = (&mut self.sampler).await;
         let _ = (&mut self.recovery_watch).await;
+        if let Some(watch) = self.candidates_watch.as_mut() {
+            let _ = watch.await;
+        }
         self.rss.abort();
         let rows = match db::connect(&self.servers.checker).await {
             Ok(client) => db::rows(&client).await.unwrap_or_else(|e| {
@@ -571,6 +622,8 @@ impl Started {
         let checkpoints = ctx.checkpoints.lock().unwrap().clone();
         let probes = ctx.probes.lock().unwrap().clone();
         let failovers = ctx.failovers.lock().unwrap().clone();
+        let candidates = ctx.candidates.samples.lock().unwrap().clone();
+        let handovers = ctx.handovers.lock().unwrap().clone();
         let (stalls, runtime_stalls) = self.stalls.stop().await;
         Collected {
             rows,
@@ -584,6 +637,8 @@ impl Started {
             end,
             probes,
             failovers,
+            candidates,
+            handovers,
         }
     }
 
@@ -609,6 +664,8 @@ impl Started {
             stalls: &c.stalls,
             probes: &c.probes,
             due_overlaps_allowed: &allowed,
+            candidates: &c.candidates,
+            handovers: &c.handovers,
         };
         let mut analysis = if options.shards == 0 {
             check::analyse(&input)
@@ -698,6 +755,7 @@ fn proc_infos(fleet: &mut Fleet, end: u64) -> Vec<ProcInfo> {
             ended: p.ended.filter(|&e| e <= end),
             rss: p.rss.clone(),
             fast: p.fast,
+            preference: p.preference,
         })
         .collect()
 }

@@ -89,6 +89,10 @@ pub(crate) struct Options {
     pub(crate) follow: Follow,
     /// A run that completed fewer failovers fails (1 with `--cluster`, else 0).
     pub(crate) min_failovers: usize,
+    /// Key mode: every replica gets a preference, new ones a higher one as in a rolling
+    /// deploy, and the handover faults are drawn (`--no-preferences`: none; shard mode: none,
+    /// groups of shards do not use preferences).
+    pub(crate) preferences: bool,
 }
 
 /// The most shards shard mode runs (the board keeps a replica's owned shards in a `u64`).
@@ -99,11 +103,12 @@ pub(crate) const USAGE: &str =
     "usage: cargo run --release -p pg-elector-tools --bin soak -- [--seed N] [--duration 60s] \
 [--replicas 5] [--interval-ms 250] [--mode poll|fast|mixed] [--faults all|kind[,kind…]] \
 [--overlap 0.25] [--shards N] [--cluster sync|async] [--follow moving-address|multi-host] \
-[--min-failovers N] \
+[--min-failovers N] [--no-preferences] \
 [--no-keep-one] [--out FILE] [--verbose] [--sabotage split-key]
 fault kinds: kill, stop, terminate-lock, terminate-random (terminate: both), partition, reset, \
 restart-fast, restart-immediate (restart: both), exhaust, graceful, resign, long-partition \
-(key mode), join-partition (shard mode), sync-standby, failover (with --cluster)";
+(key mode), join-partition (shard mode), sync-standby, failover (with --cluster), \
+handover-live, handover-dying, handover-missing (handover: all three; key mode with preferences)";
 
 impl Options {
     /// Parses the arguments after `--` (a `--bench`, which `cargo bench` used to add, is ignored).
@@ -128,6 +133,7 @@ impl Options {
             cluster: None,
             follow: Follow::MovingAddress,
             min_failovers: 0,
+            preferences: true,
         };
         let mut faults_given = false;
         let mut follow_given = false;
@@ -215,6 +221,8 @@ impl Options {
                         .ok_or(format!("--shards takes a number from 1 to {MAX_SHARDS}"))?;
                 }
                 "--no-keep-one" => options.keep_one = false,
+                "--preferences" => options.preferences = true,
+                "--no-preferences" => options.preferences = false,
                 "--out" => options.out = Some(PathBuf::from(args.value()?)),
                 "--verbose" | "-v" => options.verbose = true,
                 "--sabotage" => match args.value()?.as_str() {
@@ -226,6 +234,16 @@ impl Options {
         }
         let shards = options.shards;
         options.faults.retain(|k| k.of_mode(shards));
+        // Groups of shards do not use preferences (README, "Who leads").
+        options.preferences &= shards == 0;
+        if !options.preferences {
+            if faults_given && options.faults.iter().any(|k| k.handover()) {
+                return Err("the handover faults need preferences (key mode, no \
+                            --no-preferences)"
+                    .into());
+            }
+            options.faults.retain(|k| !k.handover());
+        }
         if options.cluster.is_none() {
             if faults_given && options.faults.contains(&Kind::Failover) {
                 return Err("--faults failover needs --cluster sync or --cluster async".into());
@@ -286,6 +304,7 @@ impl Options {
             .into_iter()
             .filter(|k| k.of_mode(self.shards))
             .filter(|&k| self.cluster.is_some() || k != Kind::Failover)
+            .filter(|k| self.preferences || !k.handover())
             .collect();
         if self.faults != defaults {
             let names: Vec<&str> = self.faults.iter().map(|k| k.name()).collect();
@@ -296,6 +315,9 @@ impl Options {
         }
         if !self.keep_one {
             args.push_str(" --no-keep-one");
+        }
+        if !self.preferences && self.shards == 0 {
+            args.push_str(" --no-preferences");
         }
         if self.shards > 0 {
             args.push_str(&format!(" --shards {}", self.shards));

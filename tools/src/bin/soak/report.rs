@@ -74,6 +74,9 @@ pub(crate) fn render(
     r.memory(&mut out);
     r.overlaps(&mut out);
     r.deaf(&mut out);
+    if options.preferences {
+        crate::prefs_report::render(&mut out, options, faults, procs, a);
+    }
     if let Some(replication) = options.cluster {
         failover_facts(&mut out, options, replication, failovers);
     }
@@ -242,11 +245,34 @@ impl Render<'_> {
         let Render {
             options, faults, a, ..
         } = *self;
+        // With preferences, one more column: from each fault's heal to the most preferred live
+        // replica leading (`check/prefs.rs`).
+        let prefs = options.preferences;
         let _ = writeln!(
             out,
-            "| fault | injected | hit the leader | overlapping | leaderless p50 / p99 / max | two leaders, max | runs of one due at once | pool connections stuck | bound: new leader / two leaders | violations |"
+            "| fault | injected | hit the leader | overlapping | leaderless p50 / p99 / max | two leaders, max | runs of one due at once | pool connections stuck | bound: new leader / two leaders |{} violations |",
+            if prefs {
+                " heal → most preferred leads, p50 / p99 / max (bound) |"
+            } else {
+                ""
+            }
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            out,
+            "|---|---|---|---|---|---|---|---|---|{}---|",
+            if prefs { "---|" } else { "" }
+        );
+        let preferred = |kind: Kind, of: &[&Fault]| -> String {
+            if !prefs {
+                return String::new();
+            }
+            let times: Vec<u64> = of
+                .iter()
+                .filter_map(|f| a.prefs.to_preferred.get(f.id).copied().flatten())
+                .collect();
+            let bound = crate::prefs_report::bound_text(kind);
+            format!(" {} ({bound}) |", summary(times, ms))
+        };
         let mut all_leaderless = Vec::new();
         let mut all_two = 0;
         for kind in Kind::ALL {
@@ -268,7 +294,7 @@ impl Render<'_> {
             let (due, stuck): (u64, u64) = (sum(&a.due_overlaps), sum(&a.pool_stuck));
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |{} {} |",
                 kind.label(),
                 of.len(),
                 hit.len(),
@@ -278,6 +304,7 @@ impl Render<'_> {
                 bold(due),
                 bold(stuck),
                 kind.bound_text(),
+                preferred(kind, &of),
                 if violations > 0 {
                     format!("**{violations}**")
                 } else {
@@ -285,9 +312,10 @@ impl Render<'_> {
                 }
             );
         }
+        let all: Vec<&Fault> = faults.iter().collect();
         let _ = writeln!(
             out,
-            "| **all** | {} | {} | {} | {} | {} | {} | {} | | {} |",
+            "| **all** | {} | {} | {} | {} | {} | {} | {} | |{} {} |",
             faults.len(),
             faults.iter().filter(|f| f.on_leader).count(),
             faults.iter().filter(|f| f.overlapped).count(),
@@ -295,6 +323,15 @@ impl Render<'_> {
             ms(all_two),
             bold(a.due_overlaps.iter().sum()),
             bold(a.pool_stuck.iter().sum()),
+            if prefs {
+                let times: Vec<u64> = all
+                    .iter()
+                    .filter_map(|f| a.prefs.to_preferred.get(f.id).copied().flatten())
+                    .collect();
+                format!(" {} |", summary(times, ms))
+            } else {
+                String::new()
+            },
             if a.violations.is_empty() {
                 "0".into()
             } else {

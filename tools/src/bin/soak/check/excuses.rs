@@ -10,16 +10,33 @@ use crate::faults::{Fault, Kind, SCHEDULING, SESSION_ENDED};
 use crate::fleet::What;
 
 /// How much longer than I a graceful handover by fault `f` may drain: the rest of a run of
-/// the schedule's in progress on its replica then, up to the drain timeout.
-pub(super) fn drain(f: &Fault, runs: &[RunIv]) -> u64 {
-    if !matches!(f.kind, Kind::Graceful | Kind::Resign) {
-        return 0;
-    }
+/// the schedule's in progress on its replica then, up to the drain timeout. A leader asked to
+/// hand over (`handover-*`) ends its term at its next check, within I: a run begun by then
+/// counts too.
+pub(super) fn drain(f: &Fault, runs: &[RunIv], i: Duration) -> u64 {
+    let seen = match f.kind {
+        Kind::Graceful | Kind::Resign => 0,
+        Kind::HandoverLive | Kind::HandoverDying => us(i),
+        _ => return 0,
+    };
     runs.iter()
-        .filter(|r| Some(r.replica) == f.replica && r.span.0 <= f.inject && f.inject < r.span.1)
-        .map(|r| r.span.1.min(f.inject + us(crate::app::DRAIN)) - f.inject)
+        .filter(|r| {
+            Some(r.replica) == f.replica && r.span.0 <= f.inject + seen && f.inject < r.span.1
+        })
+        .map(|r| r.span.1.min(f.inject + seen + us(crate::app::DRAIN)) - f.inject)
         .max()
         .unwrap_or(0)
+}
+
+/// With `--preferences`, the leaderless allowance from the injection of a fault that takes a
+/// standby out while it may be the one the free lock is left to (README, "Who leads": "a
+/// preferred standby that freezes can leave the key without a leader for up to 3·I"; a killed
+/// or starved one's row, too, counts until two intervals after its last try): at least 3·I.
+fn preferred_standby_gone(f: &Fault, i: Duration) -> Duration {
+    match f.kind {
+        Kind::Kill | Kind::Stop | Kind::Partition | Kind::LongPartition | Kind::Exhaust => i * 3,
+        _ => Duration::ZERO,
+    }
 }
 
 /// Where a fault's leaderless allowance begins: its injection, or, for a crash of a
@@ -51,6 +68,8 @@ pub(super) struct Excuses {
     /// Sessions ended while their leader could not hear (fault id, and the freeze's or the
     /// partition's).
     pub(super) deaf: Vec<(usize, usize)>,
+    /// The schedule's runs (the drains).
+    pub(super) runs: Vec<RunIv>,
 }
 
 impl Excuses {
@@ -72,8 +91,13 @@ impl Excuses {
             .iter()
             .map(|f| {
                 let b = f.kind.bound(i);
-                let end = (f.inject + us(b.from_inject)).max(f.heal + us(b.after_heal)) + slack;
-                let end = end + drain(f, &runs);
+                let from_inject = if input.options.preferences {
+                    b.from_inject.max(preferred_standby_gone(f, i))
+                } else {
+                    b.from_inject
+                };
+                let end = (f.inject + us(from_inject)).max(f.heal + us(b.after_heal)) + slack;
+                let end = end + drain(f, &runs, i);
                 (extend((commits_wait_from(input, f), end), &machine), f.id)
             })
             .collect();
@@ -141,6 +165,7 @@ impl Excuses {
             leaderless_excused,
             overlap_excused,
             deaf: deaf_overlaps,
+            runs,
         }
     }
 }
@@ -165,17 +190,27 @@ mod tests {
     #[test]
     fn a_graceful_handover_drains_the_rest_of_its_run_up_to_the_drain_timeout() {
         let runs = [run(2, (100, 5_000)), run(3, (0, 90_000_000))];
-        assert_eq!(drain(&fault(Kind::Graceful, 1_000), &runs), 4_000);
-        assert_eq!(drain(&fault(Kind::Resign, 1_000), &runs), 4_000);
-        assert_eq!(drain(&fault(Kind::Kill, 1_000), &runs), 0, "not a handover");
+        let i = Duration::from_millis(1);
+        assert_eq!(drain(&fault(Kind::Graceful, 1_000), &runs, i), 4_000);
+        assert_eq!(drain(&fault(Kind::Resign, 1_000), &runs, i), 4_000);
         assert_eq!(
-            drain(&fault(Kind::Graceful, 6_000), &runs),
+            drain(&fault(Kind::Kill, 1_000), &runs, i),
+            0,
+            "not a handover"
+        );
+        assert_eq!(
+            drain(&fault(Kind::Graceful, 6_000), &runs, i),
             0,
             "no run then"
         );
+        assert_eq!(
+            drain(&fault(Kind::HandoverLive, 50), &runs, i),
+            4_950,
+            "a run begun before the leader's next check"
+        );
         let long = [run(2, (0, 90_000_000))];
         assert_eq!(
-            drain(&fault(Kind::Graceful, 1_000), &long),
+            drain(&fault(Kind::Graceful, 1_000), &long, i),
             us(crate::app::DRAIN),
             "at most the drain timeout"
         );

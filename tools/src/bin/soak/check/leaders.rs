@@ -37,8 +37,17 @@ impl Checker<'_> {
         // leave, a member back after a fault, sometimes well after the fault's own bound): its
         // owner ends the term, drains (≤ the drain timeout, I) and unlocks, and the new owner
         // takes it at its next try (≤ 1·I): 2·I from the gap's start.
+        // With preferences, a leader also steps down by itself for a live standby of a higher
+        // preference (a new replica, one back from a fault): it drains (≤ I, or the rest of a
+        // run of the schedule's) and unlocks, and the standby takes the lock at its next try
+        // (README, "Who leads"; as a graceful shutdown's bound counts it): 2·I.
         let (settle, why) = if input.options.shards > 0 {
             (us(i * 2), "a shard's move, 2·I")
+        } else if input.options.preferences {
+            (
+                us(i * 2),
+                "a spontaneous demotion, or a move to a more preferred standby: drain + 1·I",
+            )
         } else {
             (us(i), "a spontaneous demotion, 1·I")
         };
@@ -46,8 +55,19 @@ impl Checker<'_> {
             if self.phantom_join(gap, a) {
                 continue;
             }
+            let settle = settle + self.run_drained(gap.0);
             let settled = extend((gap.0, gap.0 + settle + slack), machine).1;
-            for piece in subtract(&[gap], leaderless_excused) {
+            // With preferences a leader may step down for a more preferred standby at any time,
+            // a fault's heal among them (a replica back from a partition): the move's
+            // allowance holds for every gap, not only for one no fault explains.
+            let moved;
+            let excused = if input.options.preferences {
+                moved = normalize([leaderless_excused.as_slice(), &[(gap.0, settled)]].concat());
+                &moved
+            } else {
+                leaderless_excused
+            };
+            for piece in subtract(&[gap], excused) {
                 let len = piece.1 - piece.0;
                 if piece.0 != gap.0 && input.options.shards > 0 && piece.1 <= settled {
                     // Begun within a fault's bound, over within a move's.
@@ -101,6 +121,21 @@ impl Checker<'_> {
             }
         }
         leaderless
+    }
+
+    /// With preferences, the rest of a run of the schedule's in progress at `t` (up to the drain
+    /// timeout): a leader that hands over to a more preferred standby drains it first.
+    pub(super) fn run_drained(&self, t: u64) -> u64 {
+        if !self.input.options.preferences {
+            return 0;
+        }
+        self.ex
+            .runs
+            .iter()
+            .filter(|r| r.span.0 <= t && t < r.span.1)
+            .map(|r| (r.span.1 - t).min(us(crate::app::DRAIN)))
+            .max()
+            .unwrap_or(0)
     }
 
     /// A gap that began while a joiner cut off at its grant was partitioned, with no other
@@ -333,6 +368,7 @@ mod tests {
             done: true,
             overlapped: false,
             note: String::new(),
+            handover: None,
         }
     }
 

@@ -10,6 +10,7 @@ mod lanes;
 mod lead;
 mod leaders;
 pub(crate) mod pool;
+pub(crate) mod prefs;
 mod resources;
 mod rows;
 mod runs;
@@ -56,6 +57,8 @@ pub(crate) struct ProcInfo {
     pub(crate) rss: Vec<(u64, u64)>,
     /// Fast takeover.
     pub(crate) fast: bool,
+    /// Its preference (`--preferences`).
+    pub(crate) preference: Option<u64>,
 }
 
 /// The backends seen at a quiet moment.
@@ -101,6 +104,10 @@ pub(crate) struct Input<'a> {
     /// Dues (and attempts) whose two runs may overlap, and until when the first may last: an
     /// asynchronous crash lost the claim ([`failover::overlaps_allowed`]).
     pub(crate) due_overlaps_allowed: &'a [(u64, u32, u64)],
+    /// With `--preferences`: the reads of the live rows of the candidates table.
+    pub(crate) candidates: &'a [crate::prefs::Sample],
+    /// With `--preferences`: what the handover requests cost.
+    pub(crate) handovers: &'a [crate::handover::Cost],
 }
 
 /// What the checks found.
@@ -158,6 +165,8 @@ pub(crate) struct Analysis {
     pub(crate) deaf: Vec<(usize, usize)>,
     /// The machine's stalls: how many, their total and the longest (µs).
     pub(crate) stalls: (usize, u64, u64),
+    /// With `--preferences`: who led against the preferences, and the handovers.
+    pub(crate) prefs: prefs::Facts,
 }
 
 fn us(d: Duration) -> u64 {
@@ -231,6 +240,9 @@ fn analyse_lane(input: &Input<'_>, resources: bool) -> Analysis {
     checker.per_fault(&mut a, &leaderless, &two_ivs);
     checker.demotions(&mut a);
     checker.frozen(&mut a);
+    if input.options.preferences {
+        checker.preferences(&mut a);
+    }
     rows(input, &checker.ex.overlap_excused, &mut a);
     a.fence_refusals = input
         .events

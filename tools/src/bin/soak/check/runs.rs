@@ -255,6 +255,8 @@ mod tests {
                 stalls: &[],
                 probes: &[],
                 due_overlaps_allowed: allowed,
+                candidates: &[],
+                handovers: &[],
             };
             let mut a = Analysis::default();
             check(&input, &mut a);

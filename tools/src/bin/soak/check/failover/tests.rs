@@ -34,6 +34,8 @@ fn input<'a>(
         stalls: &[],
         probes: &[],
         due_overlaps_allowed: &[],
+        candidates: &[],
+        handovers: &[],
     }
 }
 
