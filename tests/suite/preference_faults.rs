@@ -567,3 +567,36 @@ async fn a_leader_stopped_before_its_first_look_leaves_no_live_row() {
     mid.stop().await.unwrap();
     low.stop().await.unwrap();
 }
+
+/// A handover asked while the synchronous standby confirms nothing (its link blackholed):
+/// the request's write waits for no standby, so the call answers within its bound and the
+/// target leads within two intervals. (Before, the request's COMMIT waited for the standby:
+/// the call gave up at its bound, and the request landed whenever the standby came back,
+/// seconds later, moving the lead then.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_does_not_wait_for_a_silent_synchronous_standby() {
+    let _timing = timing();
+    let cluster = common::failover::cluster(common::failover::Follow::MultiHost, true).await;
+    let key = LockKey::new(0xf9a, 1);
+    let a = preferring(cluster.pool(3), key, "a", 1);
+    wait_for(3 * I, || a.elector.is_leader())
+        .await
+        .expect("a leads");
+    let b = preferring(cluster.pool(3), key, "b", 1);
+    tokio::time::sleep(2 * I).await;
+    cluster.wal.blackhole();
+    let asker = cluster.pool(1);
+    let asked = std::time::Instant::now();
+    let to = request_handover(&asker, key, HandoverTo::Identity("b".into()), 300 * I, ASK).await;
+    let answered = asked.elapsed();
+    let led = wait_for(3 * I, || b.elector.is_leader()).await;
+    cluster.wal.pass();
+    b.stop().await.unwrap();
+    a.stop().await.unwrap();
+    assert_eq!(to.expect("the request is made"), "b");
+    assert!(answered < I, "answered in {answered:?}");
+    assert!(
+        led.is_some(),
+        "the target leads within three intervals of the request"
+    );
+}

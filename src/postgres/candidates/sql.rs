@@ -241,8 +241,13 @@ pub(super) const LOOK: &str = concat!(
 
 /// A handover asked of `$1, $2`'s leader (identity `$3`): to the live standby named `$4`, or
 /// with `$4` NULL to the most preferred live one; valid for a minute, or until that standby
-/// leads. Any other standby's request is withdrawn. Answers the target, or no row.
-pub(super) const REQUEST: &str = "WITH target AS (SELECT identity FROM pg_elector_candidates \
+/// leads. Any other standby's request is withdrawn. Answers the target, or no row. Its commit
+/// waits for no synchronous standby ([`no_wait!`]): the leader it asks reads it on this
+/// server, and a failover ends that leader's term anyway; a standby that stops confirming
+/// would otherwise hold the request past the caller's bound and let it land seconds later.
+pub(super) const REQUEST: &str = concat!(
+    no_wait!(),
+    "target AS (SELECT identity FROM pg_elector_candidates \
        WHERE class = $1::int4 AND object = $2::int4 AND identity <> $3::text \
        AND live_until > pg_catalog.statement_timestamp() AND heard_at <= pg_catalog.statement_timestamp() AND ($4::text IS NULL OR identity = $4::text) \
        ORDER BY preference DESC, live_until DESC, identity LIMIT 1) \
@@ -250,9 +255,10 @@ pub(super) const REQUEST: &str = "WITH target AS (SELECT identity FROM pg_electo
        requested_until = CASE WHEN c.identity = t.identity \
          THEN pg_catalog.statement_timestamp() + interval '1 minute' END, \
        stay_away_ms = CASE WHEN c.identity = t.identity THEN $5::int8 END \
-     FROM target t WHERE c.class = $1::int4 AND c.object = $2::int4 \
+     FROM target t, bound WHERE c.class = $1::int4 AND c.object = $2::int4 \
        AND (c.identity = t.identity OR c.requested_until IS NOT NULL) \
-     RETURNING c.identity, c.identity = t.identity";
+     RETURNING c.identity, c.identity = t.identity"
+);
 
 /// A leader's own row, dropped on its lock session before it unlocks: the row it wrote as a
 /// standby stays until its term's first look, and a term that ends before (a shutdown, a
