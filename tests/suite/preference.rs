@@ -425,6 +425,18 @@ async fn a_named_candidates_table_carries_preferences_and_requests() {
     .await;
     assert_eq!(default, 0, "the default table was never made");
 
+    // The old leader says it is alive again (in the named table) at its next try as a standby.
+    wait_for_async(3 * I, || async {
+        query_i64(
+            &client,
+            "SELECT count(*) FROM \"Ops\".\"Candidates\" \
+             WHERE identity = 'low' AND live_until > statement_timestamp()",
+        )
+        .await
+            == 1
+    })
+    .await
+    .expect("the old leader stands by, live in the named table");
     let asker = db.pool(1);
     let to = |name: &str| HandoverTo::Identity(name.into());
     let elsewhere = request_handover(&asker, key, to("low"), 10 * I, ASK).await;
