@@ -34,8 +34,10 @@
 //! claim; dues that pass meanwhile are handled by the job's [`CatchUp`].
 //!
 //! **A run ends before it can be taken for dead.** The runner cuts its run off (the job's
-//! future is dropped at its current `.await`) once its beats have not landed for two thirds
-//! of that threshold, counted from when the last beat that landed was sent; the run is then
+//! future is dropped at its current `.await`) once its beats have not been confirmed for two
+//! thirds of that threshold, counted from when the last confirmed beat was sent (a beat is
+//! seen on the primary at once, and confirmed once it is on the synchronous standby, when one
+//! is configured: a standby promoted later has it); the run is then
 //! called abandoned like any other (and rerun if the job asks). A beat that finds that
 //! another term called the run abandoned ends it at once (and that record stays). This holds while the term drains too: a partitioned
 //! leader's run never goes on beside the next leader's rerun, unless its process froze. The
