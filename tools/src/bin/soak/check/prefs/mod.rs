@@ -385,10 +385,7 @@ impl Checker<'_> {
                 .and_then(|ivs| ivs.iter().find(|&&(_, e)| e > f.inject))
                 .map(|&(s, _)| s.saturating_sub(f.inject));
             let led_by = led.map_or(deadline, |after| (f.inject + after).min(deadline));
-            if faults
-                .iter()
-                .any(|g| g.id != f.id && g.inject >= f.inject && g.inject <= led_by)
-            {
+            if cut_short(f, faults, led_by) {
                 a.prefs.target_cut += 1;
                 continue;
             }
@@ -470,3 +467,13 @@ pub(crate) fn asked() -> (Duration, Duration) {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether another fault was in effect between request `f` and `until` (the target's lead,
+/// or the deadline): one injected meanwhile, or one injected before and not healed by the
+/// request (a partitioned leader cannot see the request; its term ends by the partition's
+/// bound instead, which the leaderless check judges).
+pub(super) fn cut_short(f: &Fault, faults: &[Fault], until: u64) -> bool {
+    faults
+        .iter()
+        .any(|g| g.id != f.id && g.inject <= until && g.heal.max(g.inject) >= f.inject)
+}

@@ -111,3 +111,38 @@ fn a_move_within_two_intervals_is_allowed_and_one_later_is_not() {
 fn a_term_begun_while_the_table_showed_a_request_for_it_keeps_the_lead() {
     assert!(judged_with(&[], true).is_empty(), "taken on request");
 }
+
+#[test]
+fn a_request_made_while_the_leader_is_partitioned_is_cut_short() {
+    use crate::faults::{Fault, Kind};
+    let mut partition = Fault::instant(Kind::Partition, Some(3), true, 1_000_000);
+    partition.heal = 3_000_000;
+    let mut request = Fault::instant(Kind::HandoverLive, Some(3), true, 2_000_000);
+    request.id = 1;
+    let mut before = Fault::instant(Kind::Partition, Some(3), true, 100_000);
+    before.heal = 500_000;
+    before.id = 2;
+    assert!(super::cut_short(
+        &request,
+        &[partition, request.clone()],
+        2_900_000
+    ));
+    assert!(!super::cut_short(
+        &request,
+        &[before.clone(), request.clone()],
+        2_900_000
+    ));
+    let mut later = before;
+    later.inject = 2_500_000;
+    later.heal = 2_500_000;
+    assert!(super::cut_short(
+        &request,
+        &[later.clone(), request.clone()],
+        2_900_000
+    ));
+    assert!(!super::cut_short(
+        &request,
+        &[later, request.clone()],
+        2_400_000
+    ));
+}
