@@ -429,7 +429,7 @@ impl Render<'_> {
         let _ = writeln!(
             out,
             "- Application pools (each replica's ticker pool{}) probed after the faults: {} \
-             probes, {} answered ({} made moot by a fault injected meanwhile); connections that \
+             probes, {} answered ({} made moot by another fault injected meanwhile, or cutting that replica or the server off when sent); connections that \
              answered SELECT 1 within 1 s: {}, stuck: {}, broken (an error): {}, not borrowed \
              within 1 s: {}.",
             if self.options.shards == 0 {

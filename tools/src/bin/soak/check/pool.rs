@@ -2,6 +2,7 @@
 //! the soak probes it after a fault (see `soak/probes.rs`).
 
 use super::{Analysis, Input, Violation};
+use crate::faults::{Fault, Kind};
 use crate::fleet::What;
 use crate::probes::Sent;
 
@@ -34,16 +35,29 @@ pub(crate) struct Probes {
     pub(crate) moot: usize,
 }
 
-/// One probe's verdict: the stuck connections it counts (0 when a fault injected between the
-/// probe and its answer makes it moot, or the replica ended or froze before answering).
+/// Whether a fault other than the one probed for makes the probe moot: one injected between
+/// the probe and its answer (`until`), or one still in effect when it was sent that cuts this
+/// replica off (its own partition or SIGSTOP) or the whole server (a restart, a failover):
+/// the connections then cannot answer, whatever the library did.
+pub(crate) fn moot(sent: &Sent, until: u64, faults: &[Fault]) -> bool {
+    faults.iter().any(|g| {
+        let meanwhile = g.inject > sent.at && g.inject <= until;
+        let cuts_off =
+            (g.kind.partitions() || g.kind == Kind::Stop) && g.replica == Some(sent.replica);
+        let hits = cuts_off || g.kind.server_wide();
+        let in_effect = g.id != sent.fault && hits && g.inject <= sent.at && g.heal >= sent.at;
+        meanwhile || in_effect
+    })
+}
+
+/// One probe's verdict: the stuck connections it counts (0 when `moot`, or the replica ended or
+/// froze before answering).
 pub(crate) fn stuck(
-    sent: &Sent,
     answer: Option<(u64, &Answer)>,
-    injections: &[u64],
+    moot: bool,
     gone_by: Option<u64>,
 ) -> Option<u32> {
-    let until = answer.map_or(u64::MAX, |(at, _)| at);
-    if injections.iter().any(|&t| t > sent.at && t <= until) {
+    if moot {
         return None;
     }
     match answer {
@@ -56,7 +70,6 @@ pub(crate) fn stuck(
 
 /// Every probe: a stuck connection is a violation, attributed to the fault it follows.
 pub(crate) fn check(input: &Input<'_>, a: &mut Analysis) {
-    let injections: Vec<u64> = input.faults.iter().map(|f| f.inject).collect();
     a.pool_stuck = vec![0; input.faults.len()];
     let mut p = Probes {
         sent: input.probes.len(),
@@ -79,12 +92,9 @@ pub(crate) fn check(input: &Input<'_>, a: &mut Analysis) {
             p.failed += ans.failed;
             p.unborrowed += ans.unborrowed;
         }
-        let Some(n) = stuck(
-            sent,
-            answer.as_ref().map(|(t, a)| (*t, a)),
-            &injections,
-            gone_by,
-        ) else {
+        let until = answer.as_ref().map_or(u64::MAX, |(at, _)| *at);
+        let moot = moot(sent, until, input.faults);
+        let Some(n) = stuck(answer.as_ref().map(|(t, a)| (*t, a)), moot, gone_by) else {
             p.moot += 1;
             continue;
         };
@@ -144,27 +154,65 @@ mod tests {
         }
     }
 
+    fn fault(id: usize, replica: Option<usize>, inject: u64, heal: u64) -> Fault {
+        let kind = if replica.is_some() {
+            Kind::Partition
+        } else {
+            Kind::RestartFast
+        };
+        let mut f = Fault::instant(kind, replica, false, inject);
+        f.id = id;
+        f.heal = heal;
+        f
+    }
+
     #[test]
-    fn a_stuck_connection_counts_unless_a_later_fault_explains_it() {
+    fn a_stuck_connection_counts_unless_another_fault_explains_it() {
         let a = answer(1);
-        assert_eq!(stuck(&sent(100), Some((900, &a)), &[50], None), Some(1));
-        assert_eq!(
-            stuck(&sent(100), Some((900, &a)), &[50, 500], None),
-            None,
+        let own = fault(0, Some(1), 50, 2_000);
+        assert!(
+            !moot(&sent(100), 900, std::slice::from_ref(&own)),
+            "the fault probed for"
+        );
+        assert_eq!(stuck(Some((900, &a)), false, None), Some(1));
+        assert!(
+            moot(&sent(100), 900, &[own.clone(), fault(1, Some(2), 500, 500)]),
             "a fault injected while the probe ran"
         );
-        assert_eq!(
-            stuck(&sent(100), Some((900, &answer(0))), &[], None),
-            Some(0)
+        assert!(
+            moot(
+                &sent(100),
+                900,
+                &[own.clone(), fault(1, Some(1), 90, 3_000)]
+            ),
+            "this replica partitioned just before the probe"
         );
+        assert!(
+            moot(&sent(100), 900, &[own.clone(), fault(1, None, 90, 3_000)]),
+            "the server restarting"
+        );
+        assert!(
+            !moot(
+                &sent(100),
+                900,
+                &[own.clone(), fault(1, Some(2), 90, 3_000)]
+            ),
+            "another replica partitioned"
+        );
+        assert!(
+            !moot(&sent(100), 900, &[own, fault(1, Some(1), 10, 60)]),
+            "healed before the probe"
+        );
+        assert_eq!(stuck(Some((900, &answer(0))), false, None), Some(0));
+        assert_eq!(stuck(Some((900, &a)), true, None), None);
     }
 
     #[test]
     fn no_answer_is_the_whole_pool_stuck_unless_the_replica_went_first() {
         assert_eq!(
-            stuck(&sent(100), None, &[], None),
+            stuck(None, false, None),
             Some(crate::child::APP_POOL_SIZE as u32)
         );
-        assert_eq!(stuck(&sent(100), None, &[], Some(300)), None);
+        assert_eq!(stuck(None, false, Some(300)), None);
     }
 }
