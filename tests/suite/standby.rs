@@ -380,6 +380,50 @@ mod e3 {
         drop(shared_pool);
     }
 
+    /// E3 (and preferences' "a handover costs the other standbys no logins"): a try whose
+    /// question found the lock free but whose full try was refused, on a connection outside any
+    /// transaction, gives that connection back: the question's hold ended with its statement.
+    /// Here a foreign session holds the key shared, so every try asks, finds it free and is
+    /// refused; before, each such try closed its connection and the pool opened a new one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_refused_after_asking_gives_a_clean_connection_back() {
+        let _timing = timing();
+        let db = fresh_db().await;
+        let key = LockKey::new(3, 2_006);
+        let foreign = db.connect().await.unwrap();
+        foreign
+            .query_one(
+                "SELECT pg_advisory_lock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        let proxy = shared_server_proxy().await;
+        let standby = Replica::start(db.pool_via(proxy.addr(), 1), key, I);
+        // Ten tries or so, each refused after its question found the lock free.
+        tokio::time::sleep(10 * I).await;
+        assert!(
+            !standby.elector.is_leader(),
+            "a foreign session holds the key"
+        );
+        assert_eq!(
+            proxy.accepted(),
+            1,
+            "one connection for all the tries refused after asking"
+        );
+        foreign
+            .query_one(
+                "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        wait_for(3 * I, || standby.elector.is_leader())
+            .await
+            .expect("the standby leads within 3·I once the foreign hold is gone");
+        standby.stop().await.unwrap();
+    }
+
     /// A standby's ask holds the key shared for one statement; nobody who looks for the leader
     /// takes such a hold for one: here a session holds it shared in an open transaction, and
     /// `current_leader` finds no leader, then the elector that leads.

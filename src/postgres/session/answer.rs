@@ -62,6 +62,9 @@ pub(crate) enum Answer {
     Granted,
     GrantedUnbounded,
     Refused,
+    /// The session still holds the question's shared lock: it is inside a transaction the
+    /// application left open.
+    InTransaction,
     Recovery,
     Marked,
     /// The waiting session's statements ran on two server sessions: a transaction pooler.
@@ -79,6 +82,7 @@ impl Answer {
             "granted" => Self::Granted,
             "granted_unbounded" => Self::GrantedUnbounded,
             "refused" => Self::Refused,
+            "in_transaction" => Self::InTransaction,
             "recovery" => Self::Recovery,
             "marked" => Self::Marked,
             "moved" => Self::Moved,

@@ -12,11 +12,14 @@
 ///   identity as its `application_name` ($9),
 ///   `idle_session_timeout` = $4 ms and the TCP bounds of [`SessionBounds`](super::SessionBounds);
 /// - `granted_unbounded`: the same on a server without `idle_session_timeout` (before 14);
-/// - `refused`: another session holds the lock; or, for the exclusive lock, this session still
-///   holds the shared lock of [`ASK`], which only happens inside a transaction the application
-///   left open on the pooled connection: a lock granted there would keep that transaction open
-///   on the lock session, where `idle_session_timeout` does not apply (the connection is then
-///   closed, which ends that transaction).
+/// - `refused`: another session holds the lock;
+/// - `in_transaction`: for the exclusive lock, this session still holds the shared lock of
+///   [`ASK`], which only happens inside a transaction the application left open on the pooled
+///   connection: a lock granted there would keep that transaction open on the lock session,
+///   where `idle_session_timeout` does not apply, and the question's hold would refuse every
+///   other standby until that transaction ends (the connection is then closed, which ends it).
+///   So a plain `refused` after [`ASK`] found the lock free says that no hold of the question
+///   outlasts it: the connection goes back to the pool clean.
 ///
 /// `$10` asks for the key's shared lock instead (the membership lock of a group of shards,
 /// which every member holds at once); everything else about the grant is the same.
@@ -47,7 +50,7 @@ pub(super) const TRY_LOCK: &str = "SELECT answer, \
      WHEN NOT $10::bool AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks \
             WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid() \
             AND mode = 'ShareLock' AND classid = $1::int4::oid AND objid = $2::int4::oid \
-            AND objsubid = 2) THEN 'refused' \
+            AND objsubid = 2) THEN 'in_transaction' \
      WHEN CASE WHEN $10::bool THEN pg_catalog.pg_try_advisory_lock_shared($1::int4, $2::int4) \
                ELSE pg_catalog.pg_try_advisory_lock($1::int4, $2::int4) END THEN \
        CASE WHEN pg_catalog.set_config('pg_elector.session', $3::text, false) = $3::text \

@@ -36,15 +36,13 @@ use crate::postgres::prepared::{Prepared, send};
 /// (see [`send`]).
 ///
 /// A try refused by [`ASK`] gives the connection back to the pool unchanged. A try that [`ASK`]
-/// found free, that left the lock to another standby and whose session no longer holds the
-/// question's hold, gives it back too. Any other try that [`ASK`] found free and that was not
-/// granted closes it: had the application left the connection
-/// inside a transaction, the shared hold of [`ASK`] would last until that transaction ends
-/// and refuse every other standby meanwhile (and [`TRY_LOCK`] refuses a grant there). That
-/// costs a new backend when the lock was free at the question and not at the try: another
-/// standby took it, or its question or a fast-takeover waiter got in between (most likely
-/// right after a leader lets go), or a session outside the elector holds the key shared; and
-/// at every try that finds a transaction pooler. A granted try takes the connection out of the
+/// found free and that was not granted gives it back too (another standby took the lock
+/// between the question and the try, most likely right after a leader let go; or the gate left
+/// it to another standby), unless the session still holds the question's hold: that happens
+/// only inside a transaction the application left open, where the hold would last until the
+/// transaction ends and refuse every other standby meanwhile, so that connection is closed
+/// ([`TRY_LOCK`] answers `in_transaction` then, and grants nothing there). A try that finds a
+/// transaction pooler closes its connection too. A granted try takes the connection out of the
 /// pool for good. A server in recovery gets its connection closed, so that the next try
 /// opens a new one. Any other outcome (an error, a timeout,
 /// an answer this elector does not know, or this future being dropped mid-way) closes the
@@ -226,13 +224,15 @@ impl Visit {
                     handed_over,
                 ));
             }
-            Some(Answer::Refused) if asked => {
-                tracing::debug!(key = %key, "the lock was taken between the question and the try; \
-                     closing the connection, which the question's hold may outlast");
+            // Taken between the question and the try (or held shared elsewhere): the question's
+            // hold ended with it (else `in_transaction`), so the connection goes back clean.
+            Some(Answer::Refused) => Attempt::Refused,
+            Some(Answer::InTransaction) => {
+                tracing::debug!(key = %key, "the try ran inside a transaction the application left open; \
+                     closing the connection, which ends it");
                 // Dropping `borrowed` closes the connection.
                 return Ok(Attempt::Refused);
             }
-            Some(Answer::Refused) => Attempt::Refused,
             // Closed (see above).
             Some(Answer::Recovery) => return Ok(Attempt::InRecovery),
             Some(Answer::Marked) => {
