@@ -40,7 +40,7 @@ impl Checker<'_> {
         // With preferences, a leader also steps down by itself for a live standby of a higher
         // preference (a new replica, one back from a fault): it drains (≤ I, or the rest of a
         // run of the schedule's) and unlocks, and the standby takes the lock at its next try
-        // (README, "Who leads"; as a graceful shutdown's bound counts it): 2·I.
+        // (docs/preferences.md; as a graceful shutdown's bound counts it): 2·I.
         let (settle, why) = if input.options.shards > 0 {
             (us(i * 2), "a shard's move, 2·I")
         } else if input.options.preferences {
@@ -242,6 +242,11 @@ impl Checker<'_> {
                 continue;
             }
             let deadline = extend((f.inject, f.inject + us(demote) + slack), &stalled[p]).1;
+            // A handover's leader hands over only to a target still live at its next check: a
+            // fault on the target meanwhile (a graceful stop, a kill) leaves the lead where it is.
+            if f.kind.handover() && target_hit(f, faults, deadline) {
+                continue;
+            }
             let Some(&(_, end)) = lead.possible_terms[p]
                 .iter()
                 .find(|&&(s, e)| s <= f.inject && f.inject < e)
@@ -348,6 +353,17 @@ pub(super) fn join_of<'a>(
     (!other).then_some(join)
 }
 
+/// Whether a fault other than handover request `f` hit its target from the request up to
+/// `until`.
+fn target_hit(f: &Fault, faults: &[Fault], until: u64) -> bool {
+    let Some(target) = f.handover.as_ref().and_then(|h| h.target) else {
+        return false;
+    };
+    faults.iter().any(|g| {
+        g.id != f.id && g.replica == Some(target) && g.inject >= f.inject && g.inject <= until
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -395,6 +411,32 @@ mod tests {
         assert!(
             join_of((1_300, 2_500), &faults, &busy).is_none(),
             "another fault's window"
+        );
+    }
+
+    #[test]
+    fn a_handover_whose_target_stops_meanwhile_asks_no_demotion() {
+        let mut request = Fault::instant(Kind::HandoverLive, Some(1), true, 1_000);
+        request.handover = Some(crate::handover::Asked {
+            named: None,
+            target: Some(2),
+            target_fast: false,
+            answer: crate::handover::Answer::Made,
+            killed: false,
+        });
+        let mut stop = Fault::instant(Kind::Graceful, Some(2), false, 1_100);
+        stop.id = 1;
+        let mut other = Fault::instant(Kind::Graceful, Some(3), false, 1_100);
+        other.id = 1;
+        assert!(target_hit(
+            &request,
+            &[request.clone(), stop.clone()],
+            2_000
+        ));
+        assert!(!target_hit(&request, &[request.clone(), other], 2_000));
+        assert!(
+            !target_hit(&request, &[request.clone(), stop], 1_050),
+            "after the bound"
         );
     }
 }
