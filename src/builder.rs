@@ -11,7 +11,7 @@ use crate::identity::{default_identity, kept_whole};
 use crate::metrics::MetricsSpec;
 use crate::postgres::settings::PgSettings;
 use crate::postgres::{CandidatesTable, DEFAULT_FENCING_TABLE, FenceTable};
-use crate::{Error, LockKey};
+use crate::{BuildError, Error, LockKey};
 
 /// The default check interval: 5 s.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -222,7 +222,7 @@ impl ElectorBuilder {
     /// pipeline deployed, in seconds): the first new replica to stand by takes the lead from
     /// the old leader, and the lead moves once per deploy. A number tied to the release (a
     /// version, a build number) goes down on a rollback, and the lead then moves at each
-    /// replacement, as without preferences (the README's "Who leads" says more).
+    /// replacement, as without preferences (the guide ["Who leads"](crate::guide::preferences) says more).
     ///
     /// A replica with a preference says it is alive at each try, in a row of the table
     /// `pg_elector_candidates` (created when missing), on a connection of the pool it tries
@@ -234,7 +234,7 @@ impl ElectorBuilder {
     /// replica built without a preference writes nothing and counts as 0, and can't be named
     /// in [`request_handover`](crate::request_handover); it still leaves the lock to a more
     /// preferred live standby. Identities must be unique per key for this (the default is).
-    /// The crate's README ("Who leads") has the details and the measured figures.
+    /// The guide ["Who leads"](crate::guide::preferences) has the details and the measured figures.
     ///
     /// ```
     /// # fn example(pool: deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
@@ -327,29 +327,30 @@ impl ElectorBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::IntervalTooSmall`] and [`Error::IntervalTooLarge`] for an interval out of
-    /// range; [`Error::InvalidFencingTable`] and [`Error::InvalidCandidatesTable`] for an empty or
+    /// [`BuildError::IntervalTooSmall`] and [`BuildError::IntervalTooLarge`] for an interval out of
+    /// range; [`BuildError::InvalidFencingTable`] and [`BuildError::InvalidCandidatesTable`] for an empty or
     /// overlong table or schema name;
-    /// [`Error::InvalidIdentity`] for an identity with a NUL byte, or, with a
+    /// [`BuildError::InvalidIdentity`] for an identity with a NUL byte, or, with a
     /// [`preference`](Self::preference), one over 63 bytes or with a character outside
     /// printable ASCII;
-    /// `Error::MetricClash` or `Error::Metric` when the registry refuses a metric.
+    /// `BuildError::MetricClash` or `BuildError::Metric` when the registry refuses a metric.
     pub fn build(self) -> Result<Elector, Error> {
         let interval = self.check_interval;
         if interval < MIN_CHECK_INTERVAL {
-            return Err(Error::IntervalTooSmall { interval });
+            return Err(BuildError::IntervalTooSmall { interval }.into());
         }
         if interval > MAX_CHECK_INTERVAL {
-            return Err(Error::IntervalTooLarge { interval });
+            return Err(BuildError::IntervalTooLarge { interval }.into());
         }
         let candidates = match &self.candidates_table {
-            Some((schema, table)) => CandidatesTable::new(schema.as_deref(), table)?,
+            Some((schema, table)) => CandidatesTable::new(schema.as_deref(), table)
+                .map_err(|name| BuildError::InvalidCandidatesTable { name })?,
             None => CandidatesTable::default(),
         };
         let metrics = self.metrics.register(&self.key.to_string())?;
         let identity = self.identity.unwrap_or_else(default_identity);
         if identity.contains('\0') || (self.preference.is_some() && !kept_whole(&identity)) {
-            return Err(Error::InvalidIdentity { identity });
+            return Err(BuildError::InvalidIdentity { identity }.into());
         }
         let fencing = match self.fencing {
             true => Some(FenceTable::new(

@@ -356,9 +356,15 @@ impl Elector {
     ///
     /// # Errors
     ///
-    /// [`Error::CurrentLeaderPoolTimeout`] or [`Error::Pool`] when no pool connection comes
-    /// within one check interval; [`Error::CurrentLeaderTimeout`] when the answer does not come
-    /// within one more; [`Error::CurrentLeaderQuery`] when a query fails.
+    /// [`Error::CurrentLeader`] with [`CurrentLeaderError::PoolTimeout`] or
+    /// [`CurrentLeaderError::Pool`] when no pool connection comes within one check interval,
+    /// [`CurrentLeaderError::Timeout`] when the answer does not come within one more, and
+    /// [`CurrentLeaderError::Query`] when a query fails.
+    ///
+    /// [`CurrentLeaderError::PoolTimeout`]: crate::CurrentLeaderError::PoolTimeout
+    /// [`CurrentLeaderError::Pool`]: crate::CurrentLeaderError::Pool
+    /// [`CurrentLeaderError::Timeout`]: crate::CurrentLeaderError::Timeout
+    /// [`CurrentLeaderError::Query`]: crate::CurrentLeaderError::Query
     ///
     /// # Cancel safety
     ///
@@ -367,7 +373,9 @@ impl Elector {
         let Some(pg) = self.pg() else {
             return Ok(None);
         };
-        crate::postgres::leader_via(&pg.pool, pg.key, pg.fencing.as_deref(), pg.interval).await
+        let found =
+            crate::postgres::leader_via(&pg.pool, pg.key, pg.fencing.as_deref(), pg.interval);
+        Ok(found.await?)
     }
 
     /// The statement that creates this elector's fencing table (`CREATE TABLE IF NOT EXISTS

@@ -39,8 +39,8 @@ pub(crate) struct FenceTable {
 impl FenceTable {
     /// The table `table` in `schema` (or the first schema of the `search_path`).
     pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Arc<Self>, Error> {
-        let quoted =
-            ident::qualified(schema, table).map_err(|name| Error::InvalidFencingTable { name })?;
+        let quoted = ident::qualified(schema, table)
+            .map_err(|name| crate::BuildError::InvalidFencingTable { name })?;
         let check = format!(
             "SELECT epoch FROM {quoted} WHERE class = $1::int4 AND object = $2::int4 FOR SHARE"
         );
@@ -367,7 +367,9 @@ mod tests {
         for bad in ["", &"x".repeat(64), "a\0b"] {
             assert!(matches!(
                 FenceTable::new(None, bad),
-                Err(Error::InvalidFencingTable { .. })
+                Err(crate::Error::Build(
+                    crate::BuildError::InvalidFencingTable { .. }
+                ))
             ));
             assert!(FenceTable::new(Some(bad), "t").is_err());
         }

@@ -263,11 +263,11 @@ mod tests {
         let builder = || Elector::local_builder().registry(&registry);
         assert!(matches!(
             builder().try_always_leader(),
-            Err(Error::MetricClash { .. })
+            Err(Error::Build(crate::BuildError::MetricClash { .. }))
         ));
         assert!(matches!(
             builder().try_manual(),
-            Err(Error::MetricClash { .. })
+            Err(Error::Build(crate::BuildError::MetricClash { .. }))
         ));
         let leader = builder().always_leader();
         let (standby, control) = builder().manual();

@@ -98,7 +98,7 @@ impl LocalBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    /// [`BuildError::MetricClash`](crate::BuildError::MetricClash) or [`BuildError::Metric`](crate::BuildError::Metric) when the registry refuses the gauge.
     pub fn try_always_leader(self) -> Result<Elector, Error> {
         let elector = self.build(LocalKind::AlwaysLeader)?;
         promote(&elector.shared);
@@ -123,7 +123,7 @@ impl LocalBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::MetricClash`] or [`Error::Metric`] when the registry refuses the gauge.
+    /// [`BuildError::MetricClash`](crate::BuildError::MetricClash) or [`BuildError::Metric`](crate::BuildError::Metric) when the registry refuses the gauge.
     pub fn try_manual(self) -> Result<(Elector, ManualControl), Error> {
         let elector = self.build(LocalKind::Manual)?;
         let control = ManualControl {

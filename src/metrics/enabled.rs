@@ -16,7 +16,7 @@ use super::{
     CHANGES_NAME, CHECK_DURATION_NAME, Change, DEFAULT_GAUGE_NAME, EPOCH_NAME, SHARD_MOVES_NAME,
     SHARDS_HELD_UNOWNED_NAME, SHARDS_OWNED_NAME,
 };
-use crate::Error;
+use crate::{BuildError, Error};
 
 const GAUGE_HELP: &str =
     "1 while this replica leads the pg-elector election for the key, 0 otherwise.";
@@ -204,19 +204,19 @@ pub(crate) fn register_shared<C>(
     registry: &Registry,
     name: &str,
     made: prometheus::Result<C>,
-) -> Result<C, Error>
+) -> Result<C, BuildError>
 where
     C: Collector + Clone + 'static,
 {
-    let collector = made.map_err(Error::Metric)?;
+    let collector = made.map_err(BuildError::Metric)?;
     match registry.register(Box::new(Shared(collector.clone()))) {
         Ok(()) => Ok(collector),
         Err(prometheus::Error::AlreadyReg) => {
-            find_registered(registry, name).ok_or_else(|| Error::MetricClash {
+            find_registered(registry, name).ok_or_else(|| BuildError::MetricClash {
                 name: name.to_owned(),
             })
         }
-        Err(e) => Err(Error::Metric(e)),
+        Err(e) => Err(BuildError::Metric(e)),
     }
 }
 
@@ -359,7 +359,7 @@ mod tests {
         let counter = prometheus::IntCounter::new("jobs", GAUGE_HELP).unwrap();
         registry.register(Box::new(counter)).unwrap();
         match spec(&registry, "jobs").register("k") {
-            Err(Error::MetricClash { name }) => assert_eq!(name, "jobs"),
+            Err(Error::Build(BuildError::MetricClash { name })) => assert_eq!(name, "jobs"),
             other => panic!("expected a clash, got {other:?}"),
         }
         let foreign = IntGaugeVec::new(Opts::new("mine", GAUGE_HELP), &["key"]).unwrap();
@@ -367,13 +367,13 @@ mod tests {
         assert!(
             matches!(
                 spec(&registry, "mine").register("k"),
-                Err(Error::MetricClash { .. })
+                Err(Error::Build(BuildError::MetricClash { .. }))
             ),
             "the application's own gauge of the same shape is not ours"
         );
         assert!(matches!(
             spec(&registry, "bad name!").register("k"),
-            Err(Error::Metric(_))
+            Err(Error::Build(BuildError::Metric(_)))
         ));
     }
 }

@@ -7,7 +7,7 @@ use tokio_postgres::types::Type;
 
 use crate::fence::{DEFAULT_TABLE, FenceTable};
 use crate::pooled::Borrowed;
-use crate::{Error, LockKey};
+use crate::{CurrentLeaderError, Error, LockKey};
 
 /// Who leads a key, as the server sees it; from [`current_leader`] or
 /// [`Elector::current_leader`](crate::Elector::current_leader).
@@ -44,7 +44,7 @@ const HOLDER: &str = "SELECT l.pid, coalesce(a.application_name, ''), pg_catalog
 ///
 /// # Errors
 ///
-/// [`Error::CurrentLeaderQuery`] when a query fails, for example a role without `SELECT` on an existing
+/// [`CurrentLeaderError::Query`](crate::CurrentLeaderError::Query) (in [`Error::CurrentLeader`]) when a query fails, for example a role without `SELECT` on an existing
 /// epoch table.
 ///
 /// # Cancel safety
@@ -62,10 +62,11 @@ pub async fn current_leader(
             &[(&table.name(), Type::TEXT)],
         )
         .await
-        .map_err(Error::CurrentLeaderQuery)?
+        .map_err(CurrentLeaderError::Query)?
         .first()
         .is_some_and(|row| row.get(0));
-    leader_of(client, key, exists.then_some(&*table)).await
+    let found = leader_of(client, key, exists.then_some(&*table)).await;
+    Ok(found.map_err(CurrentLeaderError::Query)?)
 }
 
 /// [`leader_of`] on a connection of `pool`, waiting at most `bound` for the connection and
@@ -76,17 +77,18 @@ pub(crate) async fn leader_via(
     key: LockKey,
     table: Option<&FenceTable>,
     bound: Duration,
-) -> Result<Option<LeaderInfo>, Error> {
+) -> Result<Option<LeaderInfo>, CurrentLeaderError> {
     let object = tokio::time::timeout(bound, pool.get())
         .await
-        .map_err(|_| Error::CurrentLeaderPoolTimeout(bound))?
-        .map_err(|e| Error::Pool(Box::new(e)))?;
+        .map_err(|_| CurrentLeaderError::PoolTimeout(bound))?
+        .map_err(|e| CurrentLeaderError::Pool(Box::new(e)))?;
     let borrowed = Borrowed::new(object);
     let found = tokio::time::timeout(bound, leader_of(borrowed.client(), key, table))
         .await
-        .map_err(|_| Error::CurrentLeaderTimeout(bound))?;
+        .map_err(|_| CurrentLeaderError::Timeout(bound))?
+        .map_err(CurrentLeaderError::Query)?;
     borrowed.give_back();
-    found
+    Ok(found)
 }
 
 /// As [`current_leader`], with the epoch read from `table`, if any.
@@ -94,7 +96,7 @@ pub(crate) async fn leader_of(
     client: &tokio_postgres::Client,
     key: LockKey,
     table: Option<&FenceTable>,
-) -> Result<Option<LeaderInfo>, Error> {
+) -> Result<Option<LeaderInfo>, tokio_postgres::Error> {
     let rows = client
         .query_typed(
             HOLDER,
@@ -103,15 +105,14 @@ pub(crate) async fn leader_of(
                 (&key.object_oid(), Type::OID),
             ],
         )
-        .await
-        .map_err(Error::CurrentLeaderQuery)?;
+        .await?;
     let Some(row) = rows.first() else {
         return Ok(None);
     };
-    let addr: Option<String> = row.try_get(2).map_err(Error::CurrentLeaderQuery)?;
+    let addr: Option<String> = row.try_get(2)?;
     let mut info = LeaderInfo {
-        pid: row.try_get(0).map_err(Error::CurrentLeaderQuery)?,
-        identity: row.try_get(1).map_err(Error::CurrentLeaderQuery)?,
+        pid: row.try_get(0)?,
+        identity: row.try_get(1)?,
         client_addr: addr.and_then(|a| a.parse().ok()),
         since: None,
         epoch: None,
@@ -119,11 +120,7 @@ pub(crate) async fn leader_of(
     let Some(table) = table else {
         return Ok(Some(info));
     };
-    if let Some((epoch, since)) = table
-        .read(client, key)
-        .await
-        .map_err(Error::CurrentLeaderQuery)?
-    {
+    if let Some((epoch, since)) = table.read(client, key).await? {
         info.epoch = Some(epoch);
         info.since = Some(since);
     }

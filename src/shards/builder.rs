@@ -107,14 +107,15 @@ impl ShardsBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidShardCount`] for a count of 0 or above 16 384, and every error of
+    /// [`BuildError::InvalidShardCount`](crate::BuildError::InvalidShardCount) for a count of 0 or above 16 384, and every error of
     /// [`ElectorBuilder::build`] for the options shared with it.
     pub fn build(self) -> Result<Shards, Error> {
         if self.count == 0 || self.count > MAX_SHARDS {
-            return Err(Error::InvalidShardCount {
+            return Err(crate::BuildError::InvalidShardCount {
                 count: self.count,
                 max: MAX_SHARDS,
-            });
+            }
+            .into());
         }
         let member = self.member.build()?;
         let Some(pg) = member.pg() else {

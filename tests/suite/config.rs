@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, Pool};
-use pg_elector::{DEFAULT_CHECK_INTERVAL, Elector, Error, LockKey, MAX_CHECK_INTERVAL};
+use pg_elector::{BuildError, DEFAULT_CHECK_INTERVAL, Elector, Error, LockKey, MAX_CHECK_INTERVAL};
 
 const KEY: LockKey = LockKey::new(1, 2);
 
@@ -27,7 +27,9 @@ mod e17 {
             .check_interval(interval)
             .build()
         {
-            Err(Error::IntervalTooLarge { interval: got }) => assert_eq!(got, interval),
+            Err(Error::Build(BuildError::IntervalTooLarge { interval: got })) => {
+                assert_eq!(got, interval)
+            }
             other => panic!("expected IntervalTooLarge, got {other:?}"),
         }
         let err = Elector::builder(pool(), KEY)
@@ -65,7 +67,7 @@ mod e17 {
             .check_interval(Duration::from_micros(9_999))
             .build()
         {
-            Err(Error::IntervalTooSmall { .. }) => {}
+            Err(Error::Build(BuildError::IntervalTooSmall { .. })) => {}
             other => panic!("expected IntervalTooSmall, got {other:?}"),
         }
     }
@@ -82,7 +84,9 @@ mod e17 {
                 .preference(1)
                 .build()
             {
-                Err(Error::InvalidIdentity { identity: given }) => assert_eq!(given, identity),
+                Err(Error::Build(BuildError::InvalidIdentity { identity: given })) => {
+                    assert_eq!(given, identity)
+                }
                 other => panic!("{identity:?}: expected InvalidIdentity, got {other:?}"),
             }
             Elector::builder(pool(), KEY)
@@ -109,7 +113,9 @@ mod e17 {
         let counter = prometheus::IntCounter::new("pg_elector_leader", "a counter").unwrap();
         registry.register(Box::new(counter)).unwrap();
         match Elector::builder(pool(), KEY).registry(&registry).build() {
-            Err(Error::MetricClash { name }) => assert_eq!(name, "pg_elector_leader"),
+            Err(Error::Build(BuildError::MetricClash { name })) => {
+                assert_eq!(name, "pg_elector_leader")
+            }
             other => panic!("expected MetricClash, got {other:?}"),
         }
         // Under another name it is fine.

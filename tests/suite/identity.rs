@@ -489,7 +489,7 @@ async fn current_leader_fails_within_two_intervals_in_a_partition() {
         .expect("current_leader does not hang in a partition");
     let took = started.elapsed();
     assert!(
-        matches!(outcome, Err(pg_elector::Error::CurrentLeaderTimeout(bound)) if bound == I),
+        matches!(outcome, Err(pg_elector::Error::CurrentLeader(pg_elector::CurrentLeaderError::Timeout(bound))) if bound == I),
         "{outcome:?}"
     );
     assert!(

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pg_elector::{
-    Elector, Error, HandoverTo, LockKey, TermEnd, request_handover, request_handover_in,
+    BuildError, Elector, Error, HandoverError, HandoverTo, LockKey, TermEnd, request_handover,
+    request_handover_in,
 };
 use pg_elector_testkit::FaultProxy;
 use tokio::task::JoinHandle;
@@ -273,7 +274,7 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
     let client = db.connect().await.unwrap();
     let asker = db.pool(1);
     let none = request_handover(&asker, key, HandoverTo::MostPreferred, I, ASK).await;
-    assert!(matches!(none, Err(Error::NoLeader)), "{none:?}");
+    assert!(matches!(none, Err(HandoverError::NoLeader)), "{none:?}");
 
     let top = replica(&db, key, "top", Some(9), false);
     lead_within(&top, 3 * I, "the first replica").await;
@@ -293,7 +294,7 @@ async fn a_handover_on_request_goes_to_the_named_standby() {
         )
         .await;
         match refused {
-            Err(Error::NoSuchStandby { identity }) => {
+            Err(HandoverError::NoSuchStandby { identity }) => {
                 assert_eq!(identity.as_deref(), Some(missing))
             }
             other => panic!("a request to {missing:?}: {other:?}"),
@@ -441,7 +442,7 @@ async fn a_named_candidates_table_carries_preferences_and_requests() {
     let to = |name: &str| HandoverTo::Identity(name.into());
     let elsewhere = request_handover(&asker, key, to("low"), 10 * I, ASK).await;
     assert!(
-        matches!(elsewhere, Err(Error::NoSuchStandby { .. })),
+        matches!(elsewhere, Err(HandoverError::NoSuchStandby { .. })),
         "{elsewhere:?}"
     );
     let asked = request_handover_in(
@@ -459,7 +460,7 @@ async fn a_named_candidates_table_carries_preferences_and_requests() {
 
     let bad = request_handover_in(&asker, Some(""), "Candidates", key, to("low"), I, ASK).await;
     assert!(
-        matches!(bad, Err(Error::InvalidCandidatesTable { ref name }) if name.is_empty()),
+        matches!(bad, Err(HandoverError::InvalidTable { ref name }) if name.is_empty()),
         "{bad:?}"
     );
     let long = "x".repeat(64);
@@ -467,7 +468,7 @@ async fn a_named_candidates_table_carries_preferences_and_requests() {
         .candidates_table(None, &long)
         .build();
     assert!(
-        matches!(refused, Err(Error::InvalidCandidatesTable { ref name }) if *name == long),
+        matches!(refused, Err(Error::Build(BuildError::InvalidCandidatesTable { ref name })) if *name == long),
         "{refused:?}"
     );
     high.stop().await.unwrap();

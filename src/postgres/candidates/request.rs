@@ -8,7 +8,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::millis;
 use super::sql::{CandidatesTable, REQUEST};
 use crate::pooled::{NotBorrowed, outside_transactions};
-use crate::{Error, LockKey};
+use crate::{HandoverError, LockKey};
 
 /// Who a handover asked with [`request_handover`] goes to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,10 +45,11 @@ pub enum HandoverTo {
 ///
 /// # Errors
 ///
-/// [`Error::NoLeader`] when no replica leads `key`; [`Error::NoSuchStandby`] when no live
-/// standby matches (then nothing changed); [`Error::Pool`] when the pool cannot connect;
-/// [`Error::HandoverTimeout`] when the connection or the answer did not come within `bound`
-/// (the request may or may not have been made); [`Error::HandoverQuery`] when a query fails.
+/// [`HandoverError::NoLeader`] when no replica leads `key`; [`HandoverError::NoSuchStandby`]
+/// when no live standby matches (then nothing changed); [`HandoverError::Pool`] when the pool
+/// cannot connect; [`HandoverError::Timeout`] when the connection or the answer did not come
+/// within `bound` (the request may or may not have been made); [`HandoverError::Query`] when a
+/// query fails. Each converts into [`Error::Handover`](crate::Error::Handover) with `?`.
 ///
 /// ```no_run
 /// # async fn example(pool: &deadpool_postgres::Pool) -> Result<(), pg_elector::Error> {
@@ -71,7 +72,7 @@ pub async fn request_handover(
     to: HandoverTo,
     stay_away: Duration,
     bound: Duration,
-) -> Result<String, Error> {
+) -> Result<String, HandoverError> {
     let table = CandidatesTable::default();
     asked_of(pool, &table, key, to, stay_away, bound).await
 }
@@ -82,7 +83,7 @@ pub async fn request_handover(
 ///
 /// # Errors
 ///
-/// As [`request_handover`]'s, and [`Error::InvalidCandidatesTable`] for an empty or overlong
+/// As [`request_handover`]'s, and [`HandoverError::InvalidTable`] for an empty or overlong
 /// name (nothing is asked then).
 ///
 /// ```no_run
@@ -104,8 +105,9 @@ pub async fn request_handover_in(
     to: HandoverTo,
     stay_away: Duration,
     bound: Duration,
-) -> Result<String, Error> {
-    let table = CandidatesTable::new(schema, table)?;
+) -> Result<String, HandoverError> {
+    let table =
+        CandidatesTable::new(schema, table).map_err(|name| HandoverError::InvalidTable { name })?;
     asked_of(pool, &table, key, to, stay_away, bound).await
 }
 
@@ -117,19 +119,19 @@ async fn asked_of(
     to: HandoverTo,
     stay_away: Duration,
     bound: Duration,
-) -> Result<String, Error> {
+) -> Result<String, HandoverError> {
     let until = tokio::time::Instant::now() + bound;
     let borrowed = outside_transactions(pool, until, until)
         .await
         .map_err(|e| match e {
-            NotBorrowed::PoolTimeout | NotBorrowed::Timeout => Error::HandoverTimeout(bound),
-            NotBorrowed::Pool(e) => Error::Pool(Box::new(e)),
-            NotBorrowed::Query(e) => Error::HandoverQuery(e),
+            NotBorrowed::PoolTimeout | NotBorrowed::Timeout => HandoverError::Timeout(bound),
+            NotBorrowed::Pool(e) => HandoverError::Pool(Box::new(e)),
+            NotBorrowed::Query(e) => HandoverError::Query(e),
         })?;
     // A connection whose answer did not come in time, or that failed, is closed.
     let asked = tokio::time::timeout_at(until, ask(borrowed.client(), table, key, &to, stay_away))
         .await
-        .map_err(|_| Error::HandoverTimeout(bound))??;
+        .map_err(|_| HandoverError::Timeout(bound))??;
     borrowed.give_back();
     Ok(asked)
 }
@@ -142,12 +144,11 @@ async fn ask(
     key: LockKey,
     to: &HandoverTo,
     stay_away: Duration,
-) -> Result<String, Error> {
+) -> Result<String, HandoverError> {
     let leader = match crate::postgres::leader::leader_of(client, key, None).await {
         Ok(Some(leader)) => leader,
-        Ok(None) => return Err(Error::NoLeader),
-        Err(Error::CurrentLeaderQuery(e)) => return Err(Error::HandoverQuery(e)),
-        Err(other) => return Err(other),
+        Ok(None) => return Err(HandoverError::NoLeader),
+        Err(e) => return Err(HandoverError::Query(e)),
     };
     let named = match to {
         HandoverTo::Identity(name) => Some(name.as_str()),
@@ -161,14 +162,14 @@ async fn ask(
         (&named, Type::TEXT),
         (&stay_away, Type::INT8),
     ];
-    let no_such = || Error::NoSuchStandby {
+    let no_such = || HandoverError::NoSuchStandby {
         identity: named.map(str::to_owned),
     };
     let rows = match client.query_typed(&table.sql(REQUEST), &params).await {
         Ok(rows) => rows,
         // No table: nobody ever registered.
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Err(no_such()),
-        Err(e) => return Err(Error::HandoverQuery(e)),
+        Err(e) => return Err(HandoverError::Query(e)),
     };
     rows.iter()
         .find(|row| row.get::<_, bool>(1))

@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 
-use crate::Error;
 use crate::ident;
 use crate::pooled::in_open_transaction;
 
@@ -22,11 +21,10 @@ pub(crate) struct CandidatesTable {
 
 impl CandidatesTable {
     /// The table `table` in `schema` (the `search_path`'s first when `None`), names taken as
-    /// written; [`Error::InvalidCandidatesTable`] for an empty or overlong one or one with a
-    /// NUL byte.
-    pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Self, Error> {
-        let quoted = ident::qualified(schema, table)
-            .map_err(|name| Error::InvalidCandidatesTable { name })?;
+    /// written; the name refused when it is empty, overlong, or holds a NUL byte (the caller
+    /// says which error that is).
+    pub(crate) fn new(schema: Option<&str>, table: &str) -> Result<Self, String> {
+        let quoted = ident::qualified(schema, table)?;
         Ok(match (schema, table) {
             (None, DEFAULT_NAME) => Self::default(),
             _ => Self {
@@ -333,10 +331,7 @@ mod tests {
     #[test]
     fn names_postgresql_would_cut_or_refuse_are_an_error() {
         for (schema, table) in [(None, ""), (Some(""), "t"), (None, "a\0b")] {
-            assert!(matches!(
-                CandidatesTable::new(schema, table),
-                Err(Error::InvalidCandidatesTable { .. })
-            ));
+            assert!(CandidatesTable::new(schema, table).is_err());
         }
         let long = "x".repeat(64);
         assert!(CandidatesTable::new(None, &long).is_err());
