@@ -59,7 +59,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use pg_elector::background::{LeaderTicker, Readiness, Supervisor, WhileLeader};
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::config::pool_from_config;
+use pg_elector_testkit::server::config::pool_from_config;
 use pg_elector_testkit::{PgServer, TestDb};
 use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
 use tokio_util::sync::CancellationToken;

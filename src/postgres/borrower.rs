@@ -159,7 +159,8 @@ impl Borrower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pg_elector_testkit::{FaultProxy, PgServer, serial};
+    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::{FaultProxy, PgServer};
     use tokio::net::TcpListener;
 
     #[test]

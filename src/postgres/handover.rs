@@ -176,7 +176,8 @@ mod tests {
     use super::*;
     use crate::postgres::session::{Attempt, LockSession, Prepared, SessionBounds};
     use crate::postgres::waiter::{Outcome, wait};
-    use pg_elector_testkit::{PgServer, TestDb, serial};
+    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::{PgServer, TestDb};
     use tokio::time::Instant;
 
     const INTERVAL: Duration = Duration::from_millis(200);

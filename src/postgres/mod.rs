@@ -196,7 +196,8 @@ mod tests {
     use super::*;
     use crate::lease::now_ms;
     use crate::{Elector, LockKey};
-    use pg_elector_testkit::{FaultProxy, PgServer, serial};
+    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::{FaultProxy, PgServer};
     use std::net::{Ipv4Addr, SocketAddr};
     use std::process::Command;
     use tokio::time::Instant;

@@ -318,7 +318,8 @@ fn client_check_ms(interval: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pg_elector_testkit::{PgServer, serial};
+    use pg_elector_testkit::PgServer;
+    use pg_elector_testkit::replicas::serial;
 
     fn describe(outcome: &Outcome) -> String {
         match outcome {
@@ -403,7 +404,7 @@ mod tests {
             .unwrap();
         let answer: Option<String> = row[0].get(0);
         assert_eq!(Answer::parse(answer.as_deref()), Some(Answer::Moved));
-        let held = pg_elector_testkit::sql::own_advisory_locks(&client)
+        let held = pg_elector_testkit::server::sql::own_advisory_locks(&client)
             .await
             .unwrap();
         assert_eq!(held, 0, "no lock taken");

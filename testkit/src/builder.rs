@@ -37,7 +37,7 @@ impl<R: Member> std::fmt::Debug for MembersBuilder<'_, R> {
 }
 
 impl<'a, R: Member> MembersBuilder<'a, R> {
-    /// Three members of `spec` in `db`, at [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL).
+    /// Three members of `spec` in `db`, at a check interval of 200 ms.
     pub(crate) fn new(db: &'a TestDb, spec: R::Spec) -> Self {
         Self {
             db,
@@ -49,23 +49,20 @@ impl<'a, R: Member> MembersBuilder<'a, R> {
         }
     }
 
-    /// Every member's check interval (default
-    /// [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL)).
+    /// Every member's check interval (default 200 ms).
     pub fn check_interval(mut self, every: Duration) -> Self {
         self.common.interval = every;
         self
     }
 
-    /// Connections in each member's pool (default
-    /// [`TEST_POOL_SIZE`](crate::replicas::TEST_POOL_SIZE)).
+    /// Connections in each member's pool (default 4).
     pub fn pool_size(mut self, size: usize) -> Self {
         self.common.pool_size = size;
         self
     }
 
-    /// The `idle_in_transaction_session_timeout` of every member's pool (default
-    /// [`TEST_IDLE_IN_TRANSACTION`](crate::replicas::TEST_IDLE_IN_TRANSACTION); `None`: the
-    /// server's).
+    /// The `idle_in_transaction_session_timeout` of every member's pool (default 1 s; `None`:
+    /// the server's).
     /// A leader partitioned or frozen in the middle of a fenced transaction leaves it open,
     /// holding the epoch row that the next term must take: as in production, the server's
     /// timeout is what ends it.

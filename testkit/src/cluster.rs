@@ -8,7 +8,8 @@ use deadpool_postgres::Pool;
 use tokio_postgres::config::TargetSessionAttrs;
 
 use crate::database::pool_from_config;
-use crate::{FaultProxy, KitError, PgServer, ShutdownMode, TestDb};
+use crate::server::ShutdownMode;
+use crate::{FaultProxy, KitError, PgServer, TestDb};
 
 /// How long a promoted standby may take to accept writes, as clients see it.
 const WRITABLE_TIMEOUT: Duration = Duration::from_secs(30);

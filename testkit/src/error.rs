@@ -15,7 +15,7 @@ pub enum KitError {
     /// No usable PostgreSQL server: the binaries were not found (the message
     /// says where the harness looked and how to fix it) or `PG_BINDIR` is invalid.
     NoServer(String),
-    /// No `pgbouncer` program to start a [`Pgbouncer`](crate::pooler::Pgbouncer)
+    /// No `pgbouncer` program to start a [`Pgbouncer`](crate::server::pooler::Pgbouncer)
     /// with: the message says where the harness looked and how to install it.
     NoPgbouncer(String),
     /// A private-server control (restart, stop, ...) was called on an

@@ -8,7 +8,8 @@ use deadpool_postgres::{Object, Timeouts};
 use crate::database::connect_config;
 use crate::locks::{lock_sessions, terminate};
 use crate::members::{Member, Members, server_name};
-use crate::{KitError, PgServer, ShutdownMode};
+use crate::server::ShutdownMode;
+use crate::{KitError, PgServer};
 
 /// Which replica a fault acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,13 +16,13 @@ mod host;
 mod load;
 mod locks;
 mod members;
+mod pg_server;
 mod pgbouncer;
 mod private_server;
 mod proxy;
 mod recorder;
 pub mod replicas;
 mod runtime;
-mod server;
 mod shard_members;
 mod slots;
 mod standby;
@@ -32,14 +32,13 @@ pub use database::TestDb;
 pub use error::KitError;
 pub use faults::Who;
 pub use fenced_writes::FencedWrites;
+pub use pg_server::PgServer;
 pub use proxy::FaultProxy;
 pub use recorder::Timeline;
-pub use server::{PgServer, ShutdownMode};
-pub use slots::{SerialGuard, serial, timing};
 
 /// Replicas of a service as child processes, which a test can freeze (SIGSTOP), thaw and kill;
 /// [`Fleet::serve_child`] is the child's side. Feature `replica`, on by default; the rest of
-/// that API is in [`processes`].
+/// that API is in [`replicas::processes`].
 #[cfg(feature = "replica")]
 pub use fleet::Fleet;
 
@@ -49,8 +48,8 @@ pub use fleet::Fleet;
 /// ([`kill_session`](replicas::Members::kill_session),
 /// [`partition`](replicas::Members::partition), ...) act on one replica, or on whoever leads;
 /// the waiting helpers say when a leader leads; [`seen`](replicas::Members::seen) tells who led
-/// when, and [`assert_no_two_leaders`](timeline::Seen::assert_no_two_leaders) whether two ever
-/// overlapped.
+/// when, and [`assert_no_two_leaders`](replicas::timeline::Seen::assert_no_two_leaders) whether
+/// two ever overlapped.
 ///
 /// Start them with [`Replicas::builder`](replicas::Members::builder). Dropping them aborts
 /// every replica (as a crash would) without waiting.
@@ -66,60 +65,46 @@ pub type Replicas = replicas::Members<replicas::Replica>;
 /// Start them with [`ShardMembers::builder`](replicas::Members::builder).
 pub type ShardMembers = replicas::Members<replicas::ShardMember>;
 
-/// What the server says about a key: the sessions that hold or wait for its advisory lock, and
-/// ending a backend.
-pub mod sql {
-    pub use crate::locks::{
-        LockSession, advisory_holders, holders, lock_sessions, own_advisory_locks, terminate,
-    };
+/// The database side of a test, beyond [`PgServer`] and [`TestDb`]: how a server stops, a
+/// failover, a pooler, what the server says about a key, and connection settings.
+pub mod server {
+    pub use crate::pg_server::ShutdownMode;
+
+    /// A database failover: a primary and a standby with clients that follow a promotion
+    /// ([`Cluster`](crate::server::failover::Cluster)).
+    pub mod failover {
+        pub use crate::cluster::{Cluster, Follow};
+    }
+
+    /// A private PgBouncer in front of a server, for the pooler faults.
+    pub mod pooler {
+        pub use crate::pgbouncer::{Pgbouncer, PoolMode};
+    }
+
+    /// What the server says about a key: the sessions that hold or wait for its advisory
+    /// lock, and ending a backend.
+    pub mod sql {
+        pub use crate::locks::{
+            LockSession, advisory_holders, holders, lock_sessions, own_advisory_locks, terminate,
+        };
+    }
+
+    /// Connection settings and pools as the kit makes them, and the client crates they come
+    /// from.
+    pub mod config {
+        pub use crate::database::{config_with_addr, pool_from_config};
+
+        /// The `deadpool-postgres` this crate builds pools with.
+        pub use deadpool_postgres;
+        /// The `tokio-postgres` this crate's configurations and clients come from.
+        pub use tokio_postgres;
+    }
 }
 
-/// Connection settings and pools as the kit makes them, and the client crates they come from.
-pub mod config {
-    pub use crate::database::{config_with_addr, pool_from_config};
-
-    /// The `deadpool-postgres` this crate builds pools with.
-    pub use deadpool_postgres;
-    /// The `tokio-postgres` this crate's configurations and clients come from.
-    pub use tokio_postgres;
-}
-
-/// A database failover: a primary and a standby with clients that follow a promotion
-/// ([`Cluster`](crate::failover::Cluster)).
-pub mod failover {
-    pub use crate::cluster::{Cluster, Follow};
-}
-
-/// A private PgBouncer in front of a server, for the pooler faults.
-pub mod pooler {
-    pub use crate::pgbouncer::{Pgbouncer, PoolMode};
-}
-
-/// What a [`Timeline`] saw: who led when, as `is_leader()` and the server said, and the
-/// overlaps found in it.
-pub mod timeline {
-    pub use crate::recorder::{
-        Overlap, SAMPLE_EVERY, SERVER_EVERY, Seen, ServerView, Span, TimelineBuilder,
-    };
-}
-
-/// The writes a [`FencedWrites`] read, and why one could not be recorded.
-pub mod fenced {
-    pub use crate::fenced_writes::{Interleaving, RecordError, Write};
-}
-
-/// Replicas as child processes (feature `replica`, on by default): a
-/// [`Fleet`] of the running test binary started again, which can be frozen (SIGSTOP), thawed and killed.
-/// See the crate's documentation, "Replicas as processes".
-#[cfg(feature = "replica")]
-pub mod processes {
-    pub use crate::fleet::{Event, Fleet, FleetBuilder, What, child, child_with, is_child};
-}
-
-/// The child-process protocol of [`processes`](crate::processes): the environment a replica process reads, the
-/// lines it says on stdout and how the parent parses them. Used by this workspace's process
-/// tests and tools; not a stable part of the kit.
-#[cfg(feature = "replica")]
+/// The child-process protocol of [`replicas::processes`]: the environment a replica process
+/// reads, the lines it says on stdout and how the parent parses them. For this workspace's
+/// process tests and tools only (feature `protocol`, off by default): not part of the kit's API.
+#[cfg(feature = "protocol")]
 #[doc(hidden)]
 pub mod replica {
     pub use crate::fleet::{

@@ -1,4 +1,4 @@
-//! The machine's CPU, from `/proc/stat`: what the slots of [`timing`](crate::timing) are
+//! The machine's CPU, from `/proc/stat`: what the slots of [`timing`](crate::replicas::timing) are
 //! handed out by, and what the times file reports. Where there is no `/proc/stat`, nothing is
 //! known and nothing is held back.
 

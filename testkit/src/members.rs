@@ -18,14 +18,14 @@ use crate::{FaultProxy, KitError, TestDb};
 
 /// The check interval members get unless told otherwise: short, so that a failover takes a
 /// fraction of a second, and long enough for a loaded 2-core machine.
-pub const TEST_INTERVAL: Duration = Duration::from_millis(200);
+pub(crate) const TEST_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The `idle_in_transaction_session_timeout` of the members' pools unless told otherwise.
-pub const TEST_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(1);
+pub(crate) const TEST_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(1);
 
 /// Connections in each member's pool unless told otherwise: the election's two and two for
 /// the service's work.
-pub const TEST_POOL_SIZE: usize = 4;
+pub(crate) const TEST_POOL_SIZE: usize = 4;
 
 pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(crate) type Service<C> = Arc<dyn Fn(C) -> BoxFuture + Send + Sync>;

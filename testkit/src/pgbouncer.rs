@@ -61,7 +61,7 @@ impl PoolMode {
 ///
 /// ```no_run
 /// use pg_elector_testkit::PgServer;
-/// use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
+/// use pg_elector_testkit::server::pooler::{Pgbouncer, PoolMode};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let server = PgServer::shared()?;

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::command::{COMMAND_TIMEOUT, output_within};
 use crate::host::{RunAs, free_port, make_temp_root};
+use crate::server::ShutdownMode;
 use crate::watchdog::Watchdog;
-use crate::{KitError, ShutdownMode, binaries, error, runtime};
+use crate::{KitError, binaries, error, runtime};
 
 /// How long `pg_ctl` may wait for a start, stop or restart.
 const PG_CTL_TIMEOUT_SECS: &str = "30";

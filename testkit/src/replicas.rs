@@ -1,7 +1,9 @@
 //! What [`Replicas`](crate::Replicas) and [`ShardMembers`](crate::ShardMembers) are made of:
 //! the members in this process ([`Members`]), what each member's service is handed
 //! ([`Replica`], [`ShardMember`]), their builders, the defaults they start with, and what the
-//! waiting helpers and faults return ([`Leading`], [`PoolHold`]).
+//! waiting helpers and faults return ([`Leading`], [`PoolHold`]); what a test reads of them
+//! ([`timeline`], [`fenced`]); replicas as processes ([`processes`]); and [`serial`] and
+//! [`timing`], how many timing-sensitive tests run at once.
 
 use std::time::Duration;
 
@@ -15,10 +17,31 @@ use crate::{KitError, TestDb};
 
 pub use crate::builder::MembersBuilder;
 pub use crate::faults::PoolHold;
-pub use crate::members::{
-    Leading, Member, Members, TEST_IDLE_IN_TRANSACTION, TEST_INTERVAL, TEST_POOL_SIZE, identity,
-};
+pub use crate::members::{Leading, Member, Members, identity};
 pub use crate::shard_members::{ShardMember, ShardMembersBuilder};
+pub use crate::slots::{SerialGuard, serial, timing};
+
+/// What a [`Timeline`](crate::Timeline) saw: who led when, as `is_leader()` and the server
+/// said, and the overlaps found in it.
+pub mod timeline {
+    pub use crate::recorder::{
+        Overlap, SAMPLE_EVERY, SERVER_EVERY, Seen, ServerView, Span, TimelineBuilder,
+    };
+}
+
+/// The writes a [`FencedWrites`](crate::FencedWrites) read, and why one could not be
+/// recorded.
+pub mod fenced {
+    pub use crate::fenced_writes::{Interleaving, RecordError, Write};
+}
+
+/// Replicas as child processes (feature `replica`, on by default): a
+/// [`Fleet`](crate::Fleet) of the running test binary started again, which can be frozen
+/// (SIGSTOP), thawed and killed. See the crate's documentation, "Replicas as processes".
+#[cfg(feature = "replica")]
+pub mod processes {
+    pub use crate::fleet::{Event, Fleet, FleetBuilder, What, child, child_with, is_child};
+}
 
 /// What a replica's service is handed: what a replica's `main` would build for itself.
 #[derive(Clone, Debug)]
@@ -113,7 +136,7 @@ impl ReplicasBuilder<'_> {
 
 impl Members<Replica> {
     /// Replicas electing on `key` in `db`: 3 by default, at
-    /// [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL).
+    /// 200 ms.
     pub fn builder(db: &TestDb, key: LockKey) -> ReplicasBuilder<'_> {
         MembersBuilder::new(db, ReplicaSpec { key, fast: false })
     }

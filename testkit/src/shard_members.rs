@@ -113,7 +113,7 @@ impl ShardMembersBuilder<'_> {
 
 impl Members<ShardMember> {
     /// Members of the group `group` of `shards` shards in `db`: 3 by default, at
-    /// [`TEST_INTERVAL`](crate::replicas::TEST_INTERVAL).
+    /// 200 ms.
     pub fn builder(db: &TestDb, group: impl Into<String>, shards: u32) -> ShardMembersBuilder<'_> {
         let group = group.into();
         MembersBuilder::new(db, ShardSpec { group, shards })

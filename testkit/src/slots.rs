@@ -233,7 +233,7 @@ fn times_line(test: &str, alone: bool, [waited, held]: [Duration; 2], cpu_ms: u6
 /// ```no_run
 /// #[tokio::test]
 /// async fn failover_is_fast() {
-///     let _timing = pg_elector_testkit::timing();
+///     let _timing = pg_elector_testkit::replicas::timing();
 ///     // ...
 /// }
 /// ```
@@ -256,7 +256,7 @@ pub fn timing() -> SerialGuard {
 /// ```no_run
 /// #[tokio::test]
 /// async fn ten_thousand_tries() {
-///     let _serial = pg_elector_testkit::serial();
+///     let _serial = pg_elector_testkit::replicas::serial();
 ///     // ...
 /// }
 /// ```

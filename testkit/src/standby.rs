@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::server::CONNECT_TIMEOUT;
+use crate::pg_server::CONNECT_TIMEOUT;
 use crate::{KitError, PgServer, runtime};
 
 /// How long a promoted standby may take to leave recovery.

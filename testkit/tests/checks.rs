@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use pg_elector::Elector;
-use pg_elector_testkit::{FencedWrites, PgServer, Timeline, timeline::SAMPLE_EVERY};
+use pg_elector_testkit::replicas::timeline::SAMPLE_EVERY;
+use pg_elector_testkit::{FencedWrites, PgServer, Timeline};
 
 #[tokio::test]
 async fn the_timeline_sees_two_leaders_at_once() {

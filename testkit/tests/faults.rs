@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_elector::LockKey;
+use pg_elector_testkit::replicas::timing;
 use pg_elector_testkit::replicas::{ReplicasBuilder, identity};
-use pg_elector_testkit::sql::lock_sessions;
-use pg_elector_testkit::{PgServer, Replicas, TestDb, Who, timing};
+use pg_elector_testkit::server::sql::lock_sessions;
+use pg_elector_testkit::{PgServer, Replicas, TestDb, Who};
 
 const I: Duration = Duration::from_millis(200);
 

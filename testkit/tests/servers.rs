@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
-use pg_elector_testkit::{
-    FaultProxy, KitError, PgServer, SerialGuard, ShutdownMode, TestDb, timing,
-};
+use pg_elector_testkit::replicas::{SerialGuard, timing};
+use pg_elector_testkit::server::ShutdownMode;
+use pg_elector_testkit::server::pooler::{Pgbouncer, PoolMode};
+use pg_elector_testkit::{FaultProxy, KitError, PgServer, TestDb};
 use tokio::time::timeout;
 
 fn shared() -> &'static PgServer {

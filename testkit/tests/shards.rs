@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use pg_elector_testkit::{PgServer, ShardMembers, TestDb, Who, timing};
+use pg_elector_testkit::replicas::timing;
+use pg_elector_testkit::{PgServer, ShardMembers, TestDb, Who};
 
 const I: Duration = Duration::from_millis(200);
 const SHARDS: u32 = 8;

@@ -16,7 +16,7 @@ use common::failover::{Borrow, Borrows, Cluster, Follow, Step, cluster};
 use common::*;
 use deadpool_postgres::Pool;
 use pg_elector::{LockKey, Term, TermEnd};
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 use tokio::task::JoinHandle;
 
 /// How often the replicas are sampled.

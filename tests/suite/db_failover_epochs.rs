@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::failover::{Follow, cluster};
 use common::*;
 use pg_elector::LockKey;
-use pg_elector_testkit::{FaultProxy, ShutdownMode};
+use pg_elector_testkit::FaultProxy;
+use pg_elector_testkit::server::ShutdownMode;
 
 /// The epoch row of `key` as `config`'s server has it.
 async fn epoch_on(config: &tokio_postgres::Config, key: LockKey) -> Option<i64> {

@@ -18,7 +18,7 @@ use common::failover::{Cluster, Follow, cluster};
 use common::*;
 use pg_elector::schedule::{CatchUp, Job, JobRun, Schedule};
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument::WithSubscriber;
 

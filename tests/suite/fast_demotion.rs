@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pg_elector::{LockKey, Term, TermEnd};
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 
 /// Long enough that no leader check or lease expiry can come into it.
 const LONG: Duration = Duration::from_secs(5);

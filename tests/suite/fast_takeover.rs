@@ -285,7 +285,7 @@ mod f1 {
         leader.elector.wait_for_leadership().await;
         let mut config = db.config();
         config.options("-c statement_timeout=300 -c lock_timeout=300");
-        let pool = pg_elector_testkit::config::pool_from_config(config, 2);
+        let pool = pg_elector_testkit::server::config::pool_from_config(config, 2);
         let standby = Replica::run(fast(pool, key, LONG, "standby"));
         let pid = session_waiting(&admin, key, "standby", 2 * LONG).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -391,7 +391,7 @@ mod f1 {
         );
         // Nothing the stopped replica's pool hands out holds the lock.
         let client = stopped_pool.get().await.unwrap();
-        let held = pg_elector_testkit::sql::own_advisory_locks(&client)
+        let held = pg_elector_testkit::server::sql::own_advisory_locks(&client)
             .await
             .unwrap();
         assert_eq!(held, 0);

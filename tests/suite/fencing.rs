@@ -14,7 +14,7 @@ use common::capture::Capture;
 use common::roles::{drop_role, limited_role, pool_as};
 use common::*;
 use pg_elector::{Elector, LockKey, TermEnd};
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 use tokio_util::sync::CancellationToken;
 
 /// Replica `a`, fenced, at `I` on a pool of two, once it leads (within 3·I).
@@ -30,7 +30,7 @@ fn b_runs(db: &TestDb, key: LockKey) -> Replica {
 }
 
 /// Takes a timing slot, then makes a fresh database with the [`writes_table`].
-async fn timing_writes_db() -> (pg_elector_testkit::SerialGuard, TestDb) {
+async fn timing_writes_db() -> (pg_elector_testkit::replicas::SerialGuard, TestDb) {
     let timing = timing();
     let db = fresh_db().await;
     writes_table(&db).await;
@@ -41,7 +41,7 @@ async fn timing_writes_db() -> (pg_elector_testkit::SerialGuard, TestDb) {
 /// `key` (see [`a_leads`]).
 async fn a_leads_on_a_writes_db(
     key: LockKey,
-) -> (pg_elector_testkit::SerialGuard, TestDb, Replica) {
+) -> (pg_elector_testkit::replicas::SerialGuard, TestDb, Replica) {
     let (timing, db) = timing_writes_db().await;
     let a = a_leads(&db, key).await;
     (timing, db, a)

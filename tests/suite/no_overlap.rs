@@ -19,7 +19,7 @@ use common::capture::Capture;
 use common::*;
 use pg_elector::{Elector, LockKey};
 use pg_elector_testkit::Timeline;
-use pg_elector_testkit::timeline::Overlap;
+use pg_elector_testkit::replicas::timeline::Overlap;
 
 /// The interval of the pairing runs: short, so that a standby that only tries lands its try
 /// within a few milliseconds of a terminate in a good share of the runs (the window an overlap

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use pg_elector::{Elector, HandoverTo, LockKey, TermEnd, request_handover};
-use pg_elector_testkit::{FaultProxy, ShutdownMode};
+use pg_elector_testkit::FaultProxy;
+use pg_elector_testkit::server::ShutdownMode;
 use tokio::task::block_in_place;
 
 /// How soon, after a fault heals, the most preferred live replica leads again: the README's
@@ -427,7 +428,7 @@ async fn a_handover_request_through_a_dead_link_ends_at_its_bound() {
     let asked = request_handover(&pool, key, HandoverTo::MostPreferred, I, 2 * I).await;
     let took = started.elapsed();
     assert!(
-        matches!(asked, Err(pg_elector::Error::HandoverTimeout(bound)) if bound == 2 * I),
+        matches!(asked, Err(pg_elector::HandoverError::Timeout(bound)) if bound == 2 * I),
         "{asked:?}"
     );
     assert!(took < 2 * I + I, "ends at its bound: {took:?}");

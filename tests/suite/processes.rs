@@ -9,7 +9,7 @@
 #![cfg(unix)]
 
 use crate::common;
-use pg_elector_testkit::processes::{self, Event, Fleet, FleetBuilder, What};
+use pg_elector_testkit::replicas::processes::{self, Event, Fleet, FleetBuilder, What};
 
 use std::time::Duration;
 
@@ -400,9 +400,9 @@ async fn behind_a_transaction_pooler(fast: bool) {
     let server = tokio::task::block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
     let db = server.create_database().await.unwrap();
     let bouncer = tokio::task::block_in_place(|| {
-        pg_elector_testkit::pooler::Pgbouncer::start(
+        pg_elector_testkit::server::pooler::Pgbouncer::start(
             &server,
-            pg_elector_testkit::pooler::PoolMode::Transaction,
+            pg_elector_testkit::server::pooler::PoolMode::Transaction,
             2,
         )
     })

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pg_elector::{LockKey, TermEnd};
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 
 /// How often the replicas are sampled.
 const SAMPLE: Duration = Duration::from_millis(2);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::shards::{Held, Member, Monitor, balanced, joined, on_server, shares};
 use common::{I, fresh_db, timing, wait_for};
 use pg_elector::shards::Shards;
-use pg_elector::{Error, TermEnd};
+use pg_elector::{BuildError, Error, TermEnd};
 
 mod f6 {
     use super::*;
@@ -517,7 +517,7 @@ mod e17 {
         for count in [0, 16_385, u32::MAX] {
             let err = Shards::builder(db.pool(1), "g", count).build().unwrap_err();
             assert!(
-                matches!(err, Error::InvalidShardCount { .. }),
+                matches!(err, Error::Build(BuildError::InvalidShardCount { .. })),
                 "{count}: {err}"
             );
         }
@@ -525,7 +525,10 @@ mod e17 {
             .check_interval(Duration::from_millis(1))
             .build()
             .unwrap_err();
-        assert!(matches!(err, Error::IntervalTooSmall { .. }), "{err}");
+        assert!(
+            matches!(err, Error::Build(BuildError::IntervalTooSmall { .. })),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -9,8 +9,8 @@ use common::capture::Capture;
 use common::shards::{Held, Member, Monitor, balanced, on_server, shares};
 use common::*;
 use pg_elector::shards::Shards;
-use pg_elector_testkit::ShutdownMode;
-use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
+use pg_elector_testkit::server::ShutdownMode;
+use pg_elector_testkit::server::pooler::{Pgbouncer, PoolMode};
 use tokio::task::block_in_place;
 
 /// A fenced group of eight shards named `group`, whose every epoch row exists (one member
@@ -257,7 +257,7 @@ mod f6_7 {
             .map(|role| {
                 Member::run_captured(
                     Shards::builder(
-                        pg_elector_testkit::config::pool_from_config(as_role(role), 2),
+                        pg_elector_testkit::server::config::pool_from_config(as_role(role), 2),
                         "roles",
                         count,
                     )
@@ -1148,7 +1148,7 @@ mod f8_3 {
                 config.user("pge_no_activity");
                 Member::run_captured(
                     Shards::builder(
-                        pg_elector_testkit::config::pool_from_config(config, 2),
+                        pg_elector_testkit::server::config::pool_from_config(config, 2),
                         "no-activity",
                         count,
                     )

@@ -73,7 +73,9 @@ async fn run_for(
 
 /// A timing slot, a fresh database, and an elector of `key` on it (a pool of two, checking
 /// every I), not running yet.
-async fn elector_on_a_fresh_db(key: LockKey) -> (pg_elector_testkit::SerialGuard, TestDb, Elector) {
+async fn elector_on_a_fresh_db(
+    key: LockKey,
+) -> (pg_elector_testkit::replicas::SerialGuard, TestDb, Elector) {
     let timing = timing();
     let db = fresh_db().await;
     let elector = Elector::builder(db.pool(2), key)

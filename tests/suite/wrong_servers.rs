@@ -10,7 +10,7 @@ use common::capture::Capture;
 use common::*;
 use deadpool_postgres::Pool;
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::pooler::{Pgbouncer, PoolMode};
+use pg_elector_testkit::server::pooler::{Pgbouncer, PoolMode};
 use tokio::task::block_in_place;
 
 /// A replica at interval `I` whose `run` logs into `capture`.

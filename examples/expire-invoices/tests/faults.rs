@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use expire_invoices::{SCHEMA, serve};
 use pg_elector::LockKey;
-use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, timing};
+use pg_elector_testkit::replicas::timing;
+use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who};
 
 const INVOICES: i64 = 150;
 /// The sweep's period: 150 invoices, 10 a tick, take about 15 ticks.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use expire_invoices::{SCHEMA, serve};
 use pg_elector::LockKey;
-use pg_elector_testkit::{FencedWrites, Fleet, PgServer, serial};
+use pg_elector_testkit::replicas::serial;
+use pg_elector_testkit::{FencedWrites, Fleet, PgServer};
 
 const CHILD: &[&str] = &["replica_child", "--exact", "--ignored", "--nocapture"];
 const I: Duration = Duration::from_millis(200);

@@ -11,7 +11,8 @@ use deadpool_postgres::Pool;
 use expire_invoices::{BATCH, SCHEMA};
 use pg_elector::background::{LeaderTicker, Supervisor};
 use pg_elector::{LockKey, Term};
-use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who, timing};
+use pg_elector_testkit::replicas::timing;
+use pg_elector_testkit::{FencedWrites, PgServer, Replicas, TestDb, Who};
 use tokio::sync::watch;
 
 const INVOICES: i64 = 100;

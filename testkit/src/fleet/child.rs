@@ -58,7 +58,7 @@ struct ChildSettings {
     fenced: bool,
     name: String,
     /// The pool for the replica's work (the elector has one of its own), with an
-    /// `idle_in_transaction_session_timeout` of [`TEST_IDLE_IN_TRANSACTION`](crate::replicas::TEST_IDLE_IN_TRANSACTION).
+    /// `idle_in_transaction_session_timeout` of 1 s.
     app: deadpool_postgres::Pool,
     elector: Elector,
     /// Cancelled by `stop` on stdin.
@@ -82,7 +82,7 @@ fn child_setup() -> ChildSettings {
     app_config.options(format!(
         "{} -c idle_in_transaction_session_timeout={}",
         config.get_options().unwrap_or_default(),
-        crate::replicas::TEST_IDLE_IN_TRANSACTION.as_millis()
+        crate::members::TEST_IDLE_IN_TRANSACTION.as_millis()
     ));
     let app = pool_from_config(app_config, 2);
     let name = setting(ENV_NAME);
@@ -168,7 +168,7 @@ async fn say_exited(reported: &AtomicBool) {
 /// [`is_child`](super::is_child) check.
 ///
 /// ```no_run
-/// use pg_elector_testkit::processes;
+/// use pg_elector_testkit::replicas::processes;
 ///
 /// /// Run again by the fleet as `replica_child --exact --ignored --nocapture`.
 /// #[test]

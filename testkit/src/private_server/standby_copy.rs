@@ -5,7 +5,8 @@ use std::io::Write;
 use std::time::Instant;
 
 use super::{PrivateServer, lock};
-use crate::{KitError, ShutdownMode};
+use crate::KitError;
+use crate::server::ShutdownMode;
 
 impl PrivateServer {
     /// Makes a hot standby of this running server, streaming from it through

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use deadpool_postgres::{Hook, Manager, ManagerConfig, Metrics, Pool, RecyclingMethod, Runtime};
-pub use pg_elector_testkit::failover::{Cluster, Follow};
+pub use pg_elector_testkit::server::failover::{Cluster, Follow};
 use tokio_postgres::NoTls;
 
 use super::init_tracing;

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use pg_elector::{Elector, Error, LockKey};
-pub use pg_elector_testkit::{FaultProxy, PgServer, TestDb, serial, timing};
+pub use pg_elector_testkit::replicas::{serial, timing};
+pub use pg_elector_testkit::{FaultProxy, PgServer, TestDb};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -184,7 +185,7 @@ pub async fn fresh_db_with(ddl: &str) -> TestDb {
 }
 
 /// Takes a timing slot, then makes a [`fresh_db_with`] `ddl`.
-pub async fn timing_db_with(ddl: &str) -> (pg_elector_testkit::SerialGuard, TestDb) {
+pub async fn timing_db_with(ddl: &str) -> (pg_elector_testkit::replicas::SerialGuard, TestDb) {
     let timing = timing();
     (timing, fresh_db_with(ddl).await)
 }
@@ -310,7 +311,7 @@ pub async fn one_leader(replicas: &[Replica], limit: Duration) -> usize {
 /// The backends that hold `key` (two-int4 form) in this database, per `pg_locks` (the kit's
 /// reader).
 pub async fn holders(client: &tokio_postgres::Client, key: LockKey) -> Vec<i32> {
-    pg_elector_testkit::sql::holders(client, key)
+    pg_elector_testkit::server::sql::holders(client, key)
         .await
         .expect("pg_locks query")
 }
@@ -342,7 +343,7 @@ pub async fn terminate_holder(db: &TestDb, key: LockKey) {
     let admin = db.connect().await.unwrap();
     let pid = holders(&admin, key).await[0];
     assert!(
-        pg_elector_testkit::sql::terminate(&admin, pid)
+        pg_elector_testkit::server::sql::terminate(&admin, pid)
             .await
             .unwrap(),
         "backend {pid} outlived pg_terminate_backend"
@@ -383,7 +384,7 @@ pub fn gauge(registry: &prometheus::Registry, name: &str) -> Option<i64> {
 
 /// The backends waiting for `key` in this database: (pid, application_name).
 pub async fn waiting(client: &tokio_postgres::Client, key: LockKey) -> Vec<(i32, String)> {
-    pg_elector_testkit::sql::lock_sessions(client, key)
+    pg_elector_testkit::server::sql::lock_sessions(client, key)
         .await
         .expect("pg_locks query")
         .into_iter()

@@ -3,7 +3,7 @@
 
 use deadpool_postgres::Pool;
 use pg_elector_testkit::TestDb;
-use pg_elector_testkit::config::pool_from_config;
+use pg_elector_testkit::server::config::pool_from_config;
 
 /// A role named `{prefix}_{database}` that may connect to `db` and nothing else (no CREATE on
 /// `public`), made by `admin`; dropped by [`drop_role`].

@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::ShutdownMode;
-use pg_elector_testkit::failover::{Cluster, Follow};
+use pg_elector_testkit::server::ShutdownMode;
+use pg_elector_testkit::server::failover::{Cluster, Follow};
 use pg_elector_tools::args::{Args, or_exit};
 use pg_elector_tools::rng::{Rng, time_seed};
 use pg_elector_tools::stats::summary;

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pg_elector_testkit::processes::{Event, What};
 use pg_elector_testkit::replica::{leaders, unix_us, us};
-use pg_elector_testkit::{PgServer, ShutdownMode, TestDb};
+use pg_elector_testkit::replicas::processes::{Event, What};
+use pg_elector_testkit::server::ShutdownMode;
+use pg_elector_testkit::{PgServer, TestDb};
 use pg_elector_tools::Mode;
 use pg_elector_tools::rng::xorshift;
 use rustix::process::Signal;

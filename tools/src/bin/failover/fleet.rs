@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use pg_elector_testkit::processes::{self, Event, What};
 use pg_elector_testkit::replica::{leaders, transitions, unix_us, us};
+use pg_elector_testkit::replicas::processes::{self, Event, What};
 use pg_elector_testkit::{FaultProxy, PgServer, TestDb};
 use pg_elector_tools::Mode;
 use pg_elector_tools::rng::xorshift;
 
 use crate::{CHILD, KEY, SLOTS};
 
-/// The replica processes (see `pg_elector_testkit::processes`), one live per slot.
+/// The replica processes (see `pg_elector_testkit::replicas::processes`), one live per slot.
 pub(crate) struct Fleet {
     pub(crate) replicas: processes::Fleet,
     /// The slot of each replica.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Scenario {

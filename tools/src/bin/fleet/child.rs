@@ -5,9 +5,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use pg_elector::{CHANGES_NAME, CHECK_DURATION_NAME, DEFAULT_GAUGE_NAME, Elector, LockKey};
-use pg_elector_testkit::config::pool_from_config;
 use pg_elector_testkit::replica;
 use pg_elector_testkit::replica::{log_to_stderr, on_current_thread, setting};
+use pg_elector_testkit::server::config::pool_from_config;
 use pg_elector_tools::rng::xorshift;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;

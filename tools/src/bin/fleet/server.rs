@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use pg_elector_testkit::{PgServer, ShutdownMode};
+use pg_elector_testkit::PgServer;
+use pg_elector_testkit::server::ShutdownMode;
 use pg_elector_tools::Mode;
 use pg_elector_tools::procfs::postmaster_pid;
 pub(crate) use pg_elector_tools::procfs::server_ticks;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use pg_elector::Elector;
 use pg_elector::shards::Shards;
-use pg_elector_testkit::config::pool_from_config;
 use pg_elector_testkit::replica::{log_to_stderr, on_current_thread, setting, unix_us};
+use pg_elector_testkit::server::config::pool_from_config;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 

@@ -36,7 +36,8 @@ use std::time::Duration;
 
 use pg_elector::shards::Shards;
 use pg_elector_testkit::replica::unix_us;
-use pg_elector_testkit::{PgServer, ShutdownMode, TestDb};
+use pg_elector_testkit::server::ShutdownMode;
+use pg_elector_testkit::{PgServer, TestDb};
 use pg_elector_tools::args::{Args, or_exit};
 use pg_elector_tools::procfs::{clock_ticks_per_second, postmaster_pid, server_ticks};
 use pg_elector_tools::rng::Rng;

@@ -32,11 +32,11 @@
 use std::time::Duration;
 
 use pg_elector::Elector;
-use pg_elector_testkit::config::{config_with_addr, pool_from_config};
 pub(crate) use pg_elector_testkit::replica::unix_us;
 use pg_elector_testkit::replica::{
     key_setting, log_to_stderr, ms_setting, on_current_thread, setting,
 };
+use pg_elector_testkit::server::config::{config_with_addr, pool_from_config};
 use tokio_util::sync::CancellationToken;
 
 /// The argument that makes the soak binary a replica.
@@ -94,7 +94,7 @@ impl Runs {
     /// From the environment: the elector, or the group in shard mode.
     fn build(pool: &deadpool_postgres::Pool, identity: &str, interval: Duration) -> Self {
         let Ok(shards) = std::env::var(ENV_SHARDS) else {
-            // With a schedule, the drain timeout is above its longest run (README).
+            // With a schedule, the drain timeout is above its longest run (docs).
             let drain = if std::env::var(ENV_SCHEDULE).is_ok() {
                 crate::app::DRAIN
             } else {
@@ -171,7 +171,7 @@ enum Command {
 }
 
 /// `base` through the slot's addresses: one (a moving address), or several, tried in order
-/// for a server that takes writes (a multi-host URL, as the README tells users to write it).
+/// for a server that takes writes (a multi-host URL, as the docs tells users to write it).
 fn config_of(base: &tokio_postgres::Config, addrs: &str) -> tokio_postgres::Config {
     let mut addrs = addrs
         .split(',')

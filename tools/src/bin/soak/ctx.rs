@@ -180,7 +180,7 @@ impl Ctx {
     /// through it on its way to the primary; a backend left there stays.
     async fn standby_backends(&self) -> Option<i64> {
         let standby = self.servers.cluster()?.lock().await.standby.addr();
-        let mut config = pg_elector_testkit::config::config_with_addr(&self.db, standby);
+        let mut config = pg_elector_testkit::server::config::config_with_addr(&self.db, standby);
         config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::Any);
         let client = db::connect(&config).await.ok()?;
         let mut count = 0;

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pg_elector::LockKey;
-use pg_elector_testkit::ShutdownMode;
-use pg_elector_testkit::config::config_with_addr;
-use pg_elector_testkit::failover::Cluster;
+use pg_elector_testkit::server::ShutdownMode;
+use pg_elector_testkit::server::config::config_with_addr;
+use pg_elector_testkit::server::failover::Cluster;
 use tokio_postgres::config::TargetSessionAttrs;
 use tokio_util::sync::CancellationToken;
 

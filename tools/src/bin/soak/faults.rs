@@ -1,4 +1,4 @@
-//! The faults: their kinds, the bounds the README documents for each, and what the injector
+//! The faults: their kinds, the bounds the docs documents for each, and what the injector
 //! draws for one.
 
 use std::time::Duration;
@@ -49,7 +49,7 @@ pub(crate) enum Kind {
     /// request, respawned as after `kill`.
     HandoverDying,
     /// With `--preferences`: `request_handover` to an identity no live standby has (one never
-    /// spawned, or one that ended long ago): must return `Error::NoSuchStandby`.
+    /// spawned, or one that ended long ago): must return `HandoverError::NoSuchStandby`.
     HandoverMissing,
 }
 
@@ -59,7 +59,7 @@ pub(crate) const STALE: Duration = Duration::from_secs(3);
 /// ... to this.
 pub(crate) const LONG_PARTITION_MAX: Duration = Duration::from_millis(4_500);
 
-/// When a leader must be back, and how long two may lead, after one fault (README, "Guarantees,
+/// When a leader must be back, and how long two may lead, after one fault (docs, "Guarantees,
 /// in multiples of I"). Every time gets the run's slack on top.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bound {
@@ -81,7 +81,7 @@ pub(crate) const SESSION_ENDED: Duration = Duration::from_millis(100);
 /// How long after a terminate or a reset of a leader that hears it two replicas may both
 /// lead: the old leader steps down within 1 ms of reading its closed connection and the next
 /// term waits 5 ms after its grant, so an overlap needs the old leader's process kept from the
-/// CPU for longer than that, which the README allows on an overloaded machine ("a few
+/// CPU for longer than that, which the docs allows on an overloaded machine ("a few
 /// milliseconds of overlap"). Counted from the injection, without the slack. The zero
 /// tolerance for this overlap is `tests/no_overlap.rs` (200 terminates, sampled every 50 µs).
 pub(crate) const SCHEDULING: Duration = Duration::from_millis(20);
@@ -259,7 +259,7 @@ impl Kind {
         )
     }
 
-    /// The bound at check interval `i` (README, "Guarantees, in multiples of I").
+    /// The bound at check interval `i` (docs, "Guarantees, in multiples of I").
     pub(crate) fn bound(self, i: Duration) -> Bound {
         let b = |from_inject, after_heal, overlap, demote| Bound {
             from_inject,
@@ -333,7 +333,7 @@ impl Kind {
     }
 }
 
-/// One try of a standby, the README's "one bounded try": at most I for a pool connection and
+/// One try of a standby, the docs' "one bounded try": at most I for a pool connection and
 /// I, at least 1 s, for its statement (`src/postgres/session.rs`, `MIN_TRY_BOUND`).
 pub(crate) fn try_bound(i: Duration) -> Duration {
     i + i.max(Duration::from_secs(1))

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_elector::{Error, HandoverTo, request_handover};
+use pg_elector::{HandoverError, HandoverTo, request_handover};
 use rustix::process::Signal;
 
 use crate::check::Violation;
@@ -29,11 +29,11 @@ const CALL_BOUND: Duration = Duration::from_secs(2);
 pub(crate) enum Answer {
     /// Made: the leader will hand over to the identity returned.
     Made,
-    /// `Error::NoSuchStandby`.
+    /// `HandoverError::NoSuchStandby`.
     NoSuchStandby,
-    /// `Error::NoLeader`.
+    /// `HandoverError::NoLeader`.
     NoLeader,
-    /// `Error::HandoverTimeout` (it may or may not have asked).
+    /// `HandoverError::Timeout` (it may or may not have asked).
     Timeout,
     /// Any other error.
     Other(String),
@@ -90,7 +90,7 @@ pub(crate) fn pool(config: &tokio_postgres::Config) -> deadpool_postgres::Pool {
     config
         .application_name(db::CHECKER)
         .connect_timeout(Duration::from_secs(2));
-    pg_elector_testkit::config::pool_from_config(config, 1)
+    pg_elector_testkit::server::config::pool_from_config(config, 1)
 }
 
 /// Injects one handover fault; `None` when it has no target now (no leader, no live standby).
@@ -137,10 +137,10 @@ async fn ask(ctx: &Ctx, pool: &deadpool_postgres::Pool, named: Option<String>) -
     let result = request_handover(pool, ctx.keys[0], to, STAY_AWAY, CALL_BOUND).await;
     let (answer, target) = match result {
         Ok(identity) => (Answer::Made, db::replica_of(&identity)),
-        Err(Error::NoSuchStandby { .. }) => (Answer::NoSuchStandby, None),
-        Err(Error::NoLeader) => (Answer::NoLeader, None),
+        Err(HandoverError::NoSuchStandby { .. }) => (Answer::NoSuchStandby, None),
+        Err(HandoverError::NoLeader) => (Answer::NoLeader, None),
         // It may have asked: the target is the one named, if any.
-        Err(Error::HandoverTimeout(_)) => {
+        Err(HandoverError::Timeout(_)) => {
             (Answer::Timeout, named.as_deref().and_then(db::replica_of))
         }
         Err(e) => (Answer::Other(e.to_string()), None),
@@ -259,7 +259,7 @@ async fn dying(
 
 /// To an identity no live standby has: one never spawned, or (half of the time) one whose
 /// process ended more than four intervals ago (a killed standby's row stops counting two
-/// intervals after its last try). It must be refused with `Error::NoSuchStandby`.
+/// intervals after its last try). It must be refused with `HandoverError::NoSuchStandby`.
 async fn missing(
     ctx: &Arc<Ctx>,
     plan: Plan,
@@ -295,8 +295,8 @@ async fn missing(
     if made {
         ctx.runtime_violations.lock().unwrap().push(Violation {
             at,
-            what: "request_handover to an identity no live standby has was accepted (the README: \
-                   `Error::NoSuchStandby`, nothing changed)"
+            what: "request_handover to an identity no live standby has was accepted (the docs: \
+                   `HandoverError::NoSuchStandby`, nothing changed)"
                 .into(),
             lane: 0,
             fault: Some(id),
@@ -315,11 +315,18 @@ struct Snapshot {
     server_at: Option<i64>,
     /// The replicas' backends: pid and `application_name`.
     backends: Vec<(i32, String)>,
+    /// Per pid, what it was doing (for the report of one gone meanwhile).
+    details: Vec<(i32, String)>,
 }
 
-/// The replicas' backends: pid, `application_name`, and the server's clock (µs).
+/// The replicas' backends: pid, `application_name`, the server's clock (µs), and what each
+/// was doing (its state, its age, and its last statement's start).
 const BACKENDS: &str = "SELECT pid, application_name, \
-       (extract(epoch FROM pg_catalog.statement_timestamp()) * 1e6)::int8 \
+       (extract(epoch FROM pg_catalog.statement_timestamp()) * 1e6)::int8, \
+       pg_catalog.format('pid %s %s, born %s ms before, state since %s ms: %s', pid, state, \
+         (extract(epoch FROM pg_catalog.statement_timestamp() - backend_start) * 1e3)::int8, \
+         (extract(epoch FROM pg_catalog.statement_timestamp() - state_change) * 1e3)::int8, \
+         pg_catalog.left(query, 50)) \
      FROM pg_catalog.pg_stat_activity \
      WHERE datname = pg_catalog.current_database() AND application_name LIKE 'replica-%'";
 
@@ -333,20 +340,36 @@ impl Snapshot {
             .iter()
             .map(|l| l.accepted())
             .collect();
-        let (server_at, backends) = backends(ctx).await.unwrap_or_default();
+        let (server_at, rows) = backends(ctx).await.unwrap_or_default();
+        let backends = rows.iter().map(|(p, n, _)| (*p, n.clone())).collect();
+        let details = rows.into_iter().map(|(p, _, d)| (p, d)).collect();
         Snapshot {
             accepted,
             server_at,
             backends,
+            details,
         }
     }
 }
 
-async fn backends(ctx: &Ctx) -> Option<(Option<i64>, Vec<(i32, String)>)> {
+/// The replicas' backends (pid, `application_name`, what it is doing) and the server's clock.
+type Backends = (Option<i64>, Vec<(i32, String, String)>);
+
+async fn backends(ctx: &Ctx) -> Option<Backends> {
     let client = db::connect(&ctx.db).await.ok()?;
     let rows = client.query(BACKENDS, &[]).await.ok()?;
     let at = rows.first().map(|r| r.get::<_, i64>(2));
-    Some((at, rows.iter().map(|r| (r.get(0), r.get(1))).collect()))
+    let rows = rows
+        .iter()
+        .map(|r| {
+            (
+                r.get(0),
+                r.get(1),
+                r.get::<_, Option<String>>(3).unwrap_or_default(),
+            )
+        })
+        .collect();
+    Some((at, rows))
 }
 
 /// After a request: waits until the target leads (at most its bound) and one interval more,
@@ -371,7 +394,9 @@ async fn count(ctx: Arc<Ctx>, id: usize, before: Snapshot, leader: usize, target
             .sum()
     };
     let after = match before.server_at {
-        Some(_) => backends(&ctx).await.map(|(_, b)| b),
+        Some(_) => backends(&ctx)
+            .await
+            .map(|(_, b)| b.into_iter().map(|(p, n, _)| (p, n)).collect::<Vec<_>>()),
         None => None,
     };
     let (mut pool_logins, mut session_logins) = (0, 0);
@@ -397,7 +422,18 @@ async fn count(ctx: Arc<Ctx>, id: usize, before: Snapshot, leader: usize, target
             if new == 0 && gone == 0 {
                 continue;
             }
-            born.push(format!("{name}: {new} born, {gone} gone"));
+            let was: Vec<&str> = before
+                .backends
+                .iter()
+                .filter(|(p, n)| n == name && !has(p))
+                .filter_map(|(p, _)| before.details.iter().find(|(d, _)| d == p))
+                .map(|(_, d)| d.as_str())
+                .collect();
+            born.push(if was.is_empty() {
+                format!("{name}: {new} born, {gone} gone")
+            } else {
+                format!("{name}: {new} born, {gone} gone ({})", was.join("; "))
+            });
             if !name.contains('/') {
                 session_logins += new;
             } else if other(name) {

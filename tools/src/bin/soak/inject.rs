@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_elector_testkit::ShutdownMode;
+use pg_elector_testkit::server::ShutdownMode;
 use rustix::process::Signal;
 use tokio::sync::MutexGuard;
 

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use pg_elector_testkit::FaultProxy;
-use pg_elector_testkit::failover::Follow;
+use pg_elector_testkit::server::failover::Follow;
 
 /// What every slot's link is made of.
 #[derive(Clone, Debug)]

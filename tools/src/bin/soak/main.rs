@@ -1,5 +1,5 @@
 //! Chaos soak (issue 12): random faults, one at a time or overlapping, against a fleet of
-//! replica processes, and checks from outside the replicas that the README's guarantees held
+//! replica processes, and checks from outside the replicas that the docs' guarantees held
 //! ("Guarantees, in multiples of I", "Fast takeover", "Writes a deposed leader cannot make").
 //!
 //! ```sh
@@ -35,7 +35,7 @@
 //! side and a slot changes kind over the run. Its elector's pool has two connections, the
 //! application's pool (the ticker's, which the schedule shares) three. The ticker calls
 //! `do_work` every I/10 and writes one row inside a transaction after `Term::fence`: replica, epoch, the server's `clock_timestamp()`.
-//! The database has `idle_in_transaction_session_timeout` = 2·I, as the README asks of a
+//! The database has `idle_in_transaction_session_timeout` = 2·I, as the docs asks of a
 //! fencing application. Slot 0 is never killed nor restarted (`--no-keep-one` lifts that), so
 //! one process lives through the run and its memory is measured over all of it.
 //!
@@ -45,7 +45,7 @@
 //! at once, possibly while earlier ones still run; otherwise once every fault has healed and
 //! the fleet is steady again (every slot's process up, exactly one leader). Its kind is drawn
 //! with weight 2, restarts 1; it aims at the leader with probability 0.6, else at a random
-//! replica whose slot no running fault holds. Bounds, from the README's table, each with a
+//! replica whose slot no running fault holds. Bounds, from the docs' table, each with a
 //! slack of **I/2 + 250 ms** for a loaded 2-core machine (both modes get the poll bounds: a fast
 //! standby whose waiting session broke falls back to them; the table shows what fast takeover
 //! achieved):
@@ -68,12 +68,12 @@
 //! | `failover` (with `--cluster`) | a crash (the standby first cut off its WAL for [0, 1.5 s]) or a switchover of the primary, the standby promoted, the old primary back as the standby | the promoted server taking writes + 1·I | never | ≤ 100 ms |
 //! | `handover-live` (`--preferences`) | `request_handover` to a live standby, by identity or the most preferred | 3·I (the leader's next check, the drain, the target's next try) | never | ≤ 1·I (its next check) |
 //! | `handover-dying` (`--preferences`) | the same, the target SIGKILLed right after the request, respawned after [0, I] | 3·I and one try (I + max(I, 1 s)) | never | ≤ 1·I |
-//! | `handover-missing` (`--preferences`) | `request_handover` to an identity no live standby has: must return `Error::NoSuchStandby` | (nothing changes) | never | — |
+//! | `handover-missing` (`--preferences`) | `request_handover` to an identity no live standby has: must return `HandoverError::NoSuchStandby` | (nothing changes) | never | — |
 //!
 //! A graceful restart or a resign of a leader with a run of its schedule in progress drains up
 //! to that run's end (at most the drain timeout, 7 s): its bounds get that time.
 //!
-//! "≤ 100 ms" stands for the README's "≤ 20 ms + scheduling". A graceful shutdown that has
+//! "≤ 100 ms" stands for the docs' "≤ 20 ms + scheduling". A graceful shutdown that has
 //! not exited after I + 2 s + slack + 1 s is a violation too.
 //!
 //! **Scheduling.** On a machine loaded far beyond its cores every process stalls now and then,
@@ -163,7 +163,7 @@
 //! in three of a new, higher one. The soak reads the library's own live rows of
 //! `pg_elector_candidates` every 20 ms, draws the three handover faults above
 //! (`soak/handover.rs`), and checks (`check/prefs.rs`): after every fault heals, the most
-//! preferred live replica leads within the README's bound (4·I plus the leader's drain, plus a
+//! preferred live replica leads within the docs' bound (4·I plus the leader's drain, plus a
 //! try per pool connection after a cut link; a move to a newly live, more preferred standby
 //! within 2·I plus the drain, 3·I with fast takeover; a live handover target within 2·I plus
 //! the drain; a term taken on request keeps the lead until it ends); the leaderless gaps of
@@ -242,7 +242,7 @@
 //!   before it, plus the machine's stalls: the replication lag); such a due may run once more
 //!   after the crash, and both are listed; its two runs may overlap until the old run's
 //!   heartbeats have not landed for two thirds of the stale threshold (2 s) after the crash,
-//!   plus the slack (the README's asynchronous caveat; counted apart). Any other due (and
+//!   plus the slack (the docs' asynchronous caveat; counted apart). Any other due (and
 //!   attempt) that runs twice is a violation, with one server too.
 //! - **Backends.** At each checkpoint, no replica backend on the standby (asked for a second,
 //!   since a multi-host connect passes through it).
@@ -269,7 +269,7 @@
 //!
 //! [`PgServer::spawn`]: pg_elector_testkit::PgServer::spawn
 //! [`FaultProxy`]: pg_elector_testkit::FaultProxy
-//! [`Cluster`]: pg_elector_testkit::failover::Cluster
+//! [`Cluster`]: pg_elector_testkit::server::failover::Cluster
 
 mod app;
 mod check;
@@ -299,7 +299,7 @@ use std::time::{Duration, Instant};
 
 use pg_elector::shards::Shards;
 use pg_elector::{Elector, LockKey};
-use pg_elector_testkit::config::pool_from_config;
+use pg_elector_testkit::server::config::pool_from_config;
 use pg_elector_tools::args::or_exit;
 use pg_elector_tools::block_on;
 use pg_elector_tools::rng::Rng;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pg_elector_tools::args::{Args, names};
 use pg_elector_tools::rng::time_seed;
 
-use pg_elector_testkit::failover::Follow;
+use pg_elector_testkit::server::failover::Follow;
 
 use crate::faults::Kind;
 
@@ -234,7 +234,7 @@ impl Options {
         }
         let shards = options.shards;
         options.faults.retain(|k| k.of_mode(shards));
-        // Groups of shards do not use preferences (README, "Who leads").
+        // Groups of shards do not use preferences (docs/preferences.md).
         options.preferences &= shards == 0;
         if !options.preferences {
             if faults_given && options.faults.iter().any(|k| k.handover()) {

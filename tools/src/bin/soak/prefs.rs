@@ -5,7 +5,7 @@
 //! **The numbers.** The first fleet draws each slot's preference from {1, 2, 3} (five
 //! replicas: some equal, some higher); the latest release is 3. Every process that a fault
 //! starts again (`kill`, `graceful`, `handover-dying`) is a new pod of the latest release, and
-//! one in three starts a new release first, one higher (the README's recipe: "a higher number
+//! one in three starts a new release first, one higher (the docs' recipe: "a higher number
 //! for every deploy"): so the newest replicas share the highest number, older ones keep lower
 //! ones, and the slot kept alive (slot 0) ends up least preferred. A replica that exited by
 //! itself comes back with its own number.

@@ -1,5 +1,5 @@
 //! The report's part on preferences (`--preferences`): the bounds of the column "heal → most
-//! preferred leads" as the README states them (or as its words give them), the preferences the
+//! preferred leads" as the docs states them (or as its words give them), the preferences the
 //! replicas had, the handover requests and what they cost.
 
 use std::fmt::Write as _;
@@ -15,7 +15,7 @@ fn ms(us: u64) -> String {
     format!("{:.0}", us as f64 / 1e3)
 }
 
-/// The bound of the column "heal → most preferred leads" for `kind` (README, "Who leads";
+/// The bound of the column "heal → most preferred leads" for `kind` (docs/preferences.md;
 /// each gets the slack and the machine's stalls; the drain is the rest of a run of the
 /// schedule's in progress).
 pub(crate) fn bound_text(kind: Kind) -> &'static str {
@@ -44,13 +44,13 @@ pub(crate) fn render(
     let prefs: Vec<u64> = procs.iter().filter_map(|q| q.preference).collect();
     let _ = writeln!(
         out,
-        "- Preferences (README, \"Who leads\"): the first {} replicas drew theirs from 1 to 3; every \
+        "- Preferences (docs/preferences.md): the first {} replicas drew theirs from 1 to 3; every \
          replica a fault started again came as a pod of the latest release, one in three of a new \
          one (a rolling deploy): {} processes, preferences {} to {}. Who is live is the library's \
          own `pg_elector_candidates` row, read every {} ms ({} reads). Bounds of the column *heal → \
          most preferred leads* (I = {i} ms; one try = I + max(I, 1 s) = {try_ms} ms, \
          `MIN_TRY_BOUND`): after a fault heals, **4·I plus the leader's drain**, plus one try per \
-         connection of the elector's pool (2) after a cut link (README: \"the most preferred live \
+         connection of the elector's pool (2) after a cut link (docs: \"the most preferred live \
          replica has the lead within 4·I plus the leader's drain (plus one bounded try for each \
          pool connection that the cut left dead)\"), or the fault's leaderless bound if later; a \
          more preferred standby turning live moves the lead within **2·I plus the drain** (3·I \
@@ -60,7 +60,7 @@ pub(crate) fn render(
          next check and hands over as above\"); a request to a target killed right after it: \
          no leader for at most **3·I and one try** (\"a target that dies leaves the key without \
          a leader for at most 3·I and one try\", from the request; then a move, 2·I plus the \
-         drain, as the README states for any handover). The drain is the rest of a run of the \
+         drain, as the docs states for any handover). The drain is the rest of a run of the \
          schedule's in progress (a tick's takes milliseconds). A term taken on request keeps the \
          lead against preferences until it ends (a term of the target a request named, or one \
          begun while the candidates table showed a request pending for its replica). Stretches of reads where the most preferred \
@@ -107,7 +107,7 @@ pub(crate) fn render(
          + drain with fast takeover, + slack; {} cut short by another fault); to a target killed \
          right after the request {} (made {}), leaderless p50 / p99 / max {} ms (bound 3·I + one \
          try + drain = {} ms + drain, + slack); to a missing identity {}: refused with \
-         `Error::NoSuchStandby` {}, no leader {}, timed out {}, other errors {}, accepted {} \
+         `HandoverError::NoSuchStandby` {}, no leader {}, timed out {}, other errors {}, accepted {} \
          (a violation).",
         stay_away.as_secs(),
         requests(Kind::HandoverLive),

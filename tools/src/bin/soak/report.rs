@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pg_elector_tools::stats::{percentile, summary};
 
-use pg_elector_testkit::failover::Follow;
+use pg_elector_testkit::server::failover::Follow;
 
 use crate::check::failover::Facts as FailoverFacts;
 use crate::check::{Analysis, ProcInfo};
@@ -409,7 +409,7 @@ impl Render<'_> {
                  abandoned; the drain timeout {} s; reruns of abandoned dues): {} runs, {} of \
                  them longer than 3 s, {} reruns; runs of one due at once (from the replicas' \
                  own reports of each run's start and end): {}, and {} more where a runner had \
-                 frozen (the README's exception), {} more after an asynchronous crash lost the \
+                 frozen (the docs' exception), {} more after an asynchronous crash lost the \
                  claim, the old run cut off within its heartbeats' two thirds of the 3 s (the \
                  README's asynchronous caveat).",
                 crate::app::JOB,

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use pg_elector_testkit::failover::{Cluster, Follow};
+use pg_elector_testkit::server::failover::{Cluster, Follow};
 use pg_elector_testkit::{PgServer, TestDb};
 use tokio_postgres::config::TargetSessionAttrs;
 

@@ -29,7 +29,7 @@ pub(super) fn drain(f: &Fault, runs: &[RunIv], i: Duration) -> u64 {
 }
 
 /// With `--preferences`, the leaderless allowance from the injection of a fault that takes a
-/// standby out while it may be the one the free lock is left to (README, "Who leads": "a
+/// standby out while it may be the one the free lock is left to (docs/preferences.md: "a
 /// preferred standby that freezes can leave the key without a leader for up to 3·I"; a killed
 /// or starved one's row, too, counts until two intervals after its last try): at least 3·I.
 fn preferred_standby_gone(f: &Fault, i: Duration) -> Duration {

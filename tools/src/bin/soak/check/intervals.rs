@@ -47,7 +47,7 @@ pub(crate) fn within(ivs: &[Iv], span: Iv) -> u64 {
         .sum()
 }
 
-/// `iv` with its end pushed back by the stall time within it (the README's bounds are
+/// `iv` with its end pushed back by the stall time within it (the docs' bounds are
 /// "+ scheduling": time the machine could not run the replicas is not theirs), repeated for
 /// the stalls within the extension.
 pub(crate) fn extend(iv: Iv, stalls: &[Iv]) -> Iv {

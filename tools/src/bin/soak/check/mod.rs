@@ -29,7 +29,7 @@ pub(crate) use lanes::analyse_shards;
 use lead::{Lead, leadership};
 use rows::rows;
 
-/// Something the README says cannot happen, or a bound missed.
+/// Something the docs says cannot happen, or a bound missed.
 #[derive(Clone, Debug)]
 pub(crate) struct Violation {
     /// When (µs, this machine's clock).
@@ -130,10 +130,10 @@ pub(crate) struct Analysis {
     pub(crate) probes: pool::Probes,
     /// Per fault: two runs of one due at once attributed to it.
     pub(crate) due_overlaps: Vec<u64>,
-    /// Two runs of one due at once where a runner had frozen (the README's exception).
+    /// Two runs of one due at once where a runner had frozen (the docs' exception).
     pub(crate) due_overlaps_frozen: usize,
     /// Two runs of one due at once after an asynchronous crash lost its claim, the old run
-    /// ending within its heartbeats' cut-off (the README's asynchronous caveat).
+    /// ending within its heartbeats' cut-off (the docs' asynchronous caveat).
     pub(crate) due_overlaps_lost_claim: usize,
     /// The schedule's runs, reruns among them, and runs longer than 3 s.
     pub(crate) job_runs: usize,

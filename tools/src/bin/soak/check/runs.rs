@@ -1,6 +1,6 @@
 //! The check of the schedule's runs: never two runs of one due at once, from the replicas' own
 //! reports of each run's start and end (a run cut off by its process's end ends there). A
-//! process that froze during its run is the README's one exception: such an overlap is listed,
+//! process that froze during its run is the docs' one exception: such an overlap is listed,
 //! not a violation.
 
 use std::collections::BTreeMap;

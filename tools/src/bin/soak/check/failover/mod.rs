@@ -61,7 +61,7 @@ pub(crate) struct Counts {
     pub(crate) in_recovery: usize,
     /// Epochs not above an earlier term's.
     pub(crate) epochs_back: usize,
-    /// Claims lost or dues run twice beyond what the README allows.
+    /// Claims lost or dues run twice beyond what the docs allows.
     pub(crate) dues: usize,
     /// Replica backends left on the standby.
     pub(crate) standby_backends: usize,
@@ -318,7 +318,7 @@ pub(crate) struct Lost {
     /// The failover's fault, and when its crash (or switchover) began (µs).
     pub(crate) failover: usize,
     pub(crate) crash: u64,
-    /// Whether the README allows it: an asynchronous standby, a crash, and a claim made from
+    /// Whether the docs allows it: an asynchronous standby, a crash, and a claim made from
     /// the cut on (or within the replication lag before it).
     pub(crate) allowed: bool,
 }
@@ -362,7 +362,7 @@ pub(crate) fn lost_claims(
 
 /// The runs of a due that may go on at once after an asynchronous crash lost its claim: the
 /// old leader's run goes on until its heartbeats have not landed for two thirds of the stale
-/// threshold (the README), while the new leader, who cannot see the claim, runs the due
+/// threshold (the docs), while the new leader, who cannot see the claim, runs the due
 /// again. Per (due, attempt): until when the old run may last (µs), with `slack`.
 pub(crate) fn overlaps_allowed(lost: &[Lost], slack: u64) -> Vec<(u64, u32, u64)> {
     let cut_after = us(crate::faults::STALE) * 2 / 3;
@@ -373,7 +373,7 @@ pub(crate) fn overlaps_allowed(lost: &[Lost], slack: u64) -> Vec<(u64, u32, u64)
 }
 
 /// Key mode: the claims of runs begun on the old primary are on the promoted server, but for
-/// those the README allows an asynchronous crash to lose; each such due may run once more.
+/// those the docs allows an asynchronous crash to lose; each such due may run once more.
 /// No other due runs twice.
 fn claims(
     input: &Input<'_>,

@@ -20,7 +20,7 @@
 //! - **A handover costs the other standbys nothing**: after a request (to a live or a missing
 //!   target) with no other fault meanwhile, no pool connection of a replica other than the old
 //!   leader and the target was born, and at most one lock session and the key's three waiting
-//!   slots were (README: "a handover costs the other standbys no logins").
+//!   slots were (docs: "a handover costs the other standbys no logins").
 
 use std::time::Duration;
 
@@ -35,9 +35,9 @@ use crate::prefs::SAMPLE_EVERY;
 const READ_GAP: u64 = 200_000;
 /// A stretch is known to within two reads (and a row's write to its read).
 const RESOLUTION: u64 = 50_000;
-/// A key's waiting slots (README, "Fast takeover").
+/// A key's waiting slots (docs, "Fast takeover").
 const WAITING_SLOTS: i64 = 3;
-/// How long a handover request stays valid (README: "a minute").
+/// How long a handover request stays valid (docs: "a minute").
 const REQUEST_VALID: u64 = 60_000_000;
 
 /// What the preference checks found.
@@ -434,7 +434,7 @@ impl Checker<'_> {
                     at,
                     what: format!(
                         "a handover request made the other standbys replace {} pool \
-                         connection(s) (README: no logins): {}",
+                         connection(s) (docs: no logins): {}",
                         c.pool_logins,
                         c.born.join(", ")
                     ),
