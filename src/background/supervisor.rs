@@ -244,6 +244,17 @@ impl Supervisor {
         self.probe.clone()
     }
 
+    /// [`run`](Self::run) until the first SIGTERM or SIGINT (Ctrl-C elsewhere than on Unix),
+    /// with [`shutdown_on_signal`](super::shutdown_on_signal)'s token: the service's `main`
+    /// needs no signal handling of its own.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub async fn run_until_signal(self) {
+        self.run(super::shutdown_on_signal()).await;
+    }
+
     /// Runs every worker until `shutdown` is cancelled, then cancels them all and waits for
     /// them (at most the [shutdown timeout](Self::shutdown_timeout)).
     ///

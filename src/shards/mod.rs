@@ -12,7 +12,8 @@
 //!   first check passed, it took a second shared lock of the group (its live mark), and the
 //!   others have seen it start another statement since (its next check, half an interval
 //!   later). So a join cut off right after its grant, or right after its mark, moves no shard
-//!   (see the README for servers that hide other sessions' activity).
+//!   (see the [shards guide](crate::guide::shards) for servers that hide other sessions'
+//!   activity).
 //! - **Assignment**: every member computes the same target owner for every shard from the same
 //!   member list and the same holders, both read by its check: a quota of ⌊S/N⌋ or ⌈S/N⌉
 //!   shards per member, each keeping what it holds up to its quota, the rest by rendezvous
@@ -131,7 +132,7 @@ impl Shards {
     /// Starts configuring a group of `count` shards named `group`, competed for with
     /// connections from `pool`. Every replica of the group must use the same name and count:
     /// members that see another count among the members say so at ERROR, and each count's
-    /// members share the shards among themselves only (see the README on changing the count).
+    /// members share the shards among themselves only (see the [shards guide](crate::guide::shards) on changing the count).
     ///
     /// The group's keys are derived from its name: class from
     /// [`LockKey::from_name`]`("pg_elector/shards/<group>")`, object the shard's index (and −1
