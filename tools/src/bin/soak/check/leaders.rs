@@ -243,8 +243,17 @@ impl Checker<'_> {
             }
             let deadline = extend((f.inject, f.inject + us(demote) + slack), &stalled[p]).1;
             // A handover's leader hands over only to a target still live at its next check: a
-            // fault on the target meanwhile (a graceful stop, a kill) leaves the lead where it is.
+            // target that stopped gracefully or resigned meanwhile removed its row at once, and
+            // the lead stays where it is (a killed, frozen or cut-off target's row still counts
+            // for 2·I, so the leader must hand over all the same).
             if f.kind.handover() && target_hit(f, faults, deadline) {
+                continue;
+            }
+            // Nor to one whose row stopped counting before the leader's next check: a row is
+            // live for 2·I after its replica's last try, and a fault before the request (a
+            // server restart) can have kept it from trying.
+            let window = (f.inject, f.inject + us(i));
+            if f.kind.handover() && !target_live(f, self.input.candidates, window) {
                 continue;
             }
             let Some(&(_, end)) = lead.possible_terms[p]
@@ -353,15 +362,28 @@ pub(super) fn join_of<'a>(
     (!other).then_some(join)
 }
 
-/// Whether a fault other than handover request `f` hit its target from the request up to
-/// `until`.
+/// Whether the target of handover request `f` stopped gracefully or resigned (each removes its
+/// candidates row at once) from the request up to `until`.
 fn target_hit(f: &Fault, faults: &[Fault], until: u64) -> bool {
     let Some(target) = f.handover.as_ref().and_then(|h| h.target) else {
         return false;
     };
     faults.iter().any(|g| {
-        g.id != f.id && g.replica == Some(target) && g.inject >= f.inject && g.inject <= until
+        let row_gone = matches!(g.kind, Kind::Graceful | Kind::Resign);
+        row_gone && g.replica == Some(target) && g.inject >= f.inject && g.inject <= until
     })
+}
+
+/// Whether the target of handover request `f` had a live candidates row in every read of
+/// `samples` within `window` (true without reads: nothing says otherwise).
+fn target_live(f: &Fault, samples: &[crate::prefs::Sample], window: Iv) -> bool {
+    let Some(target) = f.handover.as_ref().and_then(|h| h.target) else {
+        return true;
+    };
+    samples
+        .iter()
+        .filter(|r| r.at >= window.0 && r.at <= window.1)
+        .all(|r| r.live.iter().any(|&(p, _)| p == target))
 }
 
 #[cfg(test)]
@@ -428,6 +450,12 @@ mod tests {
         stop.id = 1;
         let mut other = Fault::instant(Kind::Graceful, Some(3), false, 1_100);
         other.id = 1;
+        let mut killed = Fault::instant(Kind::Kill, Some(2), false, 1_100);
+        killed.id = 1;
+        assert!(
+            !target_hit(&request, &[request.clone(), killed], 2_000),
+            "a killed target's row still counts"
+        );
         assert!(target_hit(
             &request,
             &[request.clone(), stop.clone()],
@@ -438,5 +466,26 @@ mod tests {
             !target_hit(&request, &[request.clone(), stop], 1_050),
             "after the bound"
         );
+    }
+
+    #[test]
+    fn a_handover_target_whose_row_lapses_before_the_check_asks_no_demotion() {
+        let mut request = Fault::instant(Kind::HandoverDying, Some(1), true, 1_000);
+        request.handover = Some(crate::handover::Asked {
+            named: None,
+            target: Some(2),
+            target_fast: false,
+            answer: crate::handover::Answer::Made,
+            killed: true,
+        });
+        let read = |at: u64, live: bool| crate::prefs::Sample {
+            at,
+            live: if live { vec![(2, 5)] } else { Vec::new() },
+            requested: Vec::new(),
+        };
+        let lapsed = [read(1_010, true), read(1_100, false)];
+        assert!(!target_live(&request, &lapsed, (1_000, 1_250)));
+        let held = [read(1_010, true), read(1_100, true), read(2_000, false)];
+        assert!(target_live(&request, &held, (1_000, 1_250)));
     }
 }

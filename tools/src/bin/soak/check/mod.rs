@@ -29,7 +29,7 @@ pub(crate) use lanes::analyse_shards;
 use lead::{Lead, leadership};
 use rows::rows;
 
-/// Something the docs says cannot happen, or a bound missed.
+/// Something the docs say cannot happen, or a bound missed.
 #[derive(Clone, Debug)]
 pub(crate) struct Violation {
     /// When (µs, this machine's clock).

@@ -35,19 +35,30 @@ pub(crate) struct Probes {
     pub(crate) moot: usize,
 }
 
-/// Whether a fault other than the one probed for makes the probe moot: one injected between
-/// the probe and its answer (`until`), or one still in effect when it was sent that cuts this
+/// Whether a fault other than the one probed for makes the probe moot: one on this replica or
+/// the whole server (or a silent synchronous standby) injected between the probe and its
+/// answer (`until`, [`answer_due`]), or one still in effect when it was sent that cuts this
 /// replica off (its own partition or SIGSTOP) or the whole server (a restart, a failover):
 /// the connections then cannot answer, whatever the library did.
 pub(crate) fn moot(sent: &Sent, until: u64, faults: &[Fault]) -> bool {
     faults.iter().any(|g| {
-        let meanwhile = g.inject > sent.at && g.inject <= until;
+        let here = g.replica == Some(sent.replica) || g.kind.server_wide();
+        let bears = here || g.kind == Kind::SyncStandby;
+        let meanwhile = bears && g.inject > sent.at && g.inject <= until;
         let cuts_off =
             (g.kind.partitions() || g.kind == Kind::Stop) && g.replica == Some(sent.replica);
         let hits = cuts_off || g.kind.server_wide();
         let in_effect = g.id != sent.fault && hits && g.inject <= sent.at && g.heal >= sent.at;
         meanwhile || in_effect
     })
+}
+
+/// Until when a probe's answer may be awaited: its answer, or (none came) the child's own
+/// bounds on the probe (a borrow and a `SELECT 1`, each
+/// [`PROBE_BOUND`](crate::app::PROBE_BOUND)) and a second of slack.
+pub(crate) fn answer_due(sent: &Sent, answered_at: Option<u64>) -> u64 {
+    let bound = crate::app::PROBE_BOUND.as_micros() as u64;
+    answered_at.unwrap_or(sent.at + 2 * bound + 1_000_000)
 }
 
 /// One probe's verdict: the stuck connections it counts (0 when `moot`, or the replica ended or
@@ -92,7 +103,7 @@ pub(crate) fn check(input: &Input<'_>, a: &mut Analysis) {
             p.failed += ans.failed;
             p.unborrowed += ans.unborrowed;
         }
-        let until = answer.as_ref().map_or(u64::MAX, |(at, _)| *at);
+        let until = answer_due(sent, answer.as_ref().map(|(at, _)| *at));
         let moot = moot(sent, until, input.faults);
         let Some(n) = stuck(answer.as_ref().map(|(t, a)| (*t, a)), moot, gone_by) else {
             p.moot += 1;
@@ -176,8 +187,17 @@ mod tests {
         );
         assert_eq!(stuck(Some((900, &a)), false, None), Some(1));
         assert!(
-            moot(&sent(100), 900, &[own.clone(), fault(1, Some(2), 500, 500)]),
-            "a fault injected while the probe ran"
+            moot(&sent(100), 900, &[own.clone(), fault(1, Some(1), 500, 500)]),
+            "a fault on this replica injected while the probe ran"
+        );
+        assert!(
+            !moot(&sent(100), 900, &[own.clone(), fault(1, Some(2), 500, 500)]),
+            "a fault on another replica injected while the probe ran"
+        );
+        assert_eq!(
+            answer_due(&sent(100), None),
+            3_000_100,
+            "no answer: the probe's bounds"
         );
         assert!(
             moot(

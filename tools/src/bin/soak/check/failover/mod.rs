@@ -61,7 +61,7 @@ pub(crate) struct Counts {
     pub(crate) in_recovery: usize,
     /// Epochs not above an earlier term's.
     pub(crate) epochs_back: usize,
-    /// Claims lost or dues run twice beyond what the docs allows.
+    /// Claims lost or dues run twice beyond what the docs allow.
     pub(crate) dues: usize,
     /// Replica backends left on the standby.
     pub(crate) standby_backends: usize,
@@ -318,7 +318,7 @@ pub(crate) struct Lost {
     /// The failover's fault, and when its crash (or switchover) began (µs).
     pub(crate) failover: usize,
     pub(crate) crash: u64,
-    /// Whether the docs allows it: an asynchronous standby, a crash, and a claim made from
+    /// Whether the docs allow it: an asynchronous standby, a crash, and a claim made from
     /// the cut on (or within the replication lag before it).
     pub(crate) allowed: bool,
 }
@@ -373,7 +373,7 @@ pub(crate) fn overlaps_allowed(lost: &[Lost], slack: u64) -> Vec<(u64, u32, u64)
 }
 
 /// Key mode: the claims of runs begun on the old primary are on the promoted server, but for
-/// those the docs allows an asynchronous crash to lose; each such due may run once more.
+/// those the docs allow an asynchronous crash to lose; each such due may run once more.
 /// No other due runs twice.
 fn claims(
     input: &Input<'_>,

@@ -468,12 +468,18 @@ pub(crate) fn asked() -> (Duration, Duration) {
 #[cfg(test)]
 mod tests;
 
-/// Whether another fault was in effect between request `f` and `until` (the target's lead,
-/// or the deadline): one injected meanwhile, or one injected before and not healed by the
-/// request (a partitioned leader cannot see the request; its term ends by the partition's
-/// bound instead, which the leaderless check judges).
+/// Whether another fault that bears on request `f` was in effect between it and `until` (the
+/// target's lead, or the deadline): one on the leader or the target, or on the whole server
+/// (a restart, a failover, a silent synchronous standby), injected meanwhile or injected
+/// before and not healed by the request (a partitioned leader cannot see the request; its term
+/// ends by the partition's bound instead, which the leaderless check judges).
 pub(super) fn cut_short(f: &Fault, faults: &[Fault], until: u64) -> bool {
-    faults
-        .iter()
-        .any(|g| g.id != f.id && g.inject <= until && g.heal.max(g.inject) >= f.inject)
+    let target = f.handover.as_ref().and_then(|h| h.target);
+    faults.iter().any(|g| {
+        let bears = g.replica.is_some() && (g.replica == f.replica || g.replica == target)
+            || g.kind.server_wide()
+            || g.kind == Kind::SyncStandby;
+        let overlaps = g.inject <= until && g.heal.max(g.inject) >= f.inject;
+        g.id != f.id && !g.kind.handover() && bears && overlaps
+    })
 }

@@ -142,7 +142,13 @@ fn a_request_made_while_the_leader_is_partitioned_is_cut_short() {
     ));
     assert!(!super::cut_short(
         &request,
-        &[later, request.clone()],
+        &[later.clone(), request.clone()],
         2_400_000
     ));
+    let mut elsewhere = later;
+    elsewhere.replica = Some(4);
+    assert!(
+        !super::cut_short(&request, &[elsewhere, request.clone()], 2_900_000),
+        "a fault on an uninvolved standby"
+    );
 }
