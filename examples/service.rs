@@ -62,7 +62,6 @@ use pg_elector::{Elector, LockKey};
 use pg_elector_testkit::server::config::pool_from_config;
 use pg_elector_testkit::{PgServer, TestDb};
 use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
-use tokio_util::sync::CancellationToken;
 
 const KEY: LockKey = LockKey::new(0x7376_6365, 1); // "svce"
 
@@ -216,32 +215,17 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     println!("listening on http://{}", listener.local_addr()?);
 
-    let shutdown = CancellationToken::new();
-    let signals = {
-        let shutdown = shutdown.clone();
-        async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("a SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-                _ = shutdown.cancelled() => {}
-            }
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        }
-    };
+    // Cancelled at SIGTERM or SIGINT; a failed HTTP server cancels it too.
+    let shutdown = pg_elector::background::shutdown_on_signal();
     let http =
         axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let (http, (), ()) = tokio::join!(
+    let (http, ()) = tokio::join!(
         async {
             let served = http.await;
             shutdown.cancel(); // a failed server stops the rest too
             served
         },
         supervisor.run(shutdown.clone()),
-        signals,
     );
     http?;
     Ok(())

@@ -356,8 +356,9 @@ impl Elector {
     ///
     /// # Errors
     ///
-    /// [`Error::CurrentLeader`] with [`CurrentLeaderError::PoolTimeout`] or
-    /// [`CurrentLeaderError::Pool`] when no pool connection comes within one check interval,
+    /// [`Error::CurrentLeader`] with [`CurrentLeaderError::PoolTimeout`] when no pool
+    /// connection comes within one check interval, [`CurrentLeaderError::Pool`] when the pool
+    /// cannot hand one out (a refused connection, the pool's own timeout),
     /// [`CurrentLeaderError::Timeout`] when the answer does not come within one more, and
     /// [`CurrentLeaderError::Query`] when a query fails.
     ///
@@ -408,8 +409,8 @@ impl Elector {
         tokio::spawn(async move { elector.run(shutdown).await })
     }
 
-    /// Takes part in the election until `shutdown` is cancelled; see the crate docs for the
-    /// rules it follows.
+    /// Takes part in the election until `shutdown` is cancelled; the guide
+    /// [how it works](crate::guide::how_it_works) has the rules it follows.
     ///
     /// Database failures are not errors here: they are logged at WARN, the replica stays a
     /// standby (or is demoted), and the election goes on.
@@ -426,7 +427,8 @@ impl Elector {
     ///
     /// # Errors
     ///
-    /// [`Error::AlreadyRunning`] at once when another `run` of this elector is in progress.
+    /// [`Error::AlreadyRunning`] at once when another `run` of this elector is in progress;
+    /// [`Error::RunOnShard`] at once for a shard's elector (its group's `Shards::run` runs it).
     ///
     /// # Cancel safety
     ///

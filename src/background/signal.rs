@@ -10,8 +10,12 @@ use tokio_util::sync::CancellationToken;
 /// [`Supervisor::run_until_signal`](super::Supervisor::run_until_signal) does).
 ///
 /// On Unix, listening starts at the call: a signal before it has the process's default
-/// effect (it ends the process), one after it only cancels the token. A signal that cannot be
-/// listened for is said at ERROR; the token then waits for the other one.
+/// effect (it ends the process), one after it only cancels the token. From then on the
+/// process keeps both signals for itself (tokio never gives the default action back): a
+/// second SIGTERM or Ctrl-C while the shutdown drains does nothing more, and the drain is
+/// bounded by the elector's drain timeout and the supervisor's shutdown timeout; SIGKILL
+/// ends the process at once. A signal that cannot be listened for is said at ERROR; the token
+/// then waits for the other one.
 ///
 /// ```no_run
 /// # async fn example(elector: pg_elector::Elector) -> Result<(), pg_elector::Error> {

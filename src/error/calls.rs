@@ -37,9 +37,14 @@ pub enum CurrentLeaderError {
 }
 
 impl CurrentLeaderError {
-    /// Whether no pool connection or no answer came in time.
+    /// Whether no pool connection or no answer came in time (the pool's own wait timeout
+    /// included).
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Self::PoolTimeout(_) | Self::Timeout(_))
+        match self {
+            Self::PoolTimeout(_) | Self::Timeout(_) => true,
+            Self::Pool(e) => matches!(**e, deadpool_postgres::PoolError::Timeout(_)),
+            Self::Query(_) => false,
+        }
     }
 }
 
@@ -91,6 +96,10 @@ impl HandoverError {
     /// Whether no pool connection or no answer came in time: the request may or may not have
     /// been made.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Self::Timeout(_))
+        match self {
+            Self::Timeout(_) => true,
+            Self::Pool(e) => matches!(**e, deadpool_postgres::PoolError::Timeout(_)),
+            _ => false,
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! The crate's errors, one enum per kind of call: [`BuildError`] for what a builder refuses,
 //! [`CurrentLeaderError`] for [`current_leader`](crate::current_leader),
 //! [`HandoverError`] for [`request_handover`](crate::request_handover), [`Fenced`] for a
-//! fenced write, and [`Error`], which `run` and `build` return and each of the others converts
-//! into.
+//! fenced write, and [`Error`], which `run`, `build` and `current_leader` return and each of
+//! the others converts into.
 
 use std::time::Duration;
 

@@ -495,6 +495,29 @@ mod heartbeats {
         stored_runs(&client, job).await
     }
 
+    /// Whether the first run of `long` ended (is no longer `running`) within 10 s.
+    async fn first_run_ends(cluster: &Cluster) -> bool {
+        wait_for_async(Duration::from_secs(10), || async {
+            first_run(&runs_of(cluster, "long").await).is_some_and(|run| run.3 != "running")
+        })
+        .await
+        .is_some()
+    }
+
+    /// No run was cut off, and the first run of `long` ended (`finished`) as it would have:
+    /// recorded `succeeded`.
+    async fn assert_ran_to_its_end(cluster: &Cluster, capture: &Capture, finished: bool) {
+        let cut = capture.events("the run was cut off");
+        assert!(cut.is_empty(), "no run was cut off: {}", cut.len());
+        assert!(finished, "the first run finished");
+        let runs = runs_of(cluster, "long").await;
+        assert_eq!(
+            first_run(&runs).map(|run| run.3.as_str()),
+            Some("succeeded"),
+            "the first run ran to its end: {runs:?}"
+        );
+    }
+
     /// A slow but healthy synchronous standby (its WAL 1.5 s late for 4 s, through the WAL
     /// proxy) cuts no run off: the beats land every poll, their confirmations come 1.5 s late
     /// and several at once, and the 5 s run ends as it would have, recorded `succeeded`.
@@ -513,20 +536,9 @@ mod heartbeats {
         cluster.wal.delay(Duration::from_millis(1500));
         tokio::time::sleep(Duration::from_secs(4)).await;
         cluster.wal.delay(Duration::ZERO);
-        let finished = wait_for_async(Duration::from_secs(10), || async {
-            first_run(&runs_of(&cluster, "long").await).is_some_and(|run| run.3 != "running")
-        })
-        .await;
+        let finished = first_run_ends(&cluster).await;
         sched.stop().await;
-        let cut = capture.events("the run was cut off");
-        assert!(cut.is_empty(), "no run was cut off: {}", cut.len());
-        assert!(finished.is_some(), "the first run finished");
-        let runs = runs_of(&cluster, "long").await;
-        assert_eq!(
-            first_run(&runs).map(|run| run.3.as_str()),
-            Some("succeeded"),
-            "the first run ran to its end: {runs:?}"
-        );
+        assert_ran_to_its_end(&cluster, &capture, finished).await;
     }
 
     /// A synchronous standby already slow when the run is claimed (its WAL 1.2 s late, more
@@ -546,21 +558,10 @@ mod heartbeats {
             Duration::from_secs(2),
         );
         first_start(&starts, Duration::from_secs(10), "the job runs").await;
-        let finished = wait_for_async(Duration::from_secs(10), || async {
-            first_run(&runs_of(&cluster, "long").await).is_some_and(|run| run.3 != "running")
-        })
-        .await;
+        let finished = first_run_ends(&cluster).await;
         sched.stop().await;
         cluster.wal.delay(Duration::ZERO);
-        let cut = capture.events("the run was cut off");
-        assert!(cut.is_empty(), "no run was cut off: {}", cut.len());
-        assert!(finished.is_some(), "the first run finished");
-        let runs = runs_of(&cluster, "long").await;
-        assert_eq!(
-            first_run(&runs).map(|run| run.3.as_str()),
-            Some("succeeded"),
-            "the first run ran to its end: {runs:?}"
-        );
+        assert_ran_to_its_end(&cluster, &capture, finished).await;
     }
 
     /// A dead synchronous standby (its link blackholed) confirms no beat: the running run is

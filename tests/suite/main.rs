@@ -1,5 +1,5 @@
 //! The integration tests, in one binary: one test process, one shared server, and the
-//! timing-sensitive tests spread over a few slots (`pg_elector_testkit::timing`) rather than
+//! timing-sensitive tests spread over a few slots (`pg_elector_testkit::replicas::timing`) rather than
 //! run one binary after another. Each module is the tests of one concern, named as before.
 
 mod common;

@@ -283,6 +283,35 @@ async fn a_try_that_leaves_the_lock_to_a_preferred_standby_keeps_its_connection(
     deferring.stop().await.unwrap();
 }
 
+/// A leader (preference 9) on a pool of its own, and a standby named `standby` (preference 1)
+/// on the application's pool of one connection, which a test then hands back inside a
+/// transaction; `admin`, a direct connection to read the server.
+struct OnAppPool {
+    _db: TestDb,
+    leader: Replica,
+    app: deadpool_postgres::Pool,
+    standby: Replica,
+    admin: tokio_postgres::Client,
+}
+
+async fn standby_on_app_pool(key: LockKey) -> OnAppPool {
+    let db = fresh_db().await;
+    let leader = preferring(db.pool(3), key, "leader", 9);
+    wait_for(3 * I, || leader.elector.is_leader())
+        .await
+        .expect("the leader leads");
+    let app = db.pool(1);
+    let standby = preferring(app.clone(), key, "standby", 1);
+    let admin = db.connect().await.unwrap();
+    OnAppPool {
+        _db: db,
+        leader,
+        app,
+        standby,
+        admin,
+    }
+}
+
 /// A preferred standby on the application's pool of one connection, which the application
 /// hands back inside a transaction (a `BEGIN` without its `COMMIT`, an application bug): the
 /// standby's "I am alive" write does not land in that transaction (before, it set
@@ -292,15 +321,13 @@ async fn a_try_that_leaves_the_lock_to_a_preferred_standby_keeps_its_connection(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_never_writes_inside_a_transaction_the_application_left_open() {
     let _timing = timing();
-    let db = fresh_db().await;
-    let key = LockKey::new(0xf95, 1);
-    let leader = preferring(db.pool(3), key, "leader", 9);
-    wait_for(3 * I, || leader.elector.is_leader())
-        .await
-        .expect("the leader leads");
-    let app = db.pool(1);
-    let standby = preferring(app.clone(), key, "standby", 1);
-    let admin = db.connect().await.unwrap();
+    let OnAppPool {
+        _db,
+        leader,
+        app,
+        standby,
+        admin,
+    } = standby_on_app_pool(LockKey::new(0xf95, 1)).await;
     let live = || async {
         query_i64(
             &admin,
@@ -345,15 +372,13 @@ async fn a_standby_never_writes_inside_a_transaction_the_application_left_open()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_withdraws_past_a_connection_left_inside_a_transaction() {
     let _timing = timing();
-    let db = fresh_db().await;
-    let key = LockKey::new(0xf95, 2);
-    let leader = preferring(db.pool(3), key, "leader", 9);
-    wait_for(3 * I, || leader.elector.is_leader())
-        .await
-        .expect("the leader leads");
-    let app = db.pool(1);
-    let standby = preferring(app.clone(), key, "standby", 1);
-    let admin = db.connect().await.unwrap();
+    let OnAppPool {
+        _db,
+        leader,
+        app,
+        standby,
+        admin,
+    } = standby_on_app_pool(LockKey::new(0xf95, 2)).await;
     let rows = || async {
         query_i64(
             &admin,

@@ -291,6 +291,31 @@ mod e3 {
         leader.stop().await.unwrap();
     }
 
+    /// A session outside the elector that holds `key` shared: every try's question finds the
+    /// lock free, and its full try is refused.
+    async fn hold_shared(db: &TestDb, key: LockKey) -> tokio_postgres::Client {
+        let foreign = db.connect().await.unwrap();
+        foreign
+            .query_one(
+                "SELECT pg_advisory_lock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+        foreign
+    }
+
+    /// [`hold_shared`]'s hold let go.
+    async fn let_go_shared(foreign: &tokio_postgres::Client, key: LockKey) {
+        foreign
+            .query_one(
+                "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)",
+                &[&key.class(), &key.object()],
+            )
+            .await
+            .unwrap();
+    }
+
     /// E3: a try on a pool connection the application left inside a transaction is not granted
     /// there (the lock session would keep that transaction open, where the server's
     /// `idle_session_timeout` does not apply): it closes that connection, and the next try, on
@@ -340,14 +365,7 @@ mod e3 {
         let _timing = timing();
         let db = fresh_db().await;
         let key = LockKey::new(3, 2_003);
-        let foreign = db.connect().await.unwrap();
-        foreign
-            .query_one(
-                "SELECT pg_advisory_lock_shared($1::int4, $2::int4)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let foreign = hold_shared(&db, key).await;
         // The application's pool of one: its only connection goes back inside a transaction.
         let shared_pool = db.pool(1);
         shared_pool
@@ -366,13 +384,7 @@ mod e3 {
         );
         first.stop().await.unwrap();
         let other = Replica::start(db.pool(1), key, I);
-        foreign
-            .query_one(
-                "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let_go_shared(&foreign, key).await;
         wait_for(3 * I, || other.elector.is_leader())
             .await
             .expect("another standby leads within 3·I once the foreign hold is gone");
@@ -390,14 +402,7 @@ mod e3 {
         let _timing = timing();
         let db = fresh_db().await;
         let key = LockKey::new(3, 2_006);
-        let foreign = db.connect().await.unwrap();
-        foreign
-            .query_one(
-                "SELECT pg_advisory_lock_shared($1::int4, $2::int4)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let foreign = hold_shared(&db, key).await;
         let proxy = shared_server_proxy().await;
         let standby = Replica::start(db.pool_via(proxy.addr(), 1), key, I);
         // Ten tries or so, each refused after its question found the lock free.
@@ -411,13 +416,7 @@ mod e3 {
             1,
             "one connection for all the tries refused after asking"
         );
-        foreign
-            .query_one(
-                "SELECT pg_advisory_unlock_shared($1::int4, $2::int4)",
-                &[&key.class(), &key.object()],
-            )
-            .await
-            .unwrap();
+        let_go_shared(&foreign, key).await;
         wait_for(3 * I, || standby.elector.is_leader())
             .await
             .expect("the standby leads within 3·I once the foreign hold is gone");

@@ -132,6 +132,7 @@ mod tests {
             "granted",
             "granted_unbounded",
             "refused",
+            "in_transaction",
             "recovery",
             "marked",
             "moved",

@@ -84,8 +84,8 @@ pub(super) const TRY_LOCK: &str = "SELECT answer, \
 /// true, and the try that follows answers `recovery`.
 ///
 /// On a pool connection the application left inside a transaction, the hold lasts until that
-/// transaction ends: [`try_acquire`](super::try_acquire) closes the connection when the question answered true
-/// and the try was not granted. Its last column, as [`TRY_LOCK`]'s, is the answering backend
+/// transaction ends: [`TRY_LOCK`] then answers `in_transaction`, and
+/// [`try_acquire`](super::try_acquire) closes the connection (which ends the transaction). Its last column, as [`TRY_LOCK`]'s, is the answering backend
 /// (see [`send`](crate::postgres::prepared::send)).
 pub(super) const ASK: &str = "SELECT CASE \
      WHEN pg_catalog.current_setting('pg_elector.session', true) <> '' THEN true \

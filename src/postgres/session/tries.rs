@@ -41,8 +41,9 @@ use crate::postgres::prepared::{Prepared, send};
 /// it to another standby), unless the session still holds the question's hold: that happens
 /// only inside a transaction the application left open, where the hold would last until the
 /// transaction ends and refuse every other standby meanwhile, so that connection is closed
-/// ([`TRY_LOCK`] answers `in_transaction` then, and grants nothing there). A try that finds a
-/// transaction pooler closes its connection too. A granted try takes the connection out of the
+/// ([`TRY_LOCK`] answers `in_transaction` then, and grants nothing there). A try for the
+/// exclusive lock that finds a transaction pooler closes its connection too (a shard member's,
+/// for the shared lock, asks no question and gives it back). A granted try takes the connection out of the
 /// pool for good. A server in recovery gets its connection closed, so that the next try
 /// opens a new one. Any other outcome (an error, a timeout,
 /// an answer this elector does not know, or this future being dropped mid-way) closes the

@@ -110,7 +110,9 @@ pub fn is_child() -> bool {
     std::env::var(ENV_URL).is_ok()
 }
 
-pub use child::{child, child_with, key_setting, ms_setting, on_current_thread, setting};
+pub use child::{child, child_with};
+#[cfg(feature = "protocol")]
+pub use child::{key_setting, ms_setting, on_current_thread, setting};
 
 // ---------------------------------------------------------------------------------------------
 // The parent: a fleet of replica processes and what they said.
@@ -131,7 +133,7 @@ pub enum What {
     Exited,
     /// Not said by the child: the parent SIGKILLed it at this time.
     Killed,
-    /// The watcher's first read after a gap longer than [`WOKE_GAP_US`] (a stopped or starved
+    /// The watcher's first read after a gap longer than 100 ms (a stopped or starved
     /// process), and whether it found the replica leading. Not a transition.
     Woke {
         /// Whether that read found it leading.
@@ -344,7 +346,8 @@ impl Fleet {
         self.interval
     }
 
-    /// What the replicas said, and their stderr lines.
+    /// What the replicas said, and their stderr lines (feature `protocol`).
+    #[cfg(feature = "protocol")]
     #[doc(hidden)]
     pub fn board(&self) -> &Board {
         &self.board

@@ -69,7 +69,7 @@ impl Member<'_> {
         }
         let loud = self.repeats.loud("shard count");
         let count = self.inner.shards.len();
-        loud_or_debug!(loud, error, key = %self.pg.key, other_counts = ?other, count, "members of this group run another shard count than this member's; each count's members share the shards among themselves only, so the shards below both counts go to whichever takes them first and the load is uneven until every member runs one count (see the README on changing the count)");
+        loud_or_debug!(loud, error, key = %self.pg.key, other_counts = ?other, count, "members of this group run another shard count than this member's; each count's members share the shards among themselves only, so the shards below both counts go to whichever takes them first and the load is uneven until every member runs one count (see the shards guide, \"Changing the count\")");
     }
 
     /// The members that count (`members`, sorted, this one's pid among them once it is live),

@@ -78,7 +78,7 @@
 //! from the SIGCONT, if a tick arrived first) until it said standby, which shows up as
 //! two-leader time, and the run is flagged. The "old leader demoted" column of a freeze shows
 //! the time from SIGCONT to its standby report instead (the watcher's wake-up). Each database
-//! has `idle_in_transaction_session_timeout = 2·I`, as the docs asks of a fencing
+//! has `idle_in_transaction_session_timeout = 2·I`, as the docs ask of a fencing
 //! application, so a leader frozen inside a fenced transaction cannot hold off the next term.
 //!
 //! With fewer than 100 runs the nearest-rank p99 is the maximum; the output says so.

@@ -26,7 +26,7 @@ pub(crate) const LONG_RUN_MIN: Duration = Duration::from_millis(5_000);
 pub(crate) const LONG_RUN_MAX: Duration = Duration::from_millis(6_500);
 /// A short run.
 pub(crate) const SHORT_RUN: Duration = Duration::from_millis(50);
-/// The elector's drain timeout with a schedule: above the longest run, as the docs asks.
+/// The elector's drain timeout with a schedule: above the longest run, as the docs ask.
 pub(crate) const DRAIN: Duration = Duration::from_secs(7);
 /// How long each connection of the pool has to answer `SELECT 1` in a probe, and to be
 /// borrowed.

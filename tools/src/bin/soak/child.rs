@@ -171,7 +171,7 @@ enum Command {
 }
 
 /// `base` through the slot's addresses: one (a moving address), or several, tried in order
-/// for a server that takes writes (a multi-host URL, as the docs tells users to write it).
+/// for a server that takes writes (a multi-host URL, as the docs tell users to write it).
 fn config_of(base: &tokio_postgres::Config, addrs: &str) -> tokio_postgres::Config {
     let mut addrs = addrs
         .split(',')

@@ -102,7 +102,7 @@ pub(crate) async fn connect(
 }
 
 /// Creates the writes table and the epoch table, and sets the database's
-/// `idle_in_transaction_session_timeout` to 2·I, as the docs asks of a fencing application.
+/// `idle_in_transaction_session_timeout` to 2·I, as the docs ask of a fencing application.
 pub(crate) async fn prepare(
     client: &tokio_postgres::Client,
     database: &str,

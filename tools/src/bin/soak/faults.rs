@@ -81,7 +81,7 @@ pub(crate) const SESSION_ENDED: Duration = Duration::from_millis(100);
 /// How long after a terminate or a reset of a leader that hears it two replicas may both
 /// lead: the old leader steps down within 1 ms of reading its closed connection and the next
 /// term waits 5 ms after its grant, so an overlap needs the old leader's process kept from the
-/// CPU for longer than that, which the docs allows on an overloaded machine ("a few
+/// CPU for longer than that, which the docs allow on an overloaded machine ("a few
 /// milliseconds of overlap"). Counted from the injection, without the slack. The zero
 /// tolerance for this overlap is `tests/no_overlap.rs` (200 terminates, sampled every 50 µs).
 pub(crate) const SCHEDULING: Duration = Duration::from_millis(20);

@@ -188,16 +188,23 @@ async fn live(
     if let (Answer::Made, Some(t)) = (&asked.answer, asked.target) {
         *ctx.requested.lock().unwrap() = Some(t);
     }
-    // The leader it hit: only a request made is sure to reach it.
-    fault.on_leader = asked.answer == Answer::Made;
-    fault.inject = at;
-    fault.heal = at;
-    fault.note = note(&asked);
+    answered(&mut fault, at, &asked);
     let target = asked.target;
     fault.handover = Some(asked);
     let id = record(ctx, fault);
     tokio::spawn(count(ctx.clone(), id, before, leader, target));
     Some(id)
+}
+
+/// `fault` as request `asked`, answered at `at`, left it: instantaneous, noted, and on the
+/// leader only if made (only a request made is sure to reach it). Whether it was made.
+fn answered(fault: &mut Fault, at: u64, asked: &Asked) -> bool {
+    let made = asked.answer == Answer::Made;
+    fault.inject = at;
+    fault.heal = at;
+    fault.note = note(asked);
+    fault.on_leader = made;
+    made
 }
 
 /// To a live standby that is SIGKILLed right after the request; its slot is claimed, and the
@@ -226,11 +233,7 @@ async fn dying(
         chosen
     };
     let (at, mut asked) = ask(ctx, pool, Some(format!("replica-{target}"))).await;
-    fault.inject = at;
-    fault.heal = at;
-    fault.note = note(&asked);
-    let made = asked.answer == Answer::Made;
-    fault.on_leader = made;
+    let made = answered(&mut fault, at, &asked);
     asked.killed = made;
     fault.handover = Some(asked);
     if !made {
@@ -285,11 +288,7 @@ async fn missing(
     };
     let before = Snapshot::take(ctx).await;
     let (at, asked) = ask(ctx, pool, Some(name)).await;
-    fault.inject = at;
-    fault.heal = at;
-    fault.note = note(&asked);
-    let made = asked.answer == Answer::Made;
-    fault.on_leader = made;
+    let made = answered(&mut fault, at, &asked);
     fault.handover = Some(asked);
     let id = record(ctx, fault);
     if made {

@@ -35,7 +35,7 @@
 //! side and a slot changes kind over the run. Its elector's pool has two connections, the
 //! application's pool (the ticker's, which the schedule shares) three. The ticker calls
 //! `do_work` every I/10 and writes one row inside a transaction after `Term::fence`: replica, epoch, the server's `clock_timestamp()`.
-//! The database has `idle_in_transaction_session_timeout` = 2·I, as the docs asks of a
+//! The database has `idle_in_transaction_session_timeout` = 2·I, as the docs ask of a
 //! fencing application. Slot 0 is never killed nor restarted (`--no-keep-one` lifts that), so
 //! one process lives through the run and its memory is measured over all of it.
 //!

@@ -1,5 +1,5 @@
 //! The report's part on preferences (`--preferences`): the bounds of the column "heal → most
-//! preferred leads" as the docs states them (or as its words give them), the preferences the
+//! preferred leads" as the docs state them (or as its words give them), the preferences the
 //! replicas had, the handover requests and what they cost.
 
 use std::fmt::Write as _;
@@ -60,7 +60,7 @@ pub(crate) fn render(
          next check and hands over as above\"); a request to a target killed right after it: \
          no leader for at most **3·I and one try** (\"a target that dies leaves the key without \
          a leader for at most 3·I and one try\", from the request; then a move, 2·I plus the \
-         drain, as the docs states for any handover). The drain is the rest of a run of the \
+         drain, as the docs state for any handover). The drain is the rest of a run of the \
          schedule's in progress (a tick's takes milliseconds). A term taken on request keeps the \
          lead against preferences until it ends (a term of the target a request named, or one \
          begun while the candidates table showed a request pending for its replica). Stretches of reads where the most preferred \
