@@ -28,6 +28,11 @@ const RECOVERY: &str = "the server is in recovery (a read replica): its advisory
 
 const SHARED_TRY: &str = "this try ran on a server session that another elector holds the lock on; this replica stays standby";
 
+/// How long a try under way when the waiting session is granted may go on, so that its pool
+/// connection goes back rather than closed: its remaining statements take a round trip or two,
+/// and the lock they meet is this replica's own. The term waits for it at most this long.
+const TRY_GRACE: Duration = Duration::from_millis(20);
+
 /// How long a term whose lock was not handed over gracefully waits before it starts, counted
 /// from the grant. Such a lock was freed by a session that ended: its leader may be alive and
 /// not know yet (`pg_terminate_backend`, a proxy reset), and a leader notices its closed
@@ -321,16 +326,8 @@ impl Standby<'_> {
         let quiet = self.backoff.quiet(Instant::now()) || !self.tried_well;
         let borrower = &mut self.borrower;
         let bounds = &self.bounds;
-        let (outranked, tried) = tokio::select! {
-            biased;
-            () = self.shutdown.cancelled() => return None,
-            // A grant to the waiting session while the try (or what comes before it) is under
-            // way: the try, which the lock now refuses, is dropped (its connection closed).
-            outcome = waiting.outcome() => {
-                waiting.waiter = None;
-                return Some((outcome, true));
-            }
-            tried = async {
+        let (outranked, tried) = {
+            let trying = async {
                 let outranked = outranked(pg, reads, quiet, alive).await;
                 let asked = TryFor {
                     key: pg.key,
@@ -342,7 +339,24 @@ impl Standby<'_> {
                     candidates: &pg.candidates,
                 };
                 (outranked, try_acquire(borrower, &asked).await)
-            } => tried,
+            };
+            let mut trying = std::pin::pin!(trying);
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return None,
+                // A grant to the waiting session while the try (or what comes before it) is under
+                // way: the lock now refuses the try, which gets [`TRY_GRACE`] to end so that its
+                // connection goes back to the pool (a try dropped mid-way closes it: a login at
+                // every handover that lands during a try); past that it is dropped.
+                outcome = waiting.outcome() => {
+                    waiting.waiter = None;
+                    if outcome.is_ok() {
+                        let _ = tokio::time::timeout(TRY_GRACE, trying.as_mut()).await;
+                    }
+                    return Some((outcome, true));
+                }
+                tried = trying.as_mut() => tried,
+            }
         };
         self.outranked = outranked;
         let tried = self.count(tried);

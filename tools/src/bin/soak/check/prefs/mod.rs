@@ -470,7 +470,7 @@ mod tests;
 
 /// Whether another fault that bears on request `f` was in effect between it and `until` (the
 /// target's lead, or the deadline): one on the leader or the target, or on the whole server
-/// (a restart, a failover, a silent synchronous standby), injected meanwhile or injected
+/// (a restart, a failover, a silent synchronous standby), or a later request, injected meanwhile or injected
 /// before and not healed by the request (a partitioned leader cannot see the request; its term
 /// ends by the partition's bound instead, which the leaderless check judges).
 pub(super) fn cut_short(f: &Fault, faults: &[Fault], until: u64) -> bool {
@@ -480,6 +480,9 @@ pub(super) fn cut_short(f: &Fault, faults: &[Fault], until: u64) -> bool {
             || g.kind.server_wide()
             || g.kind == Kind::SyncStandby;
         let overlaps = g.inject <= until && g.heal.max(g.inject) >= f.inject;
-        g.id != f.id && !g.kind.handover() && bears && overlaps
+        // A later request supersedes this one (the later one counts); one to a missing
+        // identity changes nothing.
+        let changes = g.kind != Kind::HandoverMissing;
+        g.id != f.id && changes && (bears || g.kind.handover()) && overlaps
     })
 }

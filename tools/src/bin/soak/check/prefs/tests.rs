@@ -151,4 +151,15 @@ fn a_request_made_while_the_leader_is_partitioned_is_cut_short() {
         !super::cut_short(&request, &[elsewhere, request.clone()], 2_900_000),
         "a fault on an uninvolved standby"
     );
+    let mut superseding = Fault::instant(Kind::HandoverLive, Some(3), true, 2_100_000);
+    superseding.id = 3;
+    assert!(
+        super::cut_short(&request, &[superseding.clone(), request.clone()], 2_900_000),
+        "a later request counts instead"
+    );
+    superseding.kind = Kind::HandoverMissing;
+    assert!(
+        !super::cut_short(&request, &[superseding, request.clone()], 2_900_000),
+        "a request to a missing identity changes nothing"
+    );
 }
