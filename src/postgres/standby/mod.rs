@@ -350,7 +350,7 @@ impl Standby<'_> {
                 // every handover that lands during a try); past that it is dropped.
                 outcome = waiting.outcome() => {
                     waiting.waiter = None;
-                    if outcome.is_ok() {
+                    if matches!(outcome, Ok(Attempt::Granted { .. })) {
                         let _ = tokio::time::timeout(TRY_GRACE, trying.as_mut()).await;
                     }
                     return Some((outcome, true));
