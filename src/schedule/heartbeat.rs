@@ -16,9 +16,10 @@
 //! A slow but live standby delays every confirmation by its lag. While a confirmation is
 //! outstanding, the next beat goes out an eighth of the cut-off later instead of a poll, up to
 //! [`IN_FLIGHT`] at once, each on its own connection: the silence the runner sees is the lag
-//! plus that spacing, so a standby that turns slow while a run goes on cuts it off only when
-//! more than about six sevenths of the cut-off late (1.7 s of the 2 s cut-off at the 3 s
-//! floor). A standby already slow when the run is claimed delays the claim, and the job
+//! plus that spacing and a round trip, so a standby that turns slow while a run goes on cuts it
+//! off only when more than about six sevenths of the cut-off late, less a round trip (1.7 s
+//! of the 2 s cut-off at the 3 s floor; with a 1.5 s lag the runner sees 1.76 s). A beat's
+//! send time is taken once it has its connection: a borrow slowed by a login is no silence. A standby already slow when the run is claimed delays the claim, and the job
 //! starts on the first confirmed beat after it; from then on the same holds.
 
 use std::time::Duration;
@@ -78,22 +79,25 @@ pub(super) async fn with_heartbeat<F: Future>(
     }
 }
 
-/// One beat and its confirmation, bounded together by `bound`: when it was sent, and whether
-/// the run's record was still `running` (`Ok(true)`: the beat is on the standby too).
+/// One beat and its confirmation, bounded together by `bound`: `Ok(Some(sent))` when the run's
+/// record was still `running` and the beat is on the standby too, `sent` being when the beat's
+/// statement went out on its connection (after the borrow: a borrow slowed by a login does
+/// not count as silence, and the beat's `heartbeat_at` is no earlier); `Ok(None)` when the
+/// record is no longer `running`.
 async fn beat(
     ctx: &Context,
     run: RunRef<'_>,
     bound: Duration,
-) -> (Instant, Result<bool, ScheduleError>) {
-    let sent = Instant::now();
-    let beat = ctx.query_within(bound, async |client| {
+) -> Result<Option<Instant>, ScheduleError> {
+    ctx.query_within(bound, async |client| {
+        let sent = Instant::now();
         if !ctx.store.heartbeat(client, run).await? {
-            return Ok(false);
+            return Ok(None);
         }
         ctx.store.confirm(client).await?;
-        Ok(true)
-    });
-    (sent, beat.await)
+        Ok(Some(sent))
+    })
+    .await
 }
 
 /// Beats every poll, as the claim promised (the run's row holds the period), and more often
@@ -110,35 +114,31 @@ async fn heartbeat(
 ) -> CutOff {
     let cut_after = cut_off_after(stale_after(ctx.poll));
     let cadence = Cadence::new(ctx.poll, cut_after);
-    let mut ticks = tokio::time::interval(cadence.tick());
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut silence = Silence::new(run.job, stale_after(ctx.poll), alive_at);
     let mut in_flight = FuturesUnordered::new();
-    // `None`: a beat goes out at the first tick, at once.
+    // `None`: the first beat goes out at once.
     let mut last_sent = (!beat_now).then_some(alive_at);
     loop {
         let (cut_off, warn_at) = silence.deadlines();
+        let next_beat = cadence.next_beat(last_sent, in_flight.len());
         tokio::select! {
             biased;
             () = tokio::time::sleep_until(cut_off) => return CutOff::Silent(silence.silent()),
             () = tokio::time::sleep_until(warn_at), if !silence.warned => silence.warn(),
-            Some((sent, landed)) = in_flight.next() => {
-                let landed: Result<bool, ScheduleError> = landed;
+            Some(landed) = in_flight.next() => {
+                let landed: Result<Option<Instant>, ScheduleError> = landed;
                 match landed {
-                    Ok(true) => {
+                    Ok(Some(sent)) => {
                         silence.landed(sent);
                         confirmed.send_replace(true);
                     }
-                    Ok(false) => return CutOff::Settled,
+                    Ok(None) => return CutOff::Settled,
                     Err(e) => silence.failed(e.to_string()),
                 }
             }
-            _ = ticks.tick() => {
-                let since_last = last_sent.map_or(Duration::MAX, |at| at.elapsed());
-                if cadence.sends(since_last, in_flight.len()) {
-                    last_sent = Some(Instant::now());
-                    in_flight.push(beat(ctx, run, cut_after));
-                }
+            () = tokio::time::sleep_until(next_beat.unwrap_or(cut_off)), if next_beat.is_some() => {
+                last_sent = Some(Instant::now());
+                in_flight.push(beat(ctx, run, cut_after));
             }
         }
     }
@@ -161,19 +161,15 @@ impl Cadence {
         }
     }
 
-    /// How often to ask whether a beat is to go out.
-    fn tick(self) -> Duration {
-        self.poll.min(self.behind)
-    }
-
-    /// Whether a beat goes out now, `since_last` after the last one, with `in_flight` beats
-    /// not yet answered.
-    fn sends(self, since_last: Duration, in_flight: usize) -> bool {
-        match in_flight {
-            0 => since_last >= self.poll,
-            n if n < IN_FLIGHT => since_last >= self.behind,
-            _ => false,
-        }
+    /// When the next beat goes out, the last one having gone out at `last_sent` (`None`: at
+    /// once), with `in_flight` beats not yet answered; `None`: not before one is answered.
+    fn next_beat(self, last_sent: Option<Instant>, in_flight: usize) -> Option<Instant> {
+        let gap = match in_flight {
+            0 => self.poll,
+            n if n < IN_FLIGHT => self.behind,
+            _ => return None,
+        };
+        Some(last_sent.map_or_else(Instant::now, |at| at + gap))
     }
 }
 
@@ -303,25 +299,26 @@ mod tests {
     fn beats_go_out_every_poll_while_none_is_in_flight() {
         // A 5 s poll (the default check interval): a 10 s cut-off, 1.25 s while behind.
         let cadence = Cadence::new(5000 * MS, 10_000 * MS);
-        assert_eq!(cadence.tick(), 1250 * MS);
-        assert!(!cadence.sends(4999 * MS, 0));
-        assert!(cadence.sends(5000 * MS, 0));
-        assert!(!cadence.sends(1249 * MS, 1));
-        assert!(cadence.sends(1250 * MS, 1));
+        let last = Instant::now();
+        assert_eq!(cadence.next_beat(Some(last), 0), Some(last + 5000 * MS));
+        assert_eq!(cadence.next_beat(Some(last), 1), Some(last + 1250 * MS));
         // The first beat of a slow claim goes at once.
-        assert!(cadence.sends(Duration::MAX, 0));
+        let first = cadence.next_beat(None, 0).unwrap();
+        assert!(first >= last && first <= Instant::now());
     }
 
     #[test]
     fn slow_confirmations_bring_beats_closer_up_to_the_cap() {
         // A 50 ms poll under the 3 s floor: a 2 s cut-off, a beat every 250 ms while behind.
         let cadence = Cadence::new(50 * MS, 2000 * MS);
-        assert_eq!(cadence.tick(), 50 * MS);
-        assert!(cadence.sends(50 * MS, 0));
-        assert!(!cadence.sends(249 * MS, 1));
-        assert!(cadence.sends(250 * MS, 1));
-        assert!(cadence.sends(250 * MS, IN_FLIGHT - 1));
-        assert!(!cadence.sends(10_000 * MS, IN_FLIGHT));
+        let last = Instant::now();
+        assert_eq!(cadence.next_beat(Some(last), 0), Some(last + 50 * MS));
+        assert_eq!(cadence.next_beat(Some(last), 1), Some(last + 250 * MS));
+        assert_eq!(
+            cadence.next_beat(Some(last), IN_FLIGHT - 1),
+            Some(last + 250 * MS)
+        );
+        assert_eq!(cadence.next_beat(Some(last), IN_FLIGHT), None);
     }
 
     #[test]
