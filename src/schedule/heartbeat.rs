@@ -14,13 +14,16 @@
 //! behind it), confirms nothing, and the run ends as the claim's durability promised.
 //!
 //! A slow but live standby delays every confirmation by its lag. While a confirmation is
-//! outstanding, the next beat goes out an eighth of the cut-off later instead of a poll, up to
-//! [`IN_FLIGHT`] at once, each on its own connection: the silence the runner sees is the lag
-//! plus that spacing and a round trip, so a standby that turns slow while a run goes on cuts it
-//! off only when more than about six sevenths of the cut-off late, less a round trip (1.7 s
-//! of the 2 s cut-off at the 3 s floor; with a 1.5 s lag the runner sees 1.76 s). A beat's
-//! send time is taken once it has its connection: a borrow slowed by a login is no silence. A standby already slow when the run is claimed delays the claim, and the job
-//! starts on the first confirmed beat after it; from then on the same holds.
+//! outstanding, the next beat goes out an eighth of the cut-off after the last one instead of
+//! a poll after it, up to [`IN_FLIGHT`] at once, each on its own connection: the silence the
+//! runner sees is the lag plus that spacing and a round trip, so a standby that turns slow
+//! while a run goes on cuts it off only when more than about six sevenths of the cut-off late,
+//! less a round trip (1.7 s of the 2 s cut-off at the 3 s floor; with a 1.5 s lag the runner
+//! sees 1.76 s). A beat's send time is taken once it has its connection, so a borrow slowed by
+//! a login is no silence (except for the first beat after a slow claim, whose silence counts
+//! from when the heartbeat began). A standby already slow when the run is claimed delays the
+//! claim, and the job starts on the first confirmed beat after it; from then on the same
+//! holds.
 
 use std::time::Duration;
 
@@ -145,8 +148,8 @@ async fn heartbeat(
 }
 
 /// When the next beat goes out: a poll after the last one while none is in flight; while one
-/// is (its confirmation is slow), an eighth of the cut-off after the last one (sooner than a
-/// poll, whatever the poll), up to [`IN_FLIGHT`] at once. Without I/O, for the unit tests.
+/// is (its confirmation is slow), an eighth of the cut-off after the last one, up to
+/// [`IN_FLIGHT`] at once. Apart from the I/O, for the unit tests.
 #[derive(Clone, Copy, Debug)]
 struct Cadence {
     poll: Duration,

@@ -518,9 +518,11 @@ mod heartbeats {
         );
     }
 
-    /// A slow but healthy synchronous standby (its WAL 1.5 s late for 4 s, through the WAL
-    /// proxy) cuts no run off: the beats land every poll, their confirmations come 1.5 s late
-    /// and several at once, and the 5 s run ends as it would have, recorded `succeeded`.
+    /// A slow but healthy synchronous standby (its WAL 1.3 s late for 4 s, through the WAL
+    /// proxy, two thirds of the 2 s cut-off) cuts no run off: the beats land every poll, their
+    /// confirmations come 1.3 s late and several at once, and the 5 s run ends as it would
+    /// have, recorded `succeeded`. (At 1.5 s the runner sees 1.76 s of silence: too close to
+    /// the cut-off for a loaded machine.)
     /// (Before, every beat waited for the standby past its 1 s bound with the run's row locked,
     /// and the run was cut off at 2 s and recorded abandoned.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,7 +535,7 @@ mod heartbeats {
             Duration::from_secs(5),
         );
         first_start(&starts, Duration::from_secs(5), "the job runs").await;
-        cluster.wal.delay(Duration::from_millis(1500));
+        cluster.wal.delay(Duration::from_millis(1300));
         tokio::time::sleep(Duration::from_secs(4)).await;
         cluster.wal.delay(Duration::ZERO);
         let finished = first_run_ends(&cluster).await;
