@@ -1,0 +1,39 @@
+//! The database connection of every command: a pool from `--url` or `DATABASE_URL`, checked
+//! once before anything else so that a wrong address is a clear failure, not a quiet retry.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+
+use crate::exit::{self, Failure};
+
+/// A pool for `url`, its server answering within `bound`.
+pub(crate) async fn pool(url: Option<&str>, bound: Duration) -> Result<Pool, Failure> {
+    let url = url.ok_or_else(|| {
+        Failure::new(
+            exit::BAD_URL,
+            "no database given: pass --url or set DATABASE_URL",
+        )
+    })?;
+    let pool = pg_elector::pool_from_url(url)
+        .map_err(|e| Failure::new(exit::BAD_URL, format!("the database URL: {e}")))?;
+    let answered = tokio::time::timeout(bound, async {
+        let client = pool.get().await.map_err(|e| e.to_string())?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
+    match answered.await {
+        Ok(Ok(())) => Ok(pool),
+        Ok(Err(e)) => Err(Failure::new(
+            exit::UNREACHABLE,
+            format!("cannot reach the database: {e}"),
+        )),
+        Err(_) => Err(Failure::new(
+            exit::UNREACHABLE,
+            format!("cannot reach the database: no answer within {bound:?}"),
+        )),
+    }
+}

@@ -1,0 +1,240 @@
+//! The keeper: a small process between `pg-elector run` and the command, so that the
+//! command's whole process group ends with the lead, even when `pg-elector` itself dies.
+//!
+//! `pg-elector run` starts the keeper (this same binary, hidden subcommand `__keeper`) with
+//! the parent-death signal set to SIGUSR1. The keeper starts the command in a new process
+//! group and becomes the subreaper of everything the command starts, then waits for signals:
+//!
+//! - SIGTERM, SIGINT or SIGHUP (from `pg-elector` at a graceful end): SIGTERM to the command's
+//!   group, SIGKILL after the grace;
+//! - the command ends: SIGTERM to what it left behind in its group, SIGKILL after the grace;
+//! - SIGUSR1 (the lead is lost, or `pg-elector` died): SIGKILL to the group at once.
+//!
+//! The keeper exits once every process it reaps is gone (at most a second after the
+//! SIGKILL), with the command's status as a shell reports it. So when `pg-elector` sees the
+//! keeper exit, the command's group is gone.
+
+use std::ffi::OsString;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::exit;
+use crate::os::{self, Reaped};
+
+/// How long the keeper waits for its processes after a SIGKILL before it gives up on them (a
+/// process that left the group with `setsid` is not killed by it).
+const AFTER_KILL: Duration = Duration::from_secs(1);
+
+/// What the keeper does next.
+#[derive(Debug, PartialEq, Eq)]
+enum Action {
+    /// Nothing yet.
+    Wait,
+    /// SIGTERM to the command's group.
+    Terminate,
+    /// SIGKILL to the command's group.
+    Kill,
+    /// Exit with this status.
+    Exit(i32),
+}
+
+/// The keeper's state, apart from its I/O (unit-tested without processes).
+#[derive(Debug)]
+struct Keeper {
+    grace: Duration,
+    /// The command's status once it ended.
+    status: Option<i32>,
+    /// When the group was asked to end.
+    terminated: Option<Instant>,
+    /// When the group was killed.
+    killed: Option<Instant>,
+}
+
+impl Keeper {
+    fn new(grace: Duration) -> Self {
+        Self {
+            grace,
+            status: None,
+            terminated: None,
+            killed: None,
+        }
+    }
+
+    /// The command ended with `status`: what it left in its group is asked to end too.
+    fn command_ended(&mut self, status: i32, now: Instant) -> Action {
+        self.status = Some(status);
+        self.terminate(now)
+    }
+
+    /// The group is asked to end (a graceful end of the term).
+    fn terminate(&mut self, now: Instant) -> Action {
+        if self.terminated.is_some() || self.killed.is_some() {
+            return Action::Wait;
+        }
+        self.terminated = Some(now);
+        Action::Terminate
+    }
+
+    /// The group is killed at once (a lost term, or `pg-elector` died).
+    fn kill(&mut self, now: Instant) -> Action {
+        if self.killed.is_some() {
+            return Action::Wait;
+        }
+        self.killed = Some(now);
+        Action::Kill
+    }
+
+    /// After reaping: `children_left` says whether any process is left to reap.
+    fn tick(&mut self, children_left: bool, now: Instant) -> Action {
+        if !children_left {
+            return Action::Exit(self.exit_status());
+        }
+        match (self.terminated, self.killed) {
+            (_, Some(killed)) if now >= killed + AFTER_KILL => Action::Exit(self.exit_status()),
+            (Some(asked), None) if now >= asked + self.grace => self.kill(now),
+            _ => Action::Wait,
+        }
+    }
+
+    /// The command's status; killed before it was reaped, as a SIGKILL reports it.
+    fn exit_status(&self) -> i32 {
+        self.status.unwrap_or(128 + os::SIGKILL)
+    }
+
+    /// How long to wait for a signal before the next [`tick`](Self::tick).
+    fn next_deadline(&self, now: Instant) -> Option<Duration> {
+        let at = match (self.terminated, self.killed) {
+            (_, Some(killed)) => killed + AFTER_KILL,
+            (Some(asked), None) => asked + self.grace,
+            (None, None) => return None,
+        };
+        Some(at.saturating_duration_since(now))
+    }
+}
+
+/// The keeper's main: starts `command`, keeps its group, exits with its status. `parent` is
+/// the `pg-elector` that started it (gone already: the group is killed at once).
+pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
+    if let Err(e) = os::block_keeper_signals().and_then(|()| os::become_subreaper()) {
+        eprintln!("pg-elector: cannot keep the command's processes: {e}");
+        return exit::INTERNAL;
+    }
+    let child = match spawn(command) {
+        Ok(child) => child,
+        Err(status) => return status,
+    };
+    let group = child.id() as i32;
+    let mut keeper = Keeper::new(grace);
+    // The parent may have died before the parent-death signal was set.
+    if os::parent_pid() != parent {
+        act(group, keeper.kill(Instant::now()));
+    }
+    loop {
+        let signal = os::wait_for_signal(keeper.next_deadline(Instant::now()));
+        let now = Instant::now();
+        let action = match signal {
+            Some(os::SIGUSR1) => keeper.kill(now),
+            Some(os::SIGTERM | os::SIGINT | os::SIGHUP) => keeper.terminate(now),
+            _ => Action::Wait,
+        };
+        act(group, action);
+        let children_left = loop {
+            match os::reap_one() {
+                Reaped::Child(pid, status) if pid == group => {
+                    act(group, keeper.command_ended(status, Instant::now()));
+                }
+                Reaped::Child(..) => {}
+                Reaped::Running => break true,
+                Reaped::None => break false,
+            }
+        };
+        match keeper.tick(children_left, Instant::now()) {
+            Action::Exit(status) => {
+                if children_left {
+                    eprintln!(
+                        "pg-elector: a process the command started left its process group and still runs"
+                    );
+                }
+                return status;
+            }
+            action => act(group, action),
+        }
+    }
+}
+
+/// Starts `command` in a process group of its own; a shell's status when it cannot be run.
+fn spawn(command: &[OsString]) -> Result<std::process::Child, i32> {
+    let (program, args) = command.split_first().ok_or(exit::USAGE)?;
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.spawn().map_err(|e| {
+        let program = program.to_string_lossy();
+        if e.kind() == std::io::ErrorKind::NotFound {
+            eprintln!("pg-elector: {program}: command not found");
+            exit::NOT_FOUND
+        } else {
+            eprintln!("pg-elector: {program}: cannot run it: {e}");
+            exit::CANNOT_RUN
+        }
+    })
+}
+
+fn act(group: i32, action: Action) {
+    let signal = match action {
+        Action::Terminate => os::SIGTERM,
+        Action::Kill => os::SIGKILL,
+        Action::Wait | Action::Exit(_) => return,
+    };
+    if let Err(e) = os::signal_group(group, signal) {
+        eprintln!("pg-elector: cannot signal the command's process group {group}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_command_that_ends_alone_is_reported_with_its_status() {
+        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        assert_eq!(keeper.command_ended(3, now), Action::Terminate);
+        assert_eq!(keeper.tick(false, now), Action::Exit(3));
+    }
+
+    #[test]
+    fn what_the_command_left_behind_gets_the_grace_then_a_kill() {
+        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        assert_eq!(keeper.command_ended(0, now), Action::Terminate);
+        assert_eq!(keeper.tick(true, now + GRACE / 2), Action::Wait);
+        assert_eq!(keeper.next_deadline(now + GRACE / 2), Some(GRACE / 2));
+        assert_eq!(keeper.tick(true, now + GRACE), Action::Kill);
+        assert_eq!(keeper.tick(true, now + GRACE), Action::Wait);
+        assert_eq!(keeper.tick(false, now + GRACE), Action::Exit(0));
+    }
+
+    #[test]
+    fn a_graceful_end_terminates_once_and_kills_after_the_grace() {
+        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        assert_eq!(keeper.next_deadline(now), None);
+        assert_eq!(keeper.terminate(now), Action::Terminate);
+        assert_eq!(
+            keeper.terminate(now),
+            Action::Wait,
+            "its own SIGTERM comes back"
+        );
+        assert_eq!(keeper.command_ended(143, now), Action::Wait);
+        assert_eq!(keeper.tick(false, now), Action::Exit(143));
+    }
+
+    #[test]
+    fn a_lost_lead_kills_at_once_and_gives_up_on_escaped_processes() {
+        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        assert_eq!(keeper.kill(now), Action::Kill);
+        assert_eq!(keeper.terminate(now), Action::Wait);
+        assert_eq!(keeper.tick(true, now), Action::Wait);
+        assert_eq!(keeper.tick(true, now + AFTER_KILL), Action::Exit(137));
+    }
+}

@@ -1,0 +1,116 @@
+//! `pg-elector`: one leader among replicas through a PostgreSQL advisory lock, on the command
+//! line. `run` runs any program on the leader only; `handover` moves the lead.
+
+mod connect;
+mod exit;
+mod handover;
+mod keeper;
+mod os;
+mod run;
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// One leader among replicas, through a PostgreSQL session advisory lock.
+#[derive(Debug, Parser)]
+#[command(name = "pg-elector", version, after_help = exit::HELP)]
+struct Cli {
+    /// The database, as a URL (postgres://user@host/db) or key=value pairs.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Stand by, and run a command only while this replica leads NAME.
+    ///
+    /// The command gets PG_ELECTOR_KEY, PG_ELECTOR_IDENTITY and, with --fencing,
+    /// PG_ELECTOR_EPOCH. When the term ends gracefully (a handover, SIGTERM or SIGINT to
+    /// pg-elector) its whole process group gets SIGTERM, then SIGKILL after --grace; when the
+    /// lead is lost it gets SIGKILL at once, since another replica may already lead. The lock
+    /// is given up only once the group is gone. If pg-elector itself dies, the group is
+    /// killed with it.
+    #[command(after_help = exit::HELP)]
+    Run(run::RunArgs),
+    /// Ask the leader of NAME to hand the lead over to a live standby.
+    #[command(after_help = exit::HELP)]
+    Handover(handover::HandoverArgs),
+    /// The process between `run` and its command (internal).
+    #[command(name = "__keeper", hide = true)]
+    Keeper {
+        #[arg(long)]
+        grace_ms: u64,
+        #[arg(long)]
+        parent: i32,
+        #[arg(last = true, required = true)]
+        command: Vec<OsString>,
+    },
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let status = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            std::process::exit(status);
+        }
+    };
+    if let Command::Keeper {
+        grace_ms,
+        parent,
+        command,
+    } = &cli.command
+    {
+        std::process::exit(keeper::main(
+            Duration::from_millis(*grace_ms),
+            *parent,
+            command,
+        ));
+    }
+    init_logging();
+    // One thread: the command's parent-death signal follows the thread that started it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let status = match runtime {
+        Ok(runtime) => runtime.block_on(dispatch(cli)),
+        Err(e) => {
+            eprintln!("pg-elector: cannot start: {e}");
+            exit::INTERNAL
+        }
+    };
+    std::process::exit(status);
+}
+
+async fn dispatch(cli: Cli) -> i32 {
+    let url = cli.url.as_deref();
+    let done = match cli.command {
+        Command::Run(args) => run::run(url, args).await,
+        Command::Handover(args) => handover::handover(url, args).await.map(|()| exit::OK),
+        Command::Keeper { .. } => Ok(exit::INTERNAL),
+    };
+    done.unwrap_or_else(|failure| {
+        eprintln!("pg-elector: {}", failure.message);
+        failure.status
+    })
+}
+
+/// Log lines on stderr: INFO and above, or as `PG_ELECTOR_LOG` says (`debug`,
+/// `pg_elector=trace`, …).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PG_ELECTOR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,80 @@
+//! The command's process group as `pg-elector run` sees it: the keeper (see
+//! [`keeper`](crate::keeper)) started, asked to end gracefully or at once, and waited for.
+
+use std::ffi::OsString;
+use std::io;
+use std::time::Duration;
+
+use crate::os;
+
+/// A started command: its keeper process, whose exit means the command's group is gone.
+#[derive(Debug)]
+pub(crate) struct Group {
+    keeper: tokio::process::Child,
+    pid: i32,
+}
+
+impl Group {
+    /// Starts `command` under a keeper that gives its group `grace` to end, with `env` added
+    /// to its environment. Call it from the thread that lives as long as the process (the
+    /// parent-death signal follows the thread that forked).
+    pub(crate) fn start(
+        command: &[OsString],
+        grace: Duration,
+        env: &[(&str, String)],
+    ) -> io::Result<Self> {
+        // This binary, even if it was replaced on disk since it started.
+        let mut keeper = tokio::process::Command::new("/proc/self/exe");
+        keeper
+            .arg("__keeper")
+            .arg("--grace-ms")
+            .arg(grace.as_millis().to_string())
+            .arg("--parent")
+            .arg(os::own_pid().to_string())
+            .arg("--")
+            .args(command)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .process_group(0);
+        os::die_with_parent(&mut keeper, os::SIGUSR1);
+        let keeper = keeper.spawn()?;
+        let pid = keeper.id().map_or(0, |pid| pid as i32);
+        Ok(Self { keeper, pid })
+    }
+
+    /// The command's status once its group is gone (the keeper's exit status).
+    pub(crate) async fn wait(&mut self) -> i32 {
+        match self.keeper.wait().await {
+            Ok(status) => shell_status(status),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot wait for the command's keeper");
+                crate::exit::INTERNAL
+            }
+        }
+    }
+
+    /// Asks the group to end: SIGTERM, then SIGKILL after the grace.
+    pub(crate) fn end(&self) {
+        self.signal(os::SIGTERM);
+    }
+
+    /// Kills the group at once.
+    pub(crate) fn kill(&self) {
+        self.signal(os::SIGUSR1);
+    }
+
+    fn signal(&self, signal: i32) {
+        if let Err(e) = os::signal_process(self.pid, signal) {
+            // Gone already: `wait` says how it ended.
+            tracing::debug!(error = %e, "cannot signal the command's keeper");
+        }
+    }
+}
+
+/// An exit status as a shell reports it: the code, or 128 and the signal.
+fn shell_status(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(crate::exit::INTERNAL)
+}

@@ -1,0 +1,7 @@
+//! `pg-elector` as users run it: real processes of the binary against a real server, with
+//! shell commands that record what they do (their starts, their ends, their grandchildren).
+
+mod common;
+mod handover;
+mod run;
+mod statuses;
