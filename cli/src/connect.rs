@@ -7,6 +7,13 @@ use deadpool_postgres::Pool;
 
 use crate::exit::{self, Failure};
 
+/// How long the first connection of `run` and `cron` may take before they give up.
+pub(crate) const FIRST_ANSWER: Duration = Duration::from_secs(10);
+
+/// The size of a schedule's pool: its claims, records and, while a synchronous standby is
+/// slow, up to six heartbeats of a running run at once.
+const SCHEDULE_POOL: usize = 8;
+
 /// A pool for `url`, its server answering within `bound`.
 pub(crate) async fn pool(url: Option<&str>, bound: Duration) -> Result<Pool, Failure> {
     let url = url.ok_or_else(|| {
@@ -36,4 +43,24 @@ pub(crate) async fn pool(url: Option<&str>, bound: Duration) -> Result<Pool, Fai
             format!("cannot reach the database: no answer within {bound:?}"),
         )),
     }
+}
+
+/// A second pool for `url` (already checked by [`pool`]), for a schedule: larger than the
+/// election's, same settings.
+pub(crate) fn schedule_pool(url: &str) -> Result<Pool, Failure> {
+    use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod};
+    let config: deadpool_postgres::tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| Failure::new(exit::BAD_URL, format!("the database URL: {e}")))?;
+    let manager = Manager::from_config(
+        config,
+        deadpool_postgres::tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(SCHEDULE_POOL)
+        .build()
+        .map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))
 }

@@ -4,10 +4,12 @@
 
 use pg_elector::HandoverError;
 
-/// Done: the handover was asked; `run` stopped cleanly at SIGTERM or SIGINT.
+/// Done: the handover was asked; `run` or `cron` stopped cleanly at SIGTERM or SIGINT.
 pub(crate) const OK: i32 = 0;
 /// The command line could not be read (an unknown option, a bad duration, no command).
 pub(crate) const USAGE: i32 = 64;
+/// `cron`: the schedule cannot be read (a bad cron expression, an unknown time zone).
+pub(crate) const BAD_SCHEDULE: i32 = 65;
 /// The database could not be reached, or refused the login.
 pub(crate) const UNREACHABLE: i32 = 68;
 /// The handover was refused: nobody leads the key.
@@ -28,16 +30,17 @@ pub(crate) const NOT_FOUND: i32 = 127;
 /// The table `--help` shows.
 pub(crate) const HELP: &str = "\
 Exit statuses:
-  0    done (run: stopped cleanly at SIGTERM or SIGINT)
+  0    done (run, cron: stopped cleanly at SIGTERM or SIGINT)
   64   the command line cannot be read
+  65   cron: the schedule cannot be read (a bad cron expression, an unknown time zone)
   67   handover refused: no live standby with that identity (or none at all)
   68   the database cannot be reached, or refused the login
   69   handover refused: nobody leads the key
   70   a query failed, or an error inside pg-elector
   75   no answer in time (the handover may or may not have been asked)
   78   the database URL is missing or cannot be read
-  126  run: the command cannot be run
-  127  run: the command was not found
+  126  run, cron: the command cannot be run
+  127  run, cron: the command was not found
   run exits with its command's own status when the command ends while leading
   (128 + N when a signal N ended it).";
 

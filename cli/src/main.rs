@@ -1,11 +1,16 @@
 //! `pg-elector`: one leader among replicas through a PostgreSQL advisory lock, on the command
-//! line. `run` runs any program on the leader only; `handover` moves the lead.
+//! line. `run` runs any program on the leader only, `cron` at each due of a schedule, once
+//! across the replicas; `handover` moves the lead.
 
+mod command;
 mod connect;
+mod cron;
 mod exit;
+mod group;
 mod handover;
 mod keeper;
 mod os;
+mod replica;
 mod run;
 
 use std::ffi::OsString;
@@ -36,6 +41,16 @@ enum Command {
     /// killed with it.
     #[command(after_help = exit::HELP)]
     Run(run::RunArgs),
+    /// Run a command at each due of a cron schedule, once across every replica that runs the
+    /// same line.
+    ///
+    /// The command gets PG_ELECTOR_KEY, PG_ELECTOR_IDENTITY, PG_ELECTOR_DUE (the due instant,
+    /// RFC 3339), PG_ELECTOR_ATTEMPT and, with --fencing, PG_ELECTOR_EPOCH; its status is the
+    /// run's outcome in the jobs table. The leader claims each due before it runs it, so a
+    /// due runs once across a failover; a new leader runs the dues it missed as --catch-up
+    /// says. The command's group ends with the term as in `run`.
+    #[command(after_help = exit::HELP)]
+    Cron(cron::CronArgs),
     /// Ask the leader of NAME to hand the lead over to a live standby.
     #[command(after_help = exit::HELP)]
     Handover(handover::HandoverArgs),
@@ -95,6 +110,7 @@ async fn dispatch(cli: Cli) -> i32 {
     let url = cli.url.as_deref();
     let done = match cli.command {
         Command::Run(args) => run::run(url, args).await,
+        Command::Cron(args) => cron::cron(url, args).await,
         Command::Handover(args) => handover::handover(url, args).await.map(|()| exit::OK),
         Command::Keeper { .. } => Ok(exit::INTERNAL),
     };

@@ -1,57 +1,32 @@
 //! `pg-elector run NAME -- CMD [ARGS…]`: stand by, and run the command only while leading.
 //!
 //! One elector for the key `NAME`; on each term the command starts under a keeper (see
-//! [`group`]) and ends with the term: gracefully (SIGTERM to its process group, SIGKILL after
+//! [`group`](crate::group)) and ends with the term: gracefully (SIGTERM to its process group, SIGKILL after
 //! `--grace`) when the term ends gracefully (a handover, SIGTERM or SIGINT to `pg-elector`),
 //! at once (SIGKILL) when the lead is lost, since another replica may already lead. The lock
 //! is given up only once the group is gone.
 
-mod group;
 mod restart;
 
 use std::ffi::OsString;
-use std::time::Duration;
 
-use deadpool_postgres::Pool;
-use pg_elector::{Elector, LockKey, Term, TermEnd};
+use pg_elector::{Elector, Term};
 use tokio_util::sync::CancellationToken;
 
-use crate::connect;
 use crate::exit::{self, Failure};
-use group::Group;
+use crate::group::Group;
+use crate::replica::{ReplicaArgs, environment, stop_on_signal};
+use crate::{command, connect};
 use restart::Backoff;
 pub(crate) use restart::Restart;
-
-/// How long the first connection may take before `run` gives up on the database.
-const CONNECT_BOUND: Duration = Duration::from_secs(10);
-
-/// How much longer than `--grace` a graceful end may wait for the group: the keeper's second
-/// after its SIGKILL, and room to spare.
-const DRAIN_SLACK: Duration = Duration::from_secs(2);
 
 /// What `run` was asked.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
     /// The key's name: every replica that runs the same name competes for one lead.
     name: String,
-    /// How often a standby tries the lock and the leader checks it.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-    interval: Duration,
-    /// A standby waits on the lock and leads within milliseconds of the leader's end.
-    #[arg(long)]
-    fast_takeover: bool,
-    /// Lead in preference to live standbys with a lower number (a handover moves the lead).
-    #[arg(long, value_name = "N")]
-    preference: Option<u64>,
-    /// How long the command's group has after SIGTERM before SIGKILL, at a graceful end.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    grace: Duration,
-    /// Count terms in an epoch table and give the command `PG_ELECTOR_EPOCH`.
-    #[arg(long)]
-    fencing: bool,
-    /// This replica's name in `pg_stat_activity` and to `handover --to` (default: host and pid).
-    #[arg(long)]
-    identity: Option<String>,
+    #[command(flatten)]
+    replica: ReplicaArgs,
     /// What to do when the command ends while leading: give the lead up and exit with its
     /// status (`never`), or run it again after a backoff.
     #[arg(long, value_enum, default_value_t = Restart::Never)]
@@ -76,8 +51,9 @@ enum Lead {
 /// Runs `args.command` on the leader only, until SIGTERM or SIGINT (exit 0), or until the
 /// command ends while leading (its status).
 pub(crate) async fn run(url: Option<&str>, args: RunArgs) -> Result<i32, Failure> {
-    let pool = connect::pool(url, CONNECT_BOUND).await?;
-    let elector = elector(pool, &args)?;
+    command::check(&args.command)?;
+    let pool = connect::pool(url, connect::FIRST_ANSWER).await?;
+    let elector = args.replica.elector(pool, &args.name)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let election = elector.spawn(shutdown.clone());
@@ -88,45 +64,6 @@ pub(crate) async fn run(url: Option<&str>, args: RunArgs) -> Result<i32, Failure
         Ok(Err(e)) => Err(Failure::new(exit::INTERNAL, e.to_string())),
         Err(e) => Err(Failure::new(exit::INTERNAL, e.to_string())),
     }
-}
-
-fn elector(pool: Pool, args: &RunArgs) -> Result<Elector, Failure> {
-    let mut builder = Elector::builder(pool, LockKey::from_name(&args.name))
-        .check_interval(args.interval)
-        .fast_takeover(args.fast_takeover)
-        .fencing(args.fencing)
-        .drain_timeout(args.grace + DRAIN_SLACK);
-    if let Some(identity) = &args.identity {
-        builder = builder.identity(identity);
-    }
-    if let Some(preference) = args.preference {
-        builder = builder.preference(preference);
-    }
-    builder
-        .build()
-        .map_err(|e| Failure::new(exit::USAGE, e.to_string()))
-}
-
-/// Cancels `shutdown` at SIGTERM, SIGINT or SIGHUP.
-async fn stop_on_signal(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!(
-            "cannot listen for SIGTERM, SIGINT and SIGHUP: stop pg-elector with SIGKILL"
-        );
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        _ = hup.recv() => {}
-    }
-    tracing::info!("stopping: the command's group ends, then the lock is given up");
-    shutdown.cancel();
 }
 
 /// Stands by and leads until `shutdown` (0), the command's end without restart (its status),
@@ -164,11 +101,11 @@ async fn lead(elector: &Elector, args: &RunArgs, backoff: &mut Backoff) -> Lead 
 }
 
 async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut Backoff) -> Lead {
-    let env = environment(elector, term, args);
+    let env = environment(elector, term, &args.name);
     loop {
         tracing::info!(key = %args.name, epoch = ?term.epoch(), "leading: starting the command");
         let started = tokio::time::Instant::now();
-        let mut group = match Group::start(&args.command, args.grace, &env) {
+        let mut group = match Group::start(&args.command, args.replica.grace, &env) {
             Ok(group) => group,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the command's keeper");
@@ -177,7 +114,7 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
         };
         let status = tokio::select! {
             status = group.wait() => status,
-            () = term.cancelled() => return Lead::Ended(stop(&mut group, term).await),
+            () = term.cancelled() => return Lead::Ended(group.stop_for(term).await),
         };
         let Some(pause) = backoff.after(args.restart, status, started.elapsed()) else {
             tracing::info!(status, "the command ended: giving the lead up");
@@ -193,32 +130,4 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
             () = term.cancelled() => return Lead::Ended(status),
         }
     }
-}
-
-/// Stops the group as the term's end calls for: at once when the lead was lost (another
-/// replica may already lead), with the grace otherwise.
-async fn stop(group: &mut Group, term: &Term) -> i32 {
-    if term.end() == Some(TermEnd::LeadershipLost) {
-        tracing::warn!(cause = ?term.loss_cause(), "the lead was lost: killing the command's group");
-        group.kill();
-    } else {
-        tracing::info!(end = ?term.end(), "the term ended: stopping the command's group");
-        group.end();
-    }
-    group.wait().await
-}
-
-/// What the command is told: the key, this replica's identity, the term's epoch.
-fn environment(elector: &Elector, term: &Term, args: &RunArgs) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        ("PG_ELECTOR_KEY", args.name.clone()),
-        (
-            "PG_ELECTOR_IDENTITY",
-            elector.identity().unwrap_or_default().to_owned(),
-        ),
-    ];
-    if let Some(epoch) = term.epoch() {
-        env.push(("PG_ELECTOR_EPOCH", epoch.to_string()));
-    }
-    env
 }

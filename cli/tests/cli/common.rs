@@ -85,11 +85,24 @@ impl Replica {
         extra: &[&str],
         script: &str,
     ) -> Self {
+        Self::start_as(db, scratch, "run", key, name, extra, script)
+    }
+
+    /// As [`start`](Self::start), for the subcommand `verb` (`run`, `cron`).
+    pub(crate) fn start_as(
+        db: &TestDb,
+        scratch: &Scratch,
+        verb: &str,
+        key: &str,
+        name: &str,
+        extra: &[&str],
+        script: &str,
+    ) -> Self {
         let out = std::fs::File::create(scratch.path(&format!("{name}.out"))).unwrap();
         let err = std::fs::File::create(scratch.path(&format!("{name}.err"))).unwrap();
         let child = pg_elector(db)
             .args([
-                "run",
+                verb,
                 key,
                 "--interval",
                 "200ms",
@@ -166,4 +179,23 @@ pub(crate) fn pid_in(path: &Path, within: Duration) -> i32 {
         std::fs::read_to_string(path).ok()?.trim().parse().ok()
     })
     .unwrap_or_else(|| panic!("no pid in {}", path.display()))
+}
+
+/// Runs `command` to its end, killed after `within` (then its status is none); its output and
+/// how long it took.
+pub(crate) fn output_within(
+    command: &mut Command,
+    within: Duration,
+) -> (std::process::Output, Duration) {
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if wait_until(within, || child.try_wait().unwrap()).is_none() {
+        let _ = child.kill();
+    }
+    (child.wait_with_output().unwrap(), started.elapsed())
 }

@@ -2,6 +2,7 @@
 //! shell commands that record what they do (their starts, their ends, their grandchildren).
 
 mod common;
+mod cron;
 mod handover;
 mod run;
 mod statuses;

@@ -228,3 +228,37 @@ async fn once_leaves_after_the_first_term() {
         "SIGKILL's status"
     );
 }
+
+/// A frozen `pg-elector` (SIGSTOP) cannot stop its command: when the server ends its session
+/// meanwhile, the standby leads while that command still runs (the exception the README
+/// names); the command is killed as soon as `pg-elector` runs again.
+#[tokio::test]
+async fn a_frozen_leader_kills_its_command_when_it_runs_again() {
+    let _timing = timing();
+    let (db, scratch) = (database().await, Scratch::new("frozen"));
+    let a = Replica::start(&db, &scratch, "jobs/frozen", "a", &[], RECORDER);
+    let (child, grandchild) = family(&scratch, "a");
+    let _b = Replica::start(&db, &scratch, "jobs/frozen", "b", &[], RECORDER);
+    waits(&db, "jobs/frozen").await;
+    a.signal("STOP");
+    let client = db.connect().await.unwrap();
+    let holder = holders(&client, LockKey::from_name("jobs/frozen"))
+        .await
+        .unwrap();
+    terminate(&client, holder[0]).await.unwrap();
+    let log = scratch.wait_for_lines("log", 2, Duration::from_secs(5));
+    assert!(log[1].starts_with("start b"), "{log:?}");
+    assert!(
+        alive(child) && alive(grandchild),
+        "the frozen leader's command runs on"
+    );
+    a.signal("CONT");
+    let thawed = Instant::now();
+    let gone = wait_until(Duration::from_secs(5), || {
+        (!alive(child) && !alive(grandchild)).then_some(())
+    });
+    let took = thawed.elapsed();
+    eprintln!("the frozen leader's group was gone {took:?} after it ran again");
+    assert!(gone.is_some(), "the group outlived the thaw");
+    assert!(took < 5 * I, "gone {took:?} after the thaw");
+}

@@ -2,7 +2,7 @@
 //! own, quickly, never a panic or a hang.
 
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -17,13 +17,7 @@ fn pg_elector_with(
         Some(url) => command.env("DATABASE_URL", url),
         None => command.env_remove("DATABASE_URL"),
     };
-    let started = Instant::now();
-    let child = command
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (child, started.elapsed())
+    output_within(command.args(args), Duration::from_secs(10))
 }
 
 fn check(output: &Output, took: Duration, status: i32, says: &str) {

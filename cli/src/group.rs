@@ -1,9 +1,12 @@
-//! The command's process group as `pg-elector run` sees it: the keeper (see
+//! The command's process group as `pg-elector` sees it: the keeper (see
 //! [`keeper`](crate::keeper)) started, asked to end gracefully or at once, and waited for.
+//! A group dropped before it was waited for (a run cut off) is killed.
 
 use std::ffi::OsString;
 use std::io;
 use std::time::Duration;
+
+use pg_elector::{Term, TermEnd};
 
 use crate::os;
 
@@ -12,6 +15,8 @@ use crate::os;
 pub(crate) struct Group {
     keeper: tokio::process::Child,
     pid: i32,
+    /// Whether the keeper's exit was seen: the group is gone.
+    gone: bool,
 }
 
 impl Group {
@@ -38,13 +43,20 @@ impl Group {
         os::die_with_parent(&mut keeper, os::SIGUSR1);
         let keeper = keeper.spawn()?;
         let pid = keeper.id().map_or(0, |pid| pid as i32);
-        Ok(Self { keeper, pid })
+        Ok(Self {
+            keeper,
+            pid,
+            gone: false,
+        })
     }
 
     /// The command's status once its group is gone (the keeper's exit status).
     pub(crate) async fn wait(&mut self) -> i32 {
         match self.keeper.wait().await {
-            Ok(status) => shell_status(status),
+            Ok(status) => {
+                self.gone = true;
+                shell_status(status)
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cannot wait for the command's keeper");
                 crate::exit::INTERNAL
@@ -62,10 +74,32 @@ impl Group {
         self.signal(os::SIGUSR1);
     }
 
+    /// Stops the group as the end of `term` calls for, and waits until it is gone: at once
+    /// when the lead was lost (another replica may already lead), with the grace otherwise.
+    pub(crate) async fn stop_for(&mut self, term: &Term) -> i32 {
+        if term.end() == Some(TermEnd::LeadershipLost) {
+            tracing::warn!(cause = ?term.loss_cause(), "the lead was lost: killing the command's group");
+            self.kill();
+        } else {
+            tracing::info!(end = ?term.end(), "the term ended: stopping the command's group");
+            self.end();
+        }
+        self.wait().await
+    }
+
     fn signal(&self, signal: i32) {
         if let Err(e) = os::signal_process(self.pid, signal) {
             // Gone already: `wait` says how it ended.
             tracing::debug!(error = %e, "cannot signal the command's keeper");
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if !self.gone {
+            tracing::warn!("the command's run was cut off: killing its group");
+            self.kill();
         }
     }
 }
