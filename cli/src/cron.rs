@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pg_elector::schedule::{CatchUp, Job, JobRun, Schedule};
-use tokio_util::sync::CancellationToken;
 
 use crate::exit::{self, Failure};
 use crate::group::Group;
-use crate::replica::{ReplicaArgs, environment, stop_on_signal};
+use crate::replica::{ReplicaArgs, connect_unless_stopped, environment, stop_on_signal};
 use crate::{command, connect};
 
 /// What a new leader does with the dues it missed.
@@ -42,7 +41,9 @@ pub(crate) struct CronArgs {
     /// What a new leader does with the dues it missed.
     #[arg(long, value_enum, default_value_t = CatchUpArg::Latest)]
     catch_up: CatchUpArg,
-    /// Run again a due whose run was abandoned (its leader lost the lead mid-run).
+    /// Run again a due whose run was abandoned: left `running` by a leader that died or was
+    /// cut off from the database mid-run (a run stopped at the end of its term, the database
+    /// reachable, is recorded failed instead).
     #[arg(long)]
     rerun_abandoned: bool,
     #[command(flatten)]
@@ -75,11 +76,12 @@ impl CronArgs {
 pub(crate) async fn cron(url: Option<&str>, args: CronArgs) -> Result<i32, Failure> {
     let job = args.job()?;
     command::check(&args.command)?;
-    let pool = connect::pool(url, connect::FIRST_ANSWER).await?;
+    let shutdown = stop_on_signal();
+    let Some(pool) = connect_unless_stopped(url, &shutdown).await? else {
+        return Ok(exit::OK);
+    };
     let schedule_pool = connect::schedule_pool(url.unwrap_or_default())?;
     let elector = args.replica.elector(pool, &args.name)?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
     let election = elector.spawn(shutdown.clone());
     let (command, grace, name) = (
         Arc::new(args.command),

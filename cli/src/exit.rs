@@ -1,6 +1,6 @@
 //! The exit statuses of `pg-elector`, for scripts. `run` exits with its command's status
-//! when the command ended on its own; every status below is `pg-elector`'s own, given before
-//! any command was started (or, for `run`, instead of one).
+//! when the command ended on its own; every status below is `pg-elector`'s own: most are
+//! given before any command was started, 70 (an error inside `pg-elector`) at any time.
 
 use pg_elector::HandoverError;
 
@@ -30,7 +30,7 @@ pub(crate) const NOT_FOUND: i32 = 127;
 /// The table `--help` shows.
 pub(crate) const HELP: &str = "\
 Exit statuses:
-  0    done (run, cron: stopped cleanly at SIGTERM or SIGINT)
+  0    done (run, cron: stopped cleanly at SIGTERM, SIGINT or SIGHUP)
   64   the command line cannot be read
   65   cron: the schedule cannot be read (a bad cron expression, an unknown time zone)
   67   handover refused: no live standby with that identity (or none at all)

@@ -42,7 +42,12 @@ impl Group {
             .process_group(0);
         os::die_with_parent(&mut keeper, os::SIGUSR1);
         let keeper = keeper.spawn()?;
-        let pid = keeper.id().map_or(0, |pid| pid as i32);
+        // Never 0 (a signal to 0 would reach pg-elector's own group): the keeper was just
+        // started and not yet waited for.
+        let pid = keeper
+            .id()
+            .map(|pid| pid as i32)
+            .ok_or_else(|| io::Error::other("the keeper ended before it could be named"))?;
         Ok(Self {
             keeper,
             pid,

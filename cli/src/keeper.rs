@@ -10,9 +10,12 @@
 //! - the command ends: SIGTERM to what it left behind in its group, SIGKILL after the grace;
 //! - SIGUSR1 (the lead is lost, or `pg-elector` died): SIGKILL to the group at once.
 //!
-//! The keeper exits once every process it reaps is gone (at most a second after the
-//! SIGKILL), with the command's status as a shell reports it. So when `pg-elector` sees the
-//! keeper exit, the command's group is gone.
+//! A process that left the group (`setsid`, a daemon's double fork) is still the keeper's
+//! descendant, and comes to the keeper when its parent dies: each signal to the group goes to
+//! every child of the keeper outside the group too. The keeper exits only once every process
+//! it reaps is gone, sending SIGKILL again every second while any is left (one stuck in the
+//! kernel), with the command's status as a shell reports it. So when `pg-elector` sees the
+//! keeper exit, everything the command started is gone.
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -21,8 +24,7 @@ use std::time::{Duration, Instant};
 use crate::exit;
 use crate::os::{self, Reaped};
 
-/// How long the keeper waits for its processes after a SIGKILL before it gives up on them (a
-/// process that left the group with `setsid` is not killed by it).
+/// How often the keeper sends SIGKILL again while processes are left after one.
 const AFTER_KILL: Duration = Duration::from_secs(1);
 
 /// What the keeper does next.
@@ -46,8 +48,10 @@ struct Keeper {
     status: Option<i32>,
     /// When the group was asked to end.
     terminated: Option<Instant>,
-    /// When the group was killed.
+    /// When the group was last killed.
     killed: Option<Instant>,
+    /// How many times it was killed.
+    kills: u32,
 }
 
 impl Keeper {
@@ -57,6 +61,7 @@ impl Keeper {
             status: None,
             terminated: None,
             killed: None,
+            kills: 0,
         }
     }
 
@@ -81,6 +86,7 @@ impl Keeper {
             return Action::Wait;
         }
         self.killed = Some(now);
+        self.kills = 1;
         Action::Kill
     }
 
@@ -90,10 +96,24 @@ impl Keeper {
             return Action::Exit(self.exit_status());
         }
         match (self.terminated, self.killed) {
-            (_, Some(killed)) if now >= killed + AFTER_KILL => Action::Exit(self.exit_status()),
+            (_, Some(killed)) if now >= killed + AFTER_KILL => {
+                self.killed = Some(now);
+                self.kills += 1;
+                Action::Kill
+            }
             (Some(asked), None) if now >= asked + self.grace => self.kill(now),
             _ => Action::Wait,
         }
+    }
+
+    /// Whether the group was killed.
+    fn is_killed(&self) -> bool {
+        self.killed.is_some()
+    }
+
+    /// Whether the last kill repeats an earlier one (processes were left after it).
+    fn killed_again(&self) -> bool {
+        self.kills > 1
     }
 
     /// The command's status; killed before it was reaped, as a SIGKILL reports it.
@@ -124,10 +144,14 @@ pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
         Err(status) => return status,
     };
     let group = child.id() as i32;
+    let mut target = Target {
+        group,
+        empty: false,
+    };
     let mut keeper = Keeper::new(grace);
     // The parent may have died before the parent-death signal was set.
     if os::parent_pid() != parent {
-        act(group, keeper.kill(Instant::now()));
+        target.act(keeper.kill(Instant::now()));
     }
     loop {
         let signal = os::wait_for_signal(keeper.next_deadline(Instant::now()));
@@ -137,11 +161,11 @@ pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
             Some(os::SIGTERM | os::SIGINT | os::SIGHUP) => keeper.terminate(now),
             _ => Action::Wait,
         };
-        act(group, action);
+        target.act(action);
         let children_left = loop {
             match os::reap_one() {
                 Reaped::Child(pid, status) if pid == group => {
-                    act(group, keeper.command_ended(status, Instant::now()));
+                    target.act(keeper.command_ended(status, Instant::now()));
                 }
                 Reaped::Child(..) => {}
                 Reaped::Running => break true,
@@ -149,15 +173,17 @@ pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
             }
         };
         match keeper.tick(children_left, Instant::now()) {
-            Action::Exit(status) => {
-                if children_left {
-                    eprintln!(
-                        "pg-elector: a process the command started left its process group and still runs"
-                    );
-                }
-                return status;
+            Action::Exit(status) => return status,
+            Action::Kill if keeper.killed_again() => {
+                eprintln!(
+                    "pg-elector: processes the command started are still there after SIGKILL: killing them again"
+                );
+                target.act(Action::Kill);
             }
-            action => act(group, action),
+            // After a kill, the orphans that came to the keeper since (their parent killed)
+            // are killed as they come.
+            Action::Wait if keeper.is_killed() && children_left => target.act(Action::Kill),
+            action => target.act(action),
         }
     }
 }
@@ -168,6 +194,8 @@ fn spawn(command: &[OsString]) -> Result<std::process::Child, i32> {
     let mut cmd = Command::new(program);
     cmd.args(args);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // Should the keeper itself be killed, its command does not run on unseen.
+    os::die_with_parent_std(&mut cmd, os::SIGKILL);
     cmd.spawn().map_err(|e| {
         let program = program.to_string_lossy();
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -180,14 +208,36 @@ fn spawn(command: &[OsString]) -> Result<std::process::Child, i32> {
     })
 }
 
-fn act(group: i32, action: Action) {
-    let signal = match action {
-        Action::Terminate => os::SIGTERM,
-        Action::Kill => os::SIGKILL,
-        Action::Wait | Action::Exit(_) => return,
-    };
-    if let Err(e) = os::signal_group(group, signal) {
-        eprintln!("pg-elector: cannot signal the command's process group {group}: {e}");
+/// The command's process group, signalled until it is found empty (then its id may be
+/// another group's).
+struct Target {
+    group: i32,
+    empty: bool,
+}
+
+impl Target {
+    /// Sends the action's signal to the command's group, and to every descendant of the
+    /// keeper that left it.
+    fn act(&mut self, action: Action) {
+        let signal = match action {
+            Action::Terminate => os::SIGTERM,
+            Action::Kill => os::SIGKILL,
+            Action::Wait | Action::Exit(_) => return,
+        };
+        if !self.empty {
+            match os::signal_group(self.group, signal) {
+                Ok(any) => self.empty = !any,
+                Err(e) => eprintln!(
+                    "pg-elector: cannot signal the command's process group {}: {e}",
+                    self.group
+                ),
+            }
+        }
+        for process in os::descendants() {
+            if os::group_of(process).is_some_and(|g| g != self.group) {
+                let _ = os::signal_process(process, signal);
+            }
+        }
     }
 }
 
@@ -230,11 +280,15 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_lead_kills_at_once_and_gives_up_on_escaped_processes() {
+    fn a_lost_lead_kills_at_once_and_again_while_processes_are_left() {
         let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
         assert_eq!(keeper.kill(now), Action::Kill);
+        assert!(!keeper.killed_again());
         assert_eq!(keeper.terminate(now), Action::Wait);
         assert_eq!(keeper.tick(true, now), Action::Wait);
-        assert_eq!(keeper.tick(true, now + AFTER_KILL), Action::Exit(137));
+        assert_eq!(keeper.tick(true, now + AFTER_KILL), Action::Kill);
+        assert!(keeper.killed_again());
+        assert_eq!(keeper.tick(true, now + AFTER_KILL), Action::Wait);
+        assert_eq!(keeper.tick(false, now + AFTER_KILL), Action::Exit(137));
     }
 }

@@ -34,11 +34,11 @@ enum Command {
     /// Stand by, and run a command only while this replica leads NAME.
     ///
     /// The command gets PG_ELECTOR_KEY, PG_ELECTOR_IDENTITY and, with --fencing,
-    /// PG_ELECTOR_EPOCH. When the term ends gracefully (a handover, SIGTERM or SIGINT to
-    /// pg-elector) its whole process group gets SIGTERM, then SIGKILL after --grace; when the
-    /// lead is lost it gets SIGKILL at once, since another replica may already lead. The lock
-    /// is given up only once the group is gone. If pg-elector itself dies, the group is
-    /// killed with it.
+    /// PG_ELECTOR_EPOCH. When the term ends gracefully (a handover, SIGTERM, SIGINT or SIGHUP
+    /// to pg-elector) everything the command started gets SIGTERM (its process group, and what
+    /// left it with setsid), then SIGKILL after --grace; when the lead is lost it gets SIGKILL
+    /// at once, since another replica may already lead. The lock is given up only once it is
+    /// all gone. If pg-elector itself dies, it is all killed with it.
     #[command(after_help = exit::HELP)]
     Run(run::RunArgs),
     /// Run a command at each due of a cron schedule, once across every replica that runs the

@@ -134,6 +134,15 @@ pub(crate) fn wait_for_signal(timeout: Option<Duration>) -> Option<i32> {
     (signal > 0).then_some(signal)
 }
 
+/// As [`die_with_parent`], for a command started with std (by the single-threaded keeper).
+pub(crate) fn die_with_parent_std(command: &mut std::process::Command, signal: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: as in `die_with_parent`.
+    unsafe {
+        command.pre_exec(move || parent_death_signal(signal));
+    }
+}
+
 /// Makes `command`'s process receive `signal` when the thread that starts it ends.
 pub(crate) fn die_with_parent(command: &mut tokio::process::Command, signal: i32) {
     // SAFETY: the closure runs between fork and exec and only makes one prctl(2) call, which
@@ -141,4 +150,35 @@ pub(crate) fn die_with_parent(command: &mut tokio::process::Command, signal: i32
     unsafe {
         command.pre_exec(move || parent_death_signal(signal));
     }
+}
+
+/// Every descendant of this process (the orphans it reaps as a subreaper included), from
+/// `/proc`: its children, theirs, and so on.
+pub(crate) fn descendants() -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut parents = vec![own_pid()];
+    while let Some(parent) = parents.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children
+                .split_whitespace()
+                .filter_map(|pid| pid.parse().ok())
+            {
+                found.push(child);
+                parents.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// The process group of `pid`; `None` when it is gone.
+pub(crate) fn group_of(pid: i32) -> Option<i32> {
+    // SAFETY: getpgid(2) with a plain integer.
+    let group = unsafe { libc::getpgid(pid) };
+    (group >= 0).then_some(group)
 }

@@ -75,9 +75,12 @@ pub(crate) fn environment(
     env
 }
 
-/// Cancels `shutdown` at SIGTERM, SIGINT or SIGHUP.
-pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
+/// A token cancelled at SIGTERM, SIGINT or SIGHUP, listening from this call on (so a signal
+/// while the database is first reached stops `pg-elector` cleanly too). A second signal
+/// changes nothing: the stop under way finishes (SIGKILL does not wait).
+pub(crate) fn stop_on_signal() -> CancellationToken {
     use tokio::signal::unix::{SignalKind, signal};
+    let shutdown = CancellationToken::new();
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -86,13 +89,29 @@ pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
         tracing::error!(
             "cannot listen for SIGTERM, SIGINT and SIGHUP: stop pg-elector with SIGKILL"
         );
-        return;
+        return shutdown;
     };
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+        }
+        tracing::info!("stopping: the command's group ends, then the lock is given up");
+        stop.cancel();
+    });
+    shutdown
+}
+
+/// The pool of `url`, unless a signal comes first (`None`: stop with 0).
+pub(crate) async fn connect_unless_stopped(
+    url: Option<&str>,
+    shutdown: &CancellationToken,
+) -> Result<Option<Pool>, Failure> {
     tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        _ = hup.recv() => {}
+        biased;
+        () = shutdown.cancelled() => Ok(None),
+        pool = crate::connect::pool(url, crate::connect::FIRST_ANSWER) => pool.map(Some),
     }
-    tracing::info!("stopping: the command's group ends, then the lock is given up");
-    shutdown.cancel();
 }

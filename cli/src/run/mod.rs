@@ -13,10 +13,10 @@ use std::ffi::OsString;
 use pg_elector::{Elector, Term};
 use tokio_util::sync::CancellationToken;
 
+use crate::command;
 use crate::exit::{self, Failure};
 use crate::group::Group;
-use crate::replica::{ReplicaArgs, environment, stop_on_signal};
-use crate::{command, connect};
+use crate::replica::{ReplicaArgs, connect_unless_stopped, environment, stop_on_signal};
 use restart::Backoff;
 pub(crate) use restart::Restart;
 
@@ -52,10 +52,11 @@ enum Lead {
 /// command ends while leading (its status).
 pub(crate) async fn run(url: Option<&str>, args: RunArgs) -> Result<i32, Failure> {
     command::check(&args.command)?;
-    let pool = connect::pool(url, connect::FIRST_ANSWER).await?;
+    let shutdown = stop_on_signal();
+    let Some(pool) = connect_unless_stopped(url, &shutdown).await? else {
+        return Ok(exit::OK);
+    };
     let elector = args.replica.elector(pool, &args.name)?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
     let election = elector.spawn(shutdown.clone());
     let status = stand_by(&elector, &args, &shutdown).await;
     shutdown.cancel();
@@ -72,6 +73,7 @@ async fn stand_by(elector: &Elector, args: &RunArgs, shutdown: &CancellationToke
     let mut backoff = Backoff::default();
     loop {
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => return exit::OK,
             _ = elector.wait_for_leadership() => {}
         }
@@ -113,8 +115,9 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
             }
         };
         let status = tokio::select! {
-            status = group.wait() => status,
+            biased;
             () = term.cancelled() => return Lead::Ended(group.stop_for(term).await),
+            status = group.wait() => status,
         };
         let Some(pause) = backoff.after(args.restart, status, started.elapsed()) else {
             tracing::info!(status, "the command ended: giving the lead up");
@@ -126,8 +129,9 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
             "the command ended: running it again after a pause"
         );
         tokio::select! {
-            () = tokio::time::sleep(pause) => {}
+            biased;
             () = term.cancelled() => return Lead::Ended(status),
+            () = tokio::time::sleep(pause) => {}
         }
     }
 }

@@ -50,10 +50,10 @@ async fn each_due_runs_once_across_replicas_through_a_kill_and_a_handover() {
             cron(&db, &scratch, name, &EVERY_SECOND, RECORDER),
         );
     }
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(1500));
     let killed = latest(&scratch);
     replicas[&killed].signal("KILL");
-    std::thread::sleep(Duration::from_millis(3000));
+    std::thread::sleep(Duration::from_millis(2000));
     let leader = latest(&scratch);
     assert_ne!(
         leader, killed,
@@ -73,7 +73,7 @@ async fn each_due_runs_once_across_replicas_through_a_kill_and_a_handover() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    std::thread::sleep(Duration::from_millis(3000));
+    std::thread::sleep(Duration::from_millis(2000));
     for (name, replica) in replicas.iter_mut().filter(|(n, _)| **n != killed) {
         replica.signal("TERM");
         assert_eq!(
@@ -95,8 +95,8 @@ async fn each_due_runs_once_across_replicas_through_a_kill_and_a_handover() {
         ran_by.contains(target),
         "the handover's target ran dues: {dues:?}"
     );
-    // About nine seconds of dues, none missed across the kill and the handover.
-    assert!(runs.len() >= 8, "{} dues ran: {dues:?}", runs.len());
+    // About six seconds of dues, none missed across the kill and the handover.
+    assert!(runs.len() >= 5, "{} dues ran: {dues:?}", runs.len());
     let seconds: Vec<u64> = runs
         .keys()
         .map(|due| {
