@@ -159,7 +159,7 @@ impl Borrower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::replicas::timing;
     use pg_elector_testkit::{FaultProxy, PgServer};
     use tokio::net::TcpListener;
 
@@ -182,7 +182,7 @@ mod tests {
     /// reaches the live server.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_borrow_stuck_on_a_silent_server_is_started_again() {
-        let _serial = serial();
+        let _timing = timing();
         let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
         let db = server.create_database().await.unwrap();
         let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();

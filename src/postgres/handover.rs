@@ -176,7 +176,7 @@ mod tests {
     use super::*;
     use crate::postgres::session::{Attempt, LockSession, Prepared, SessionBounds};
     use crate::postgres::waiter::{Outcome, wait};
-    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::replicas::timing;
     use pg_elector_testkit::{PgServer, TestDb};
     use tokio::time::Instant;
 
@@ -266,7 +266,7 @@ mod tests {
     /// The unlock marks the waiting session it granted the key to, and never waits for it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wait_granted_by_a_graceful_unlock_knows_it() {
-        let _serial = serial();
+        let _timing = timing();
         let key = LockKey::new(0xf1, 0x3c);
         let (db, admin, holder) = held(key).await;
         let waiting = waiter(&db, key);
@@ -296,7 +296,7 @@ mod tests {
     /// first one's marker.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_grant_after_the_grantee_ended_is_not_handed_over() {
-        let _serial = serial();
+        let _timing = timing();
         let key = LockKey::new(0xf1, 0x3d);
         let (db, admin, holder) = held(key).await;
         let first = waiter(&db, key);
@@ -315,7 +315,7 @@ mod tests {
     /// session does, while the unlocking session is open.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_granted_session_finds_its_marker_after_the_fact() {
-        let _serial = serial();
+        let _timing = timing();
         let key = LockKey::new(0xf1, 0x3f);
         let (db, admin, holder) = held(key).await;
         let grantee = std::sync::Arc::new(db.connect().await.unwrap());
@@ -342,7 +342,7 @@ mod tests {
     /// A graceful unlock with nobody waiting marks nobody (so its session need not stay).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unlock_with_nobody_waiting_names_nobody() {
-        let _serial = serial();
+        let _timing = timing();
         let key = LockKey::new(0xf1, 0x3e);
         let (_db, admin, holder) = held(key).await;
         assert_eq!(

@@ -196,7 +196,7 @@ mod tests {
     use super::*;
     use crate::lease::now_ms;
     use crate::{Elector, LockKey};
-    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::replicas::{serial, timing};
     use pg_elector_testkit::{FaultProxy, PgServer};
     use std::net::{Ipv4Addr, SocketAddr};
     use std::process::Command;
@@ -341,7 +341,7 @@ mod tests {
     /// host, plus six intervals (the bound the docs state).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_first_host_that_drops_syns_delays_the_leader_a_bounded_time() {
-        let _serial = serial();
+        let _timing = timing();
         let hole = SynHole::open();
         let dropped = tokio::time::timeout(
             Duration::from_secs(1),
@@ -393,6 +393,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "full scale: three to four minutes"]
     async fn a_first_host_that_drops_syns_at_full_scale() {
+        // Alone: the small-scale test's hole has the same name (one per process).
         let _serial = serial();
         let hole = SynHole::open();
         let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
@@ -423,7 +424,7 @@ mod tests {
     /// poll, not at the check's timeout.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_running_out_mid_check_ends_the_term_at_once() {
-        let _serial = serial();
+        let _timing = timing();
         let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
         let db = server.create_database().await.unwrap();
         let proxy = FaultProxy::start(server.addr()).await.unwrap();

@@ -319,7 +319,7 @@ fn client_check_ms(interval: Duration) -> u64 {
 mod tests {
     use super::*;
     use pg_elector_testkit::PgServer;
-    use pg_elector_testkit::replicas::serial;
+    use pg_elector_testkit::replicas::timing;
 
     fn describe(outcome: &Outcome) -> String {
         match outcome {
@@ -342,7 +342,7 @@ mod tests {
     /// the waiter refuses it as the try does, and leaves a visit mark for that elector.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_session_with_an_electors_mark_is_refused_before_it_waits() {
-        let _serial = serial();
+        let _timing = timing();
         let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
         let db = server.create_database().await.unwrap();
         let pool = db.pool(1);
@@ -375,7 +375,7 @@ mod tests {
     /// transaction pooler may do between two statements).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wait_on_a_session_armed_for_another_waiter_answers_moved() {
-        let _serial = serial();
+        let _timing = timing();
         let server = PgServer::shared().unwrap_or_else(|e| panic!("{e}"));
         let db = server.create_database().await.unwrap();
         let client = db.connect().await.unwrap();
@@ -413,7 +413,7 @@ mod tests {
     /// On a read replica the waiter never waits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_a_read_replica_the_waiter_answers_recovery_and_never_waits() {
-        let _serial = serial();
+        let _timing = timing();
         let primary =
             tokio::task::block_in_place(PgServer::spawn).unwrap_or_else(|e| panic!("{e}"));
         let db = primary.create_database().await.unwrap();

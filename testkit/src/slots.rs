@@ -29,12 +29,17 @@ pub(crate) const SLOTS_ENV: &str = "PG_ELECTOR_TEST_SLOTS";
 
 /// The environment variable naming a file to which every guard, as it is dropped, appends one
 /// line: the test (its thread's name), `timing` or `serial`, the milliseconds it waited for
-/// its slots, the milliseconds it held them, and the CPU the whole machine spent meanwhile
+/// its slots, the milliseconds it held them, the CPU the whole machine spent meanwhile
 /// (milliseconds of all cores, from `/proc/stat`; 0 elsewhere), which is the test's own cost
-/// when it ran alone (`PG_ELECTOR_TEST_SLOTS=1`). For finding where a suite's time goes.
+/// when it ran alone (`PG_ELECTOR_TEST_SLOTS=1`), and when it got its slots (milliseconds
+/// since the process's first guard was asked for: sorted by it, the lines are the test
+/// binary's timeline). For finding where a suite's time goes.
 pub(crate) const TIMES_ENV: &str = "PG_ELECTOR_TEST_TIMES";
 
 /// Slots per core when [`SLOTS_ENV`] is unset: timing tests wait far more than they compute.
+/// Not three: on two cores that ran the suite in 184 s instead of 211 s, but beside the
+/// CPU-heavy terminated-session tests (over a core each) the machine ran saturated and a
+/// preference test missed its bound of two intervals and 150 ms.
 const SLOTS_PER_CORE: usize = 2;
 
 /// A slot beyond the first is handed out only while at least this many cores' worth of the
@@ -47,7 +52,9 @@ const SLOTS_PER_CORE: usize = 2;
 const SPARE_CORES: f64 = 0.6;
 
 /// How long after handing out a slot the next one waits, so that the idle CPU it is judged by
-/// shows the load of the test just started.
+/// shows the load of the test just started. A slot given back within the last `RAMP` is taken
+/// again without this wait (still only with CPU to spare): a test that replaces one just ended
+/// adds no test to those running, and short tests would otherwise run one per `RAMP`.
 const RAMP: Duration = Duration::from_millis(500);
 
 /// How often a waiting test looks at the load again.
@@ -59,6 +66,9 @@ struct State {
     alone: bool,
     waiting_alone: usize,
     last_grant: Option<Instant>,
+    /// When timing slots were given back, within the last [`RAMP`]: each lets one test take a
+    /// slot again without the ramp.
+    freed: Vec<Instant>,
     meter: IdleMeter,
 }
 
@@ -77,10 +87,33 @@ impl State {
         if self.used == 0 {
             return true;
         }
-        let ramped = self
-            .last_grant
-            .is_none_or(|at| now.saturating_duration_since(at) >= RAMP);
+        let ramped = self.replaces_one(now)
+            || self
+                .last_grant
+                .is_none_or(|at| now.saturating_duration_since(at) >= RAMP);
         ramped && idle(&mut self.meter, now).is_none_or(|idle| idle >= SPARE_CORES)
+    }
+
+    /// Whether a slot was given back within the last [`RAMP`] and not yet taken again.
+    fn replaces_one(&mut self, now: Instant) -> bool {
+        self.freed
+            .retain(|at| now.saturating_duration_since(*at) < RAMP);
+        !self.freed.is_empty()
+    }
+
+    /// Hands out one timing slot at `now`, taking the place of one given back lately if any.
+    fn take_one(&mut self, now: Instant) {
+        if self.replaces_one(now) {
+            self.freed.remove(0);
+        }
+        self.used += 1;
+        self.last_grant = Some(now);
+    }
+
+    /// Takes a timing slot back at `now`.
+    fn give_one_back(&mut self, now: Instant) {
+        self.used -= 1;
+        self.freed.push(now);
     }
 }
 
@@ -94,6 +127,7 @@ struct Slots {
 impl Slots {
     fn global() -> &'static Slots {
         static SLOTS: OnceLock<Slots> = OnceLock::new();
+        let _ = first_asked();
         SLOTS.get_or_init(|| Slots {
             slots: slot_count(std::env::var(SLOTS_ENV).ok().as_deref(), cores()),
             state: Mutex::new(State::default()),
@@ -119,8 +153,7 @@ impl Slots {
         while !state.may_take_one(self.slots, Instant::now(), IdleMeter::idle_cores) {
             state = self.wait_a_while(state);
         }
-        state.used += 1;
-        state.last_grant = Some(Instant::now());
+        state.take_one(Instant::now());
         SerialGuard {
             slots: self,
             alone: false,
@@ -161,7 +194,7 @@ impl Slots {
         if alone {
             state.alone = false;
         } else {
-            state.used -= 1;
+            state.give_one_back(Instant::now());
         }
         drop(state);
         self.changed.notify_all();
@@ -202,6 +235,7 @@ impl Drop for SerialGuard {
                 self.alone,
                 [self.got - self.asked, self.got.elapsed()],
                 machine_busy_ms().saturating_sub(self.busy_at_start),
+                self.got.saturating_duration_since(first_asked()),
             );
             // Best effort: a line that cannot be written only leaves a gap in the figures.
             let _ = std::fs::OpenOptions::new()
@@ -213,13 +247,27 @@ impl Drop for SerialGuard {
     }
 }
 
-/// One line of the [`TIMES_ENV`] file: `[waited, held]`, and the machine's CPU meanwhile.
-fn times_line(test: &str, alone: bool, [waited, held]: [Duration; 2], cpu_ms: u64) -> String {
+/// When this process first asked for a slot: the zero of the [`TIMES_ENV`] file's timeline.
+fn first_asked() -> Instant {
+    static FIRST: OnceLock<Instant> = OnceLock::new();
+    *FIRST.get_or_init(Instant::now)
+}
+
+/// One line of the [`TIMES_ENV`] file: `[waited, held]`, the machine's CPU meanwhile, and
+/// when the slots were got.
+fn times_line(
+    test: &str,
+    alone: bool,
+    [waited, held]: [Duration; 2],
+    cpu_ms: u64,
+    got_at: Duration,
+) -> String {
     let kind = if alone { "serial" } else { "timing" };
     format!(
-        "{test} {kind} {} {} {cpu_ms}\n",
+        "{test} {kind} {} {} {cpu_ms} {}\n",
         waited.as_millis(),
-        held.as_millis()
+        held.as_millis(),
+        got_at.as_millis()
     )
 }
 
@@ -337,8 +385,9 @@ mod tests {
             true,
             [Duration::from_millis(12), Duration::from_millis(3400)],
             910,
+            Duration::from_millis(61_250),
         );
-        assert_eq!(line, "standby::e3::a_try serial 12 3400 910\n");
+        assert_eq!(line, "standby::e3::a_try serial 12 3400 910 61250\n");
     }
 
     #[test]
@@ -396,6 +445,41 @@ mod tests {
         assert!(
             !idle.may_take_one(4, at(900), two_cores),
             "a serial test waits first"
+        );
+    }
+
+    #[test]
+    fn a_slot_given_back_is_taken_again_without_the_ramp_once() {
+        use crate::load::Ticks;
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let two_cores = |meter: &mut IdleMeter, now| meter.idle_since_window(now, 2);
+        let mut state = State::default();
+        state.meter.record(at(0), Ticks { busy: 0, total: 0 });
+        state.meter.record(
+            at(1_000),
+            Ticks {
+                busy: 10,
+                total: 200,
+            },
+        );
+        state.take_one(at(900));
+        state.take_one(at(950));
+        state.give_one_back(at(1_000));
+        assert!(
+            state.may_take_one(4, at(1_000), two_cores),
+            "in place of the one just ended, within the ramp"
+        );
+        state.take_one(at(1_000));
+        assert!(
+            !state.may_take_one(4, at(1_000), two_cores),
+            "a third test waits for the ramp: the one given back is taken"
+        );
+        state.give_one_back(at(1_100));
+        state.take_one(at(1_650));
+        assert!(
+            !state.may_take_one(4, at(1_700), two_cores),
+            "a slot given back more than a ramp ago does not skip it"
         );
     }
 
