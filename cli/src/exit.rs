@@ -30,14 +30,15 @@ pub(crate) const NOT_FOUND: i32 = 127;
 /// The table `--help` shows.
 pub(crate) const HELP: &str = "\
 Exit statuses:
-  0    done (run, cron: stopped cleanly at SIGTERM, SIGINT or SIGHUP)
+  0    done (run, cron: stopped cleanly at SIGTERM, SIGINT or SIGHUP; status --watch: at
+       SIGTERM or SIGINT)
   64   the command line cannot be read
   65   cron: the schedule cannot be read (a bad cron expression, an unknown time zone)
   67   handover refused: no live standby with that identity (or none at all)
   68   the database cannot be reached, or refused the login
   69   handover refused: nobody leads the key
   70   a query failed, or an error inside pg-elector
-  75   no answer in time (the handover may or may not have been asked)
+  75   no answer in time (a handover may or may not have been asked)
   78   the database URL is missing or cannot be read
   126  run, cron: the command cannot be run
   127  run, cron: the command was not found

@@ -1,6 +1,6 @@
 //! `pg-elector`: one leader among replicas through a PostgreSQL advisory lock, on the command
 //! line. `run` runs any program on the leader only, `cron` at each due of a schedule, once
-//! across the replicas; `handover` moves the lead.
+//! across the replicas; `status` shows who leads; `handover` moves the lead.
 
 mod command;
 mod connect;
@@ -12,6 +12,7 @@ mod keeper;
 mod os;
 mod replica;
 mod run;
+mod status;
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -51,6 +52,16 @@ enum Command {
     /// says. The command's group ends with the term as in `run`.
     #[command(after_help = exit::HELP)]
     Cron(cron::CronArgs),
+    /// Show who leads each key of the database, since when, who waits, the candidates and a
+    /// pending handover.
+    ///
+    /// Every two-number advisory lock of the database is listed, the crate's or not, and every
+    /// key with a live candidate or a pending handover. PostgreSQL keeps only a key's two
+    /// numbers: give the names your replicas use and those keys show by name (and are listed
+    /// even while nobody holds them). In CANDIDATES, `*` marks a standby that waits for the
+    /// lock (fast takeover). AGE and EPOCH need --fencing on the replicas.
+    #[command(after_help = exit::HELP)]
+    Status(status::StatusArgs),
     /// Ask the leader of NAME to hand the lead over to a live standby.
     #[command(after_help = exit::HELP)]
     Handover(handover::HandoverArgs),
@@ -111,6 +122,7 @@ async fn dispatch(cli: Cli) -> i32 {
     let done = match cli.command {
         Command::Run(args) => run::run(url, args).await,
         Command::Cron(args) => cron::cron(url, args).await,
+        Command::Status(args) => status::status(url, args).await,
         Command::Handover(args) => handover::handover(url, args).await.map(|()| exit::OK),
         Command::Keeper { .. } => Ok(exit::INTERNAL),
     };

@@ -39,6 +39,7 @@ mod shards_background;
 mod shards_faults;
 mod shards_schedule;
 mod standby;
+mod status;
 mod supervisor;
 mod ticker;
 mod while_leader;

@@ -5,4 +5,5 @@ mod common;
 mod cron;
 mod handover;
 mod run;
+mod status;
 mod statuses;

@@ -1,0 +1,110 @@
+//! The JSON for scripts: `{"at": …, "keys": [{"name", "class", "object", "leader",
+//! "waiting", "candidates", "handover"}]}`, times in RFC 3339 (UTC), durations in
+//! milliseconds, `null` where there is nothing.
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+
+use super::Shown;
+
+/// The document, indented for one read, or on one line for `--watch`.
+pub(crate) fn document(shown: &[Shown], now: SystemTime, pretty: bool) -> String {
+    let doc = json!({
+        "at": time(now),
+        "keys": shown.iter().map(key).collect::<Vec<_>>(),
+    });
+    if pretty {
+        serde_json::to_string_pretty(&doc)
+    } else {
+        serde_json::to_string(&doc)
+    }
+    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+fn time(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn key(shown: &Shown) -> Value {
+    let status = shown.status.as_ref();
+    let leader = status.and_then(|s| s.leader.as_ref()).map(|l| {
+        json!({
+            "identity": l.identity,
+            "pid": l.pid,
+            "client_addr": l.client_addr.map(|a| a.to_string()),
+            "since": l.since.map(time),
+            "epoch": l.epoch,
+        })
+    });
+    let waiting: Vec<Value> = status
+        .map(|s| &s.waiting[..])
+        .unwrap_or_default()
+        .iter()
+        .map(|w| {
+            json!({
+                "identity": w.identity,
+                "pid": w.pid,
+                "client_addr": w.client_addr.map(|a| a.to_string()),
+            })
+        })
+        .collect();
+    let candidates: Vec<Value> = status
+        .map(|s| &s.candidates[..])
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "identity": c.identity,
+                "preference": c.preference,
+                "live": c.live,
+                "waits": c.waits,
+                "live_since": time(c.live_since),
+            })
+        })
+        .collect();
+    let handover = status.and_then(|s| s.handover.as_ref()).map(|h| {
+        json!({
+            "to": h.to,
+            "until": time(h.until),
+            "stay_away_ms": u64::try_from(h.stay_away.as_millis()).unwrap_or(u64::MAX),
+        })
+    });
+    json!({
+        "name": shown.name,
+        "class": shown.key.class(),
+        "object": shown.key.object(),
+        "leader": leader,
+        "waiting": waiting,
+        "candidates": candidates,
+        "handover": handover,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pg_elector::LockKey;
+
+    #[test]
+    fn a_named_key_nobody_holds_has_nulls_and_empty_lists() {
+        let shown = [Shown {
+            name: Some("billing/sweep".into()),
+            key: LockKey::new(-3, 7),
+            status: None,
+        }];
+        let at = SystemTime::UNIX_EPOCH;
+        let doc: Value = serde_json::from_str(&document(&shown, at, true)).unwrap();
+        assert_eq!(
+            doc,
+            json!({
+                "at": "1970-01-01T00:00:00.000Z",
+                "keys": [{
+                    "name": "billing/sweep", "class": -3, "object": 7, "leader": null,
+                    "waiting": [], "candidates": [], "handover": null,
+                }],
+            })
+        );
+        assert!(!document(&shown, at, false).contains('\n'), "one line");
+    }
+}

@@ -1,0 +1,148 @@
+//! The table for people, one line per key, as `kubectl get` shows leases.
+
+use std::time::{Duration, SystemTime};
+
+use pg_elector::status::KeyStatus;
+
+use super::Shown;
+
+const HEADER: [&str; 9] = [
+    "KEY",
+    "LEADER",
+    "PID",
+    "ADDRESS",
+    "AGE",
+    "EPOCH",
+    "WAITING",
+    "CANDIDATES",
+    "HANDOVER",
+];
+
+/// `shown` as aligned columns under a header; `-` where there is nothing to show.
+pub(crate) fn render(shown: &[Shown], now: SystemTime) -> String {
+    let rows: Vec<[String; 9]> = shown.iter().map(|s| row(s, now)).collect();
+    let mut widths = HEADER.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 9]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        padded.join("  ").trim_end().to_owned()
+    };
+    let mut lines = vec![line(HEADER)];
+    lines.extend(rows.iter().map(|r| line(r.each_ref().map(String::as_str))));
+    lines.join("\n")
+}
+
+fn row(shown: &Shown, now: SystemTime) -> [String; 9] {
+    let dash = || "-".to_owned();
+    let label = shown.label();
+    let Some(status) = &shown.status else {
+        return [
+            label,
+            "(nobody)".into(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+        ];
+    };
+    let leader = status.leader.as_ref();
+    [
+        label,
+        leader.map_or_else(|| "(nobody)".into(), |l| l.identity.clone()),
+        leader.map_or_else(dash, |l| l.pid.to_string()),
+        leader
+            .and_then(|l| l.client_addr)
+            .map_or_else(dash, |a| a.to_string()),
+        leader
+            .and_then(|l| l.since)
+            .map_or_else(dash, |since| age(now, since)),
+        leader
+            .and_then(|l| l.epoch)
+            .map_or_else(dash, |e| e.to_string()),
+        list(status.waiting.iter().map(|s| s.identity.clone())),
+        candidates(status),
+        status
+            .handover
+            .as_ref()
+            .map_or_else(dash, |h| format!("to {} (for {})", h.to, age(h.until, now))),
+    ]
+}
+
+/// Each candidate as `identity:preference`, `*` for one that waits for the lock, and `(dead)`
+/// for one no longer live.
+fn candidates(status: &KeyStatus) -> String {
+    list(status.candidates.iter().map(|c| {
+        let waits = if c.waits { "*" } else { "" };
+        let dead = if c.live { "" } else { "(dead)" };
+        format!("{}:{}{waits}{dead}", c.identity, c.preference)
+    }))
+}
+
+fn list(items: impl Iterator<Item = String>) -> String {
+    let joined: Vec<String> = items.collect();
+    if joined.is_empty() {
+        "-".into()
+    } else {
+        joined.join(",")
+    }
+}
+
+/// How long from `since` to `now`, as `kubectl` writes ages: `45s`, `3m12s`, `5h3m`, `2d4h`.
+pub(crate) fn age(now: SystemTime, since: SystemTime) -> String {
+    let secs = now
+        .duration_since(since)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3_600 => format!("{}m{}s", secs / 60, secs % 60),
+        3_600..86_400 => format!("{}h{}m", secs / 3_600, secs % 3_600 / 60),
+        _ => format!("{}d{}h", secs / 86_400, secs % 86_400 / 3_600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pg_elector::LockKey;
+
+    #[test]
+    fn ages_as_kubectl_writes_them() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let after = |s| t + Duration::from_secs(s);
+        assert_eq!(age(after(45), t), "45s");
+        assert_eq!(age(after(192), t), "3m12s");
+        assert_eq!(age(after(5 * 3_600 + 180), t), "5h3m");
+        assert_eq!(age(after(2 * 86_400 + 4 * 3_600), t), "2d4h");
+        assert_eq!(age(t, after(5)), "0s", "a clock behind the server's");
+    }
+
+    #[test]
+    fn a_named_key_nobody_holds_is_a_line_of_dashes() {
+        let shown = [Shown {
+            name: Some("billing/sweep".into()),
+            key: LockKey::from_name("billing/sweep"),
+            status: None,
+        }];
+        let table = render(&shown, SystemTime::now());
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with("KEY            LEADER    PID"),
+            "{table}"
+        );
+        let cells: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(cells[..2], ["billing/sweep", "(nobody)"], "{table}");
+        assert_eq!(cells[2..], ["-"; 7], "{table}");
+    }
+}

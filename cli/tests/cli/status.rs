@@ -1,0 +1,177 @@
+//! `pg-elector status`: the table and the JSON show the leader of each key by the name given,
+//! its waiting standby and the candidates; `--watch` prints each change of leader as it
+//! happens and stops cleanly at SIGTERM; a bad environment has its status.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use pg_elector_testkit::replicas::timing;
+use serde_json::Value;
+
+use crate::common::*;
+
+/// A command that records its start in `$SCRATCH/log` and runs until stopped.
+const RECORDER: &str = r#"
+echo "start $PG_ELECTOR_IDENTITY" >> "$SCRATCH/log"
+while :; do sleep 0.02; done
+"#;
+
+/// `pg-elector status ARGS…`: its stdout, after checking it exited 0 within 10 s.
+fn status(db: &pg_elector_testkit::TestDb, args: &[&str]) -> String {
+    let (out, _) = output_within(
+        pg_elector(db).arg("status").args(args),
+        Duration::from_secs(10),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn the_table_and_the_json_show_leader_standby_and_candidates_by_name() {
+    let _timing = timing();
+    let (db, scratch) = (database().await, Scratch::new("status"));
+    let a = Replica::start(
+        &db,
+        &scratch,
+        "jobs/status",
+        "a",
+        &["--preference", "3"],
+        RECORDER,
+    );
+    scratch.wait_for_lines("log", 1, Duration::from_secs(10));
+    let _b = Replica::start(
+        &db,
+        &scratch,
+        "jobs/status",
+        "b",
+        &["--preference", "1"],
+        RECORDER,
+    );
+    // b has tried, written its row, and waits (fast takeover).
+    std::thread::sleep(3 * I);
+
+    let table = status(&db, &["jobs/status", "jobs/none"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    let cells = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        cells(lines[0]),
+        [
+            "KEY",
+            "LEADER",
+            "PID",
+            "ADDRESS",
+            "AGE",
+            "EPOCH",
+            "WAITING",
+            "CANDIDATES",
+            "HANDOVER"
+        ]
+    );
+    let row = cells(lines[1]);
+    assert_eq!(row[0..2], ["jobs/status", "a"], "{table}");
+    assert!(row[2].parse::<i32>().is_ok(), "a pid: {table}");
+    assert_eq!(row[6..], ["b", "b:1*", "-"], "{table}");
+    assert_eq!(
+        cells(lines[2])[0..3],
+        ["jobs/none", "(nobody)", "-"],
+        "{table}"
+    );
+
+    let doc: Value = serde_json::from_str(&status(&db, &["jobs/status", "--json"])).unwrap();
+    let keys = doc["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{doc}");
+    let key = &keys[0];
+    assert_eq!(key["name"], "jobs/status");
+    assert_eq!(key["leader"]["identity"], "a");
+    assert_eq!(key["waiting"][0]["identity"], "b");
+    assert_eq!(key["candidates"][0]["identity"], "b");
+    assert_eq!(key["candidates"][0]["preference"], 1);
+    assert_eq!(key["candidates"][0]["live"], true);
+    assert_eq!(key["candidates"][0]["waits"], true);
+    assert_eq!(key["handover"], Value::Null);
+    drop(a);
+}
+
+#[tokio::test]
+async fn watch_prints_each_change_of_leader_and_stops_at_sigterm() {
+    let _timing = timing();
+    let (db, scratch) = (database().await, Scratch::new("status-watch"));
+    let out = std::fs::File::create(scratch.path("watch.out")).unwrap();
+    let mut watch = pg_elector(&db)
+        .args(["status", "jobs/watched", "--watch", "--interval", "50ms"])
+        .stdout(out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let changes = |n: usize| {
+        wait_until(Duration::from_secs(10), || {
+            let lines: Vec<String> = scratch
+                .lines("watch.out")
+                .into_iter()
+                .filter(|l| l.contains("jobs/watched: leader"))
+                .collect();
+            (lines.len() >= n).then_some(lines)
+        })
+        .unwrap_or_else(|| panic!("{n} changes: {:?}", scratch.lines("watch.out")))
+    };
+    // Its first table (nobody leads) is out before the first replica starts.
+    scratch.wait_for_lines("watch.out", 2, Duration::from_secs(10));
+    let a = Replica::start(&db, &scratch, "jobs/watched", "a", &[], RECORDER);
+    let first = changes(1);
+    assert!(
+        first[0].contains("jobs/watched: leader nobody -> a (pid "),
+        "{first:?}"
+    );
+    let _b = Replica::start(&db, &scratch, "jobs/watched", "b", &[], RECORDER);
+    std::thread::sleep(3 * I);
+    a.signal("KILL");
+    let both = changes(2);
+    assert!(
+        both[1].contains("leader a (pid ") && both[1].contains(" -> b (pid "),
+        "{both:?}"
+    );
+    // The table is drawn again after each change: its header is there more than once.
+    let headers = scratch
+        .lines("watch.out")
+        .iter()
+        .filter(|l| l.starts_with("KEY "))
+        .count();
+    assert!(headers >= 3, "{:?}", scratch.lines("watch.out"));
+
+    let pid = watch.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = wait_until(Duration::from_secs(5), || watch.try_wait().unwrap());
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "exit 0 at SIGTERM");
+}
+
+#[tokio::test]
+async fn a_bad_environment_has_its_status() {
+    let db = database().await;
+    let (out, _) = output_within(
+        pg_elector(&db)
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/db")
+            .arg("status"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(68),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (out, _) = output_within(
+        pg_elector(&db).env_remove("DATABASE_URL").arg("status"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(78));
+}
