@@ -176,7 +176,7 @@ mod tests {
     use super::*;
     use crate::postgres::session::{Attempt, LockSession, Prepared, SessionBounds};
     use crate::postgres::waiter::{Outcome, wait};
-    use pg_elector_testkit::replicas::timing;
+    use pg_elector_testkit::replicas::{serial, timing};
     use pg_elector_testkit::{PgServer, TestDb};
     use tokio::time::Instant;
 
@@ -266,7 +266,8 @@ mod tests {
     /// The unlock marks the waiting session it granted the key to, and never waits for it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wait_granted_by_a_graceful_unlock_knows_it() {
-        let _timing = timing();
+        // Alone: the unlock's answer is bounded by LINGER (50 ms), one round trip.
+        let _serial = serial();
         let key = LockKey::new(0xf1, 0x3c);
         let (db, admin, holder) = held(key).await;
         let waiting = waiter(&db, key);

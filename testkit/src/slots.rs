@@ -32,8 +32,8 @@ pub(crate) const SLOTS_ENV: &str = "PG_ELECTOR_TEST_SLOTS";
 /// its slots, the milliseconds it held them, the CPU the whole machine spent meanwhile
 /// (milliseconds of all cores, from `/proc/stat`; 0 elsewhere), which is the test's own cost
 /// when it ran alone (`PG_ELECTOR_TEST_SLOTS=1`), and when it got its slots (milliseconds
-/// since the process's first guard was asked for: sorted by it, the lines are the test
-/// binary's timeline). For finding where a suite's time goes.
+/// since 1970: sorted by it, the lines of every test binary of a `cargo test` are one
+/// timeline). For finding where a suite's time goes.
 pub(crate) const TIMES_ENV: &str = "PG_ELECTOR_TEST_TIMES";
 
 /// Slots per core when [`SLOTS_ENV`] is unset: timing tests wait far more than they compute.
@@ -102,6 +102,8 @@ impl State {
     }
 
     /// Hands out one timing slot at `now`, taking the place of one given back lately if any.
+    /// A replacement starts the ramp again too: the test it starts may load the machine more
+    /// than the one it replaces, and the next test beyond them waits to see it.
     fn take_one(&mut self, now: Instant) {
         if self.replaces_one(now) {
             self.freed.remove(0);
@@ -127,7 +129,6 @@ struct Slots {
 impl Slots {
     fn global() -> &'static Slots {
         static SLOTS: OnceLock<Slots> = OnceLock::new();
-        let _ = first_asked();
         SLOTS.get_or_init(|| Slots {
             slots: slot_count(std::env::var(SLOTS_ENV).ok().as_deref(), cores()),
             state: Mutex::new(State::default()),
@@ -180,6 +181,8 @@ impl Slots {
         }
         state.waiting_alone -= 1;
         state.alone = true;
+        // A slot given back before a serial test is no one's place to take after it.
+        state.freed.clear();
         SerialGuard {
             slots: self,
             alone: true,
@@ -235,7 +238,7 @@ impl Drop for SerialGuard {
                 self.alone,
                 [self.got - self.asked, self.got.elapsed()],
                 machine_busy_ms().saturating_sub(self.busy_at_start),
-                self.got.saturating_duration_since(first_asked()),
+                since_epoch(self.got),
             );
             // Best effort: a line that cannot be written only leaves a gap in the figures.
             let _ = std::fs::OpenOptions::new()
@@ -247,14 +250,18 @@ impl Drop for SerialGuard {
     }
 }
 
-/// When this process first asked for a slot: the zero of the [`TIMES_ENV`] file's timeline.
-fn first_asked() -> Instant {
-    static FIRST: OnceLock<Instant> = OnceLock::new();
-    *FIRST.get_or_init(Instant::now)
+/// `at` as milliseconds since 1970 (the wall clock), so that the lines of every test binary
+/// of one `cargo test` share one timeline.
+fn since_epoch(at: Instant) -> Duration {
+    let ago = at.elapsed();
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(ago)
 }
 
 /// One line of the [`TIMES_ENV`] file: `[waited, held]`, the machine's CPU meanwhile, and
-/// when the slots were got.
+/// when the slots were got (milliseconds since 1970).
 fn times_line(
     test: &str,
     alone: bool,
@@ -476,10 +483,11 @@ mod tests {
             "a third test waits for the ramp: the one given back is taken"
         );
         state.give_one_back(at(1_100));
-        state.take_one(at(1_650));
+        state.give_one_back(at(1_100));
+        state.take_one(at(1_550));
         assert!(
-            !state.may_take_one(4, at(1_700), two_cores),
-            "a slot given back more than a ramp ago does not skip it"
+            !state.may_take_one(4, at(1_650), two_cores),
+            "the second slot given back at 1 100 ms no longer skips the ramp at 1 650 ms"
         );
     }
 
