@@ -53,13 +53,15 @@ enum Command {
     #[command(after_help = exit::HELP)]
     Cron(cron::CronArgs),
     /// Show who leads each key of the database, since when, who waits, the candidates and a
-    /// pending handover.
+    /// pending handover; and each stored job's next due and last run.
     ///
     /// Every two-number advisory lock of the database is listed, the crate's or not, and every
-    /// key with a live candidate or a pending handover. PostgreSQL keeps only a key's two
-    /// numbers: give the names your replicas use and those keys show by name (and are listed
-    /// even while nobody holds them). In CANDIDATES, `*` marks a standby that waits for the
-    /// lock (fast takeover). AGE and EPOCH need --fencing on the replicas.
+    /// key with a live candidate. PostgreSQL keeps only a key's two numbers: give the names
+    /// your replicas use and those keys show by name (and are listed even while nobody holds
+    /// them). In CANDIDATES, `*` marks a standby that waits for the lock (fast takeover), and
+    /// `(dead)` one that stopped trying. AGE and EPOCH need --fencing on the replicas. Jobs
+    /// (of `cron` and the library's schedules, in the default tables) follow in a second table:
+    /// NEXT is late while no leader has claimed that due.
     #[command(after_help = exit::HELP)]
     Status(status::StatusArgs),
     /// Ask the leader of NAME to hand the lead over to a live standby.

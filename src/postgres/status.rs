@@ -1,6 +1,10 @@
 //! What a database shows of its elections, for people and their tools (the command line's
 //! `pg-elector status`): who leads each key, who waits for it, the standbys that said they are
-//! alive, and a handover asked. Read-only, a few statements in all, nothing written.
+//! alive, and a handover asked. Read-only: four statements in all, whatever the number of
+//! keys.
+//!
+//! With the `schedule` feature, `jobs` reads the stored schedules: each job's next due,
+//! its last run and outcome, its skipped dues.
 //!
 //! A snapshot, not a decision: by the time it is read, a leader may have lost its lock. Code
 //! that must know whether it leads asks its own [`Term`](crate::Term).
@@ -25,10 +29,11 @@ use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use tokio_postgres::Row;
-use tokio_postgres::types::Type;
 
-use crate::fence::{DEFAULT_TABLE, FenceTable};
 use crate::{CurrentLeaderError, Error, LeaderInfo, LockKey};
+
+#[cfg(feature = "schedule")]
+pub use crate::schedule::status::{JobStatus, LastRun, jobs};
 
 /// One key of the database as [`read`] found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,7 +44,8 @@ pub struct KeyStatus {
     /// know.
     pub key: LockKey,
     /// Who holds the lock, with its epoch and since when its term began where the default
-    /// fencing table (`pg_elector_epochs`) has a row for the key.
+    /// fencing table (`pg_elector_epochs`) has this leader's row for the key (a leader
+    /// without fencing shows neither, even after a fenced one).
     pub leader: Option<LeaderInfo>,
     /// Sessions waiting for the lock (standbys with fast takeover), the longest connected
     /// first.
@@ -48,7 +54,8 @@ pub struct KeyStatus {
     /// table (`pg_elector_candidates`), most preferred first; dead ones too while a live
     /// one or a request keeps the key listed.
     pub candidates: Vec<Candidate>,
-    /// A handover asked from outside that has not run out.
+    /// A handover asked from outside that the leader would carry out: the newest request
+    /// that has not run out, whose target is live and is not the leader.
     pub handover: Option<PendingHandover>,
 }
 
@@ -95,10 +102,11 @@ pub struct PendingHandover {
 }
 
 /// Every two-number advisory lock held or waited for in the database, whether the crate's or
-/// not (any `pg_advisory_lock(int4, int4)` shows), and every key with a live candidate or a
-/// pending handover, ordered by key. Reads `pg_locks`, `pg_stat_activity`, and the default
-/// fencing and candidates tables when they exist (a role needs `SELECT` on them; without
-/// `pg_read_all_stats` the addresses read `None`).
+/// not (any `pg_advisory_lock(int4, int4)` shows), and every key with a live candidate,
+/// ordered by key. Reads `pg_locks`, `pg_stat_activity`, and the default
+/// fencing and candidates tables when they exist and the role may read them (a table it may
+/// not read is left out: no epochs, or no candidates; without `pg_read_all_stats` the
+/// addresses read `None`).
 ///
 /// # Errors
 ///
@@ -109,10 +117,7 @@ pub struct PendingHandover {
 /// Cancel safe: it only reads. It puts no timeout on the statements: bound it with
 /// `tokio::time::timeout` if the server may not answer.
 pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<KeyStatus>, Error> {
-    let epochs = FenceTable::new(None, DEFAULT_TABLE)?;
-    Ok(read_all(client, &epochs)
-        .await
-        .map_err(CurrentLeaderError::Query)?)
+    Ok(read_all(client).await.map_err(CurrentLeaderError::Query)?)
 }
 
 /// The lock rows of the database: key, granted, pid, identity, address.
@@ -124,33 +129,54 @@ const LOCKS: &str = "SELECT l.classid::text::int8, l.objid::text::int8, l.grante
                                              WHERE datname = pg_catalog.current_database()) \
      ORDER BY 1, 2, l.granted DESC, a.backend_start, l.pid";
 
-/// Whether the default candidates and epoch tables exist.
-const TABLES: &str = "SELECT pg_catalog.to_regclass('pg_elector_candidates') IS NOT NULL, \
-     pg_catalog.to_regclass($1) IS NOT NULL";
+/// Whether the default candidates and epoch tables exist and this role may read them (a table
+/// it may not read is left out, not an error).
+const TABLES: &str = "SELECT \
+     coalesce(pg_catalog.has_table_privilege(pg_catalog.to_regclass('pg_elector_candidates'), 'SELECT'), false), \
+     coalesce(pg_catalog.has_table_privilege(pg_catalog.to_regclass('pg_elector_epochs'), 'SELECT'), false)";
 
-/// The candidates' rows, live or not, of keys with a live row or a request that has not run
-/// out, most preferred first.
-const CANDIDATES: &str = "SELECT class, object, identity, preference::text, \
-     live_until > pg_catalog.statement_timestamp() AND heard_at <= pg_catalog.statement_timestamp(), \
-     waits, live_since, \
-     CASE WHEN requested_until > pg_catalog.statement_timestamp() THEN requested_until END, \
-     stay_away_ms \
+/// A candidate's row is live (as the leader's and the standbys' statements judge it).
+macro_rules! live {
+    ($row:literal) => {
+        concat!(
+            "(",
+            $row,
+            ".live_until > pg_catalog.statement_timestamp() AND ",
+            $row,
+            ".heard_at <= pg_catalog.statement_timestamp())"
+        )
+    };
+}
+
+/// The candidates' rows, live or not, of keys with a live row, most preferred first; and
+/// whether each is the target of the key's pending handover: the newest request that has not
+/// run out whose target is live, as the leader picks it.
+const CANDIDATES: &str = concat!(
+    "SELECT c.class, c.object, c.identity, c.preference::text, coalesce(",
+    live!("c"),
+    ", false), \
+     c.waits, c.live_since, c.requested_until, c.stay_away_ms, \
+     c.identity IS NOT DISTINCT FROM (SELECT r.identity FROM pg_elector_candidates r \
+       WHERE r.class = c.class AND r.object = c.object AND ",
+    live!("r"),
+    " \
+       AND r.requested_until > pg_catalog.statement_timestamp() \
+       ORDER BY r.requested_until DESC, r.identity DESC LIMIT 1) \
      FROM pg_elector_candidates c WHERE EXISTS (SELECT 1 FROM pg_elector_candidates k \
-       WHERE k.class = c.class AND k.object = c.object \
-       AND (k.live_until > pg_catalog.statement_timestamp() \
-            OR k.requested_until > pg_catalog.statement_timestamp())) \
-     ORDER BY class, object, preference DESC, identity";
+       WHERE k.class = c.class AND k.object = c.object AND ",
+    live!("k"),
+    ") \
+     ORDER BY c.class, c.object, c.preference DESC, c.identity"
+);
+
+/// Every epoch row: whose term it is, its epoch and since when.
+const EPOCHS: &str = "SELECT class, object, epoch, since, holder FROM pg_elector_epochs";
 
 async fn read_all(
     client: &tokio_postgres::Client,
-    epochs: &FenceTable,
 ) -> Result<Vec<KeyStatus>, tokio_postgres::Error> {
-    let tables = client
-        .query_typed(TABLES, &[(&epochs.name(), Type::TEXT)])
-        .await?;
-    let (candidates, fencing) = tables.first().map_or(Ok((false, false)), |row| {
-        Ok::<_, tokio_postgres::Error>((row.try_get(0)?, row.try_get(1)?))
-    })?;
+    let tables = client.query_one(TABLES, &[]).await?;
+    let (candidates, fencing): (bool, bool) = (tables.try_get(0)?, tables.try_get(1)?);
     let mut keys = BTreeMap::new();
     for row in client.query(LOCKS, &[]).await? {
         add_lock(&mut keys, &row)?;
@@ -161,13 +187,8 @@ async fn read_all(
         }
     }
     if fencing {
-        for status in keys.values_mut() {
-            if let Some(leader) = &mut status.leader {
-                if let Some((epoch, since)) = epochs.read(client, status.key).await? {
-                    leader.epoch = Some(epoch);
-                    leader.since = Some(since);
-                }
-            }
+        for row in client.query(EPOCHS, &[]).await? {
+            add_epoch(&mut keys, &row)?;
         }
     }
     Ok(keys.into_values().collect())
@@ -227,29 +248,55 @@ fn add_candidate(
     );
     let identity: String = row.try_get(2)?;
     let preference: String = row.try_get(3)?;
-    let requested: Option<SystemTime> = row.try_get(7)?;
-    let stay_away: Option<i64> = row.try_get(8)?;
     let status = entry(keys, key);
-    if let Some(until) = requested {
-        // The newest request counts, as the leader reads them (ties: the greater identity).
-        let newer = status
-            .handover
-            .as_ref()
-            .is_none_or(|h| (h.until, h.to.as_str()) < (until, identity.as_str()));
-        if newer {
-            status.handover = Some(PendingHandover {
-                to: identity.clone(),
-                until,
-                stay_away: Duration::from_millis(stay_away.unwrap_or(0).max(0).unsigned_abs()),
-            });
-        }
+    // The leader never hands over to itself: a request naming it waits for nothing.
+    let leads = status
+        .leader
+        .as_ref()
+        .is_some_and(|l| same_identity(&l.identity, &identity));
+    if row.try_get::<_, bool>(9)? && !leads {
+        let until: Option<SystemTime> = row.try_get(7)?;
+        let stay_away: Option<i64> = row.try_get(8)?;
+        status.handover = until.map(|until| PendingHandover {
+            to: identity.clone(),
+            until,
+            stay_away: Duration::from_millis(stay_away.unwrap_or(0).max(0).unsigned_abs()),
+        });
     }
     status.candidates.push(Candidate {
         identity,
         preference: preference.parse().unwrap_or(u64::MAX),
-        live: row.try_get::<_, Option<bool>>(4)?.unwrap_or(false),
+        live: row.try_get(4)?,
         waits: row.try_get(5)?,
         live_since: row.try_get(6)?,
     });
     Ok(())
+}
+
+/// The epoch and start of a led key's current term, when its epoch row is the leader's (a
+/// leader without fencing after a fenced one leaves an older replica's row behind).
+fn add_epoch(
+    keys: &mut BTreeMap<(i32, i32), KeyStatus>,
+    row: &Row,
+) -> Result<(), tokio_postgres::Error> {
+    let (class, object): (i32, i32) = (row.try_get(0)?, row.try_get(1)?);
+    let Some(leader) = keys
+        .get_mut(&(class, object))
+        .and_then(|status| status.leader.as_mut())
+    else {
+        return Ok(());
+    };
+    let holder: String = row.try_get(4)?;
+    if same_identity(&leader.identity, &holder) {
+        let epoch: i64 = row.try_get(2)?;
+        leader.epoch = Some(u64::try_from(epoch).unwrap_or(0));
+        leader.since = Some(row.try_get(3)?);
+    }
+    Ok(())
+}
+
+/// Whether `shown`, an identity as `pg_stat_activity` shows it (cut to 63 bytes), is
+/// `identity`.
+fn same_identity(shown: &str, identity: &str) -> bool {
+    shown == identity || (shown.len() >= 63 && identity.starts_with(shown))
 }

@@ -50,6 +50,12 @@ pub(crate) enum Spec {
 }
 
 impl Spec {
+    /// [`next_after`](Self::next_after) in the standard library's time.
+    pub(crate) fn next_due_after(&self, after: SystemTime) -> Option<SystemTime> {
+        let after = Timestamp::try_from(after).ok()?;
+        self.next_after(after).map(SystemTime::from)
+    }
+
     /// The first due instant strictly after `after`; `None` when there is none (a cron
     /// expression that never matches again).
     pub(crate) fn next_after(&self, after: Timestamp) -> Option<Timestamp> {
@@ -333,8 +339,7 @@ impl Job {
     /// The first due instant after `after` (for a look at the schedule; the leader uses the
     /// same computation).
     pub fn next_due_after(&self, after: SystemTime) -> Option<SystemTime> {
-        let after = Timestamp::try_from(after).ok()?;
-        self.spec.next_after(after).map(SystemTime::from)
+        self.spec.next_due_after(after)
     }
 }
 

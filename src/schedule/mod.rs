@@ -99,6 +99,7 @@ mod job;
 mod metrics;
 pub(crate) mod plan;
 mod skips;
+pub(crate) mod status;
 mod store;
 mod task;
 

@@ -1,12 +1,15 @@
 //! `status::read`: what a database shows of its elections. Each key once, with its leader (and
 //! the epoch with fencing), the sessions waiting for it, the candidates with their preference
 //! and liveness, and a pending handover; nothing in a database the crate never used.
+//! `status::jobs`: each stored job's last run, outcome and next due.
 
 use crate::common;
 
 use std::time::{Duration, SystemTime};
 
+use common::schedules::ManualSchedule;
 use common::*;
+use pg_elector::schedule::{Job, Schedule};
 use pg_elector::status::{self, KeyStatus};
 use pg_elector::{Elector, HandoverTo, LockKey, request_handover};
 
@@ -69,8 +72,25 @@ async fn each_key_shows_its_leader_waiting_standbys_candidates_and_request() {
         .await
         .unwrap();
     let asked = replica(&db, held, "asked", 2, false);
-    // Both standbys have written their rows, and the fast one waits.
-    tokio::time::sleep(3 * I).await;
+    // Every standby has written its row, and the fast one waits.
+    let written = async {
+        loop {
+            let keys = status::read(&client).await.unwrap();
+            let rows = |key| {
+                keys.iter()
+                    .find(|k| k.key == key)
+                    .map_or(0, |k| k.candidates.len())
+            };
+            let waiting = keys.iter().map(|k| k.waiting.len()).sum::<usize>();
+            if rows(elected) == 2 && rows(held) == 1 && waiting == 1 {
+                return;
+            }
+            tokio::time::sleep(I / 10).await;
+        }
+    };
+    tokio::time::timeout(10 * I, written)
+        .await
+        .expect("the standbys' rows and the waiting session within 10·I");
     let to = request_handover(
         &db.pool(1),
         held,
@@ -139,4 +159,134 @@ async fn each_key_shows_its_leader_waiting_standbys_candidates_and_request() {
     assert!(leader.epoch > Some(epoch), "a later epoch: {leader:?}");
     assert!(sweep.waiting.is_empty(), "{sweep:#?}");
     drop((polls, asked));
+}
+
+/// A request the leader would not act on is not shown as pending: one whose target stopped
+/// (its row is no longer live), and one naming the leader itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_leader_would_ignore_is_not_pending() {
+    let _timing = timing();
+    let db = fresh_db().await;
+    let client = db.connect().await.unwrap();
+    let key = LockKey::new(-7, 4);
+    let plain = db.connect().await.unwrap();
+    plain
+        .batch_execute("SET application_name = 'plain'")
+        .await
+        .unwrap();
+    plain
+        .execute(
+            "SELECT pg_advisory_lock($1, $2)",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap();
+    let target = replica(&db, key, "target", 2, false);
+    let _other = replica(&db, key, "other", 1, false);
+    tokio::time::sleep(2 * I).await;
+    let asker = db.pool(1);
+    let to = HandoverTo::Identity("target".into());
+    request_handover(&asker, key, to, 10 * I, ASK)
+        .await
+        .unwrap();
+    let pending = |keys: &[KeyStatus]| of(keys, key).handover.clone();
+    let keys = status::read(&client).await.unwrap();
+    assert_eq!(pending(&keys).map(|h| h.to), Some("target".into()));
+
+    // The target's task is aborted (as a crashed process would): its row stays, dead two
+    // intervals after its last try.
+    target.task.abort();
+    tokio::time::sleep(3 * I).await;
+    let keys = status::read(&client).await.unwrap();
+    let live: Vec<_> = of(&keys, key)
+        .candidates
+        .iter()
+        .filter(|c| c.live)
+        .map(|c| c.identity.as_str())
+        .collect();
+    assert_eq!(live, ["other"], "{keys:#?}");
+    assert!(
+        of(&keys, key)
+            .candidates
+            .iter()
+            .any(|c| c.identity == "target"),
+        "the dead row is listed: {keys:#?}"
+    );
+    assert_eq!(
+        pending(&keys),
+        None,
+        "a dead target's request waits for nothing"
+    );
+
+    // A live row of the leader's own identity, asked for: the leader never hands over to
+    // itself.
+    client
+        .execute(
+            "INSERT INTO pg_elector_candidates (class, object, identity, preference, live_until, \
+             live_since, waits, requested_until, stay_away_ms, heard_at) VALUES ($1, $2, 'plain', \
+             0, now() + interval '1 minute', now(), false, now() + interval '2 minutes', 1000, \
+             now() - interval '1 second')",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap();
+    let keys = status::read(&client).await.unwrap();
+    assert!(
+        of(&keys, key)
+            .candidates
+            .iter()
+            .any(|c| c.identity == "plain" && c.live),
+        "{keys:#?}"
+    );
+    assert_eq!(pending(&keys), None, "a request naming the leader");
+}
+
+/// `status::jobs`: nothing before a schedule made its tables; then each job with its stored
+/// schedule, its last run claimed and that run's outcome and error, and its next due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedules_job_shows_its_last_run_outcome_and_next_due() {
+    let db = fresh_db().await;
+    let client = db.connect().await.unwrap();
+    assert_eq!(status::jobs(&client).await.unwrap(), Vec::new());
+    let (elector, control) = Elector::manual();
+    control.promote();
+    let period = Duration::from_millis(200);
+    let schedule = Schedule::new(&elector, db.pool(2))
+        .namespace("status")
+        .poll_interval(Duration::from_millis(50))
+        .job(Job::every("failing", period), |_run| async {
+            Err::<(), _>("disk full".to_owned())
+        });
+    let running = ManualSchedule::spawn(control, schedule);
+    let failed = async {
+        loop {
+            let jobs = status::jobs(&client).await.unwrap();
+            let done = jobs
+                .first()
+                .and_then(|j| j.last_run.as_ref())
+                .is_some_and(|run| {
+                    run.outcome.as_deref() == Some("failed") && run.finished_at.is_some()
+                });
+            if done {
+                return jobs;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let jobs = tokio::time::timeout(Duration::from_secs(10), failed)
+        .await
+        .expect("a failed run recorded within 10 s");
+    running.stop().await;
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    let job = &jobs[0];
+    assert_eq!(
+        (job.namespace.as_str(), job.job.as_str()),
+        ("status", "failing")
+    );
+    assert_eq!(job.schedule, "every 200ms");
+    let run = job.last_run.as_ref().unwrap();
+    assert_eq!(run.error.as_deref(), Some("disk full"));
+    let due = run.due.expect("the due it ran for");
+    assert_eq!(job.next_due, Some(due + period), "the next due on the grid");
+    assert_eq!((job.skipped, job.reruns_owed), (0, 0));
 }

@@ -1,18 +1,22 @@
 //! The JSON for scripts: `{"at": …, "keys": [{"name", "class", "object", "leader",
-//! "waiting", "candidates", "handover"}]}`, times in RFC 3339 (UTC), durations in
-//! milliseconds, `null` where there is nothing.
+//! "waiting", "candidates", "handover"}], "jobs": [{"namespace", "job", "schedule",
+//! "next_due", "last_run", "skipped", "reruns_owed"}]}`, times in RFC 3339 (UTC), durations
+//! in milliseconds, `null` where there is nothing.
 
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
-use super::Shown;
+use pg_elector::status::JobStatus;
+
+use super::{Shown, Snapshot};
 
 /// The document, indented for one read, or on one line for `--watch`.
-pub(crate) fn document(shown: &[Shown], now: SystemTime, pretty: bool) -> String {
+pub(crate) fn document(snapshot: &Snapshot, now: SystemTime, pretty: bool) -> String {
     let doc = json!({
         "at": time(now),
-        "keys": shown.iter().map(key).collect::<Vec<_>>(),
+        "keys": snapshot.keys.iter().map(key).collect::<Vec<_>>(),
+        "jobs": snapshot.jobs.iter().map(job).collect::<Vec<_>>(),
     });
     if pretty {
         serde_json::to_string_pretty(&doc)
@@ -81,6 +85,28 @@ fn key(shown: &Shown) -> Value {
     })
 }
 
+fn job(job: &JobStatus) -> Value {
+    let last = job.last_run.as_ref().map(|l| {
+        json!({
+            "due": l.due.map(time),
+            "by": l.by,
+            "started_at": l.started_at.map(time),
+            "finished_at": l.finished_at.map(time),
+            "outcome": l.outcome,
+            "error": l.error,
+        })
+    });
+    json!({
+        "namespace": job.namespace,
+        "job": job.job,
+        "schedule": job.schedule,
+        "next_due": job.next_due.map(time),
+        "last_run": last,
+        "skipped": job.skipped,
+        "reruns_owed": job.reruns_owed,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,11 +114,14 @@ mod tests {
 
     #[test]
     fn a_named_key_nobody_holds_has_nulls_and_empty_lists() {
-        let shown = [Shown {
-            name: Some("billing/sweep".into()),
-            key: LockKey::new(-3, 7),
-            status: None,
-        }];
+        let shown = Snapshot {
+            keys: vec![Shown {
+                name: Some("billing/sweep".into()),
+                key: LockKey::new(-3, 7),
+                status: None,
+            }],
+            jobs: Vec::new(),
+        };
         let at = SystemTime::UNIX_EPOCH;
         let doc: Value = serde_json::from_str(&document(&shown, at, true)).unwrap();
         assert_eq!(
@@ -103,6 +132,7 @@ mod tests {
                     "name": "billing/sweep", "class": -3, "object": 7, "leader": null,
                     "waiting": [], "candidates": [], "handover": null,
                 }],
+                "jobs": [],
             })
         );
         assert!(!document(&shown, at, false).contains('\n'), "one line");

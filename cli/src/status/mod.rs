@@ -3,12 +3,13 @@
 
 mod json;
 mod table;
+mod watch;
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use pg_elector::LockKey;
-use pg_elector::status::KeyStatus;
+use pg_elector::status::{JobStatus, KeyStatus};
 
 use crate::connect;
 use crate::exit::{self, Failure};
@@ -27,12 +28,19 @@ pub(crate) struct StatusArgs {
     /// each change of leader as it is seen.
     #[arg(long)]
     watch: bool,
-    /// How often --watch reads.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// How often --watch reads (10ms at the least).
+    #[arg(long, default_value = "1s", value_parser = watch::interval)]
     interval: Duration,
     /// How long to wait for the database's answer.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+}
+
+/// What one read found: every key, and every job of the stored schedules.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Snapshot {
+    pub(crate) keys: Vec<Shown>,
+    pub(crate) jobs: Vec<JobStatus>,
 }
 
 /// One key as shown: the name given for it, if any, and what the database shows of it
@@ -53,7 +61,7 @@ impl Shown {
     }
 
     /// Who leads: identity, pid and epoch.
-    fn leader(&self) -> Option<(String, i32, Option<u64>)> {
+    pub(crate) fn leader(&self) -> Option<(String, i32, Option<u64>)> {
         let leader = self.status.as_ref()?.leader.as_ref()?;
         Some((leader.identity.clone(), leader.pid, leader.epoch))
     }
@@ -61,35 +69,50 @@ impl Shown {
 
 /// Reads once and prints, or watches.
 pub(crate) async fn status(url: Option<&str>, args: StatusArgs) -> Result<i32, Failure> {
-    let pool = connect::pool(url, args.timeout).await?;
-    let first = read(&pool, &args).await?;
-    if !args.watch {
-        print(&first, &args, SystemTime::now())?;
-        return Ok(exit::OK);
+    if args.watch {
+        return watch::watch(url, &args).await;
     }
-    watch(&pool, &args, first).await
+    let pool = connect::pool(url, args.timeout).await?;
+    let snapshot = read(&pool, &args).await?;
+    match emit(&render(&snapshot, &args, SystemTime::now())) {
+        Ok(()) => Ok(exit::OK),
+        Err(e) => write_failed(&e),
+    }
 }
 
-/// Every key in the database and every key named, in the database's order, the named ones
-/// nobody holds last.
-async fn read(pool: &deadpool_postgres::Pool, args: &StatusArgs) -> Result<Vec<Shown>, Failure> {
-    let read = async {
-        let client = pool.get().await.map_err(|e| {
-            Failure::new(exit::UNREACHABLE, format!("cannot reach the database: {e}"))
-        })?;
-        pg_elector::status::read(&client)
-            .await
-            .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot read the status: {e}")))
+/// Every key in the database and every key named (in the database's order, the named ones
+/// nobody holds last), and every job. A connection whose answer did not come within
+/// `--timeout` is closed, not given back to the pool: the statement may still be running on
+/// it.
+async fn read(pool: &deadpool_postgres::Pool, args: &StatusArgs) -> Result<Snapshot, Failure> {
+    let no_answer = || {
+        Failure::new(
+            exit::TIMEOUT,
+            format!("no answer from the database within {:?}", args.timeout),
+        )
     };
-    let keys = tokio::time::timeout(args.timeout, read)
+    let client = tokio::time::timeout(args.timeout, pool.get())
         .await
-        .map_err(|_| {
-            Failure::new(
-                exit::TIMEOUT,
-                format!("no answer from the database within {:?}", args.timeout),
-            )
-        })??;
-    Ok(named(keys, &args.names))
+        .map_err(|_| no_answer())?
+        .map_err(|e| Failure::new(exit::UNREACHABLE, format!("cannot reach the database: {e}")))?;
+    let both = async {
+        let keys = pg_elector::status::read(&client).await?;
+        let jobs = pg_elector::status::jobs(&client).await?;
+        Ok::<_, pg_elector::Error>((keys, jobs))
+    };
+    let (keys, jobs) = match tokio::time::timeout(args.timeout, both).await {
+        Ok(read) => {
+            read.map_err(|e| Failure::new(exit::INTERNAL, format!("cannot read the status: {e}")))?
+        }
+        Err(_) => {
+            drop(deadpool_postgres::Object::take(client));
+            return Err(no_answer());
+        }
+    };
+    Ok(Snapshot {
+        keys: named(keys, &args.names),
+        jobs,
+    })
 }
 
 /// `keys` with the names of those in `names`, and a line for each name whose key is not there.
@@ -120,115 +143,32 @@ fn named(keys: Vec<KeyStatus>, names: &[String]) -> Vec<Shown> {
     shown
 }
 
-/// Prints `shown` as the table or the JSON document.
-fn print(shown: &[Shown], args: &StatusArgs, now: SystemTime) -> Result<(), Failure> {
-    let text = if args.json {
-        json::document(shown, now, !args.watch)
-    } else {
-        table::render(shown, now)
-    };
+/// `snapshot` as the tables (the jobs' under the keys', when there are jobs) or the JSON
+/// document (on one line with --watch).
+fn render(snapshot: &Snapshot, args: &StatusArgs, now: SystemTime) -> String {
+    if args.json {
+        return json::document(snapshot, now, !args.watch);
+    }
+    let mut text = table::render(&snapshot.keys, now);
+    if !snapshot.jobs.is_empty() {
+        text.push_str("\n\n");
+        text.push_str(&table::jobs(&snapshot.jobs, now));
+    }
+    text
+}
+
+/// Writes `text` and a newline to stdout, flushed.
+fn emit(text: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}")
-        .and_then(|()| out.flush())
-        .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot write: {e}")))
+    writeln!(out, "{text}").and_then(|()| out.flush())
 }
 
-/// Reads every `args.interval` until SIGINT or SIGTERM: prints each change of leader as a
-/// line, and the table (or a JSON line) whenever anything changed. A failed read is a line on
-/// stderr, and the next interval reads again (a server restart does not end the watch).
-async fn watch(
-    pool: &deadpool_postgres::Pool,
-    args: &StatusArgs,
-    first: Vec<Shown>,
-) -> Result<i32, Failure> {
-    let stop = stop_signals()?;
-    tokio::pin!(stop);
-    let terminal = std::io::stdout().is_terminal() && !args.json;
-    let mut last = first;
-    redraw(&last, args, terminal)?;
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut stop => return Ok(exit::OK),
-            () = tokio::time::sleep(args.interval) => {}
-        }
-        let next = match read(pool, args).await {
-            Ok(next) => next,
-            Err(failure) => {
-                eprintln!("pg-elector: {}", failure.message);
-                continue;
-            }
-        };
-        let changes = leader_changes(&last, &next);
-        if !args.json {
-            for change in &changes {
-                println!(
-                    "{} {change}",
-                    humantime::format_rfc3339_seconds(SystemTime::now())
-                );
-            }
-        }
-        if last != next || terminal {
-            redraw(&next, args, terminal)?;
-        }
-        last = next;
+/// The end of a failed write to stdout: a reader that went away (`status | head`) ends the
+/// output quietly with 0, as for other tools; any other failure is 70.
+fn write_failed(e: &std::io::Error) -> Result<i32, Failure> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Ok(exit::OK)
+    } else {
+        Err(Failure::new(exit::INTERNAL, format!("cannot write: {e}")))
     }
-}
-
-/// The table (the screen cleared first on a terminal) or a JSON line.
-fn redraw(shown: &[Shown], args: &StatusArgs, terminal: bool) -> Result<(), Failure> {
-    if terminal {
-        print!("\x1b[H\x1b[2J");
-    }
-    print(shown, args, SystemTime::now())
-}
-
-/// A line for each key whose leader changed between `before` and `after`.
-pub(crate) fn leader_changes(before: &[Shown], after: &[Shown]) -> Vec<String> {
-    let mut keys: Vec<LockKey> = Vec::new();
-    for key in before.iter().chain(after).map(|s| s.key) {
-        if !keys.contains(&key) {
-            keys.push(key);
-        }
-    }
-    let find = |list: &[Shown], key| list.iter().find(|s| s.key == key).and_then(Shown::leader);
-    let mut lines = Vec::new();
-    for key in keys {
-        let (was, now) = (find(before, key), find(after, key));
-        if was.as_ref().map(|l| l.1) == now.as_ref().map(|l| l.1) {
-            continue;
-        }
-        let label = before
-            .iter()
-            .chain(after)
-            .find(|s| s.key == key)
-            .map(Shown::label)
-            .unwrap_or_default();
-        let who = |l: &Option<(String, i32, Option<u64>)>| match l {
-            Some((identity, pid, Some(epoch))) => format!("{identity} (pid {pid}, epoch {epoch})"),
-            Some((identity, pid, None)) => format!("{identity} (pid {pid})"),
-            None => "nobody".to_owned(),
-        };
-        lines.push(format!("{label}: leader {} -> {}", who(&was), who(&now)));
-    }
-    lines
-}
-
-/// Resolves at the first SIGINT or SIGTERM.
-fn stop_signals() -> Result<impl std::future::Future<Output = ()>, Failure> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let listen = |kind| {
-        signal(kind)
-            .map_err(|e| Failure::new(exit::INTERNAL, format!("cannot listen for signals: {e}")))
-    };
-    let (mut int, mut term) = (
-        listen(SignalKind::interrupt())?,
-        listen(SignalKind::terminate())?,
-    );
-    Ok(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-    })
 }

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use pg_elector::status::KeyStatus;
+use pg_elector::status::{JobStatus, KeyStatus};
 
 use super::Shown;
 
@@ -18,16 +18,37 @@ const HEADER: [&str; 9] = [
     "HANDOVER",
 ];
 
+const JOB_HEADER: [&str; 9] = [
+    "NAMESPACE",
+    "JOB",
+    "SCHEDULE",
+    "NEXT",
+    "LAST-DUE",
+    "OUTCOME",
+    "BY",
+    "SKIPPED",
+    "RERUNS",
+];
+
 /// `shown` as aligned columns under a header; `-` where there is nothing to show.
 pub(crate) fn render(shown: &[Shown], now: SystemTime) -> String {
-    let rows: Vec<[String; 9]> = shown.iter().map(|s| row(s, now)).collect();
-    let mut widths = HEADER.map(str::len);
+    aligned(HEADER, shown.iter().map(|s| row(s, now)).collect())
+}
+
+/// Every job as aligned columns under a header: NEXT is `in 45s`, or `45s late` for a due
+/// no leader has claimed yet; LAST-DUE how long ago the last claimed due was.
+pub(crate) fn jobs(jobs: &[JobStatus], now: SystemTime) -> String {
+    aligned(JOB_HEADER, jobs.iter().map(|j| job_row(j, now)).collect())
+}
+
+fn aligned<const N: usize>(header: [&str; N], rows: Vec<[String; N]>) -> String {
+    let mut widths = header.map(str::len);
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 9]| {
+    let line = |cells: [&str; N]| {
         let padded: Vec<String> = cells
             .iter()
             .zip(widths)
@@ -35,9 +56,32 @@ pub(crate) fn render(shown: &[Shown], now: SystemTime) -> String {
             .collect();
         padded.join("  ").trim_end().to_owned()
     };
-    let mut lines = vec![line(HEADER)];
+    let mut lines = vec![line(header)];
     lines.extend(rows.iter().map(|r| line(r.each_ref().map(String::as_str))));
     lines.join("\n")
+}
+
+fn job_row(job: &JobStatus, now: SystemTime) -> [String; 9] {
+    let dash = || "-".to_owned();
+    let last = job.last_run.as_ref();
+    [
+        job.namespace.clone(),
+        job.job.clone(),
+        job.schedule.clone(),
+        job.next_due.map_or_else(dash, |next| {
+            if next >= now {
+                format!("in {}", age(next, now))
+            } else {
+                format!("{} late", age(now, next))
+            }
+        }),
+        last.and_then(|l| l.due)
+            .map_or_else(dash, |due| format!("{} ago", age(now, due))),
+        last.and_then(|l| l.outcome.clone()).unwrap_or_else(dash),
+        last.and_then(|l| l.by.clone()).unwrap_or_else(dash),
+        job.skipped.to_string(),
+        job.reruns_owed.to_string(),
+    ]
 }
 
 fn row(shown: &Shown, now: SystemTime) -> [String; 9] {
