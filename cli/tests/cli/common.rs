@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pg_elector::LockKey;
 use pg_elector_testkit::{PgServer, TestDb};
 
 /// The check interval of the tests' replicas.
@@ -98,9 +99,33 @@ impl Replica {
         extra: &[&str],
         script: &str,
     ) -> Self {
+        Self::spawn(pg_elector(db), scratch, [verb, key, name], extra, script)
+    }
+
+    /// As [`start`](Self::start), reaching the database through `url` (a proxy's address).
+    pub(crate) fn start_via(
+        db: &TestDb,
+        url: &str,
+        scratch: &Scratch,
+        [key, name]: [&str; 2],
+        extra: &[&str],
+        script: &str,
+    ) -> Self {
+        let mut command = pg_elector(db);
+        command.env("DATABASE_URL", url);
+        Self::spawn(command, scratch, ["run", key, name], extra, script)
+    }
+
+    fn spawn(
+        mut command: Command,
+        scratch: &Scratch,
+        [verb, key, name]: [&str; 3],
+        extra: &[&str],
+        script: &str,
+    ) -> Self {
         let out = std::fs::File::create(scratch.path(&format!("{name}.out"))).unwrap();
         let err = std::fs::File::create(scratch.path(&format!("{name}.err"))).unwrap();
-        let child = pg_elector(db)
+        let child = command
             .args([
                 verb,
                 key,
@@ -198,4 +223,37 @@ pub(crate) fn output_within(
         let _ = child.kill();
     }
     (child.wait_with_output().unwrap(), started.elapsed())
+}
+
+/// Waits until a standby of `key` waits on the lock (its waiting session is in `pg_locks`).
+pub(crate) async fn waits(db: &pg_elector_testkit::TestDb, key: &str) {
+    let client = db.connect().await.unwrap();
+    let key = LockKey::from_name(key);
+    for _ in 0..200 {
+        let sessions = pg_elector_testkit::server::sql::lock_sessions(&client, key)
+            .await
+            .unwrap();
+        if sessions.iter().any(|s| !s.granted) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no standby waits on the lock");
+}
+
+/// `pg-elector handover KEY --to IDENTITY ARGS…`, which must succeed: its stdout.
+pub(crate) fn handover_to(db: &TestDb, key: &str, to: &str, args: &[&str]) -> String {
+    let (out, _) = output_within(
+        pg_elector(db)
+            .args(["handover", key, "--to", to])
+            .args(args),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }

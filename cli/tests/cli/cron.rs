@@ -63,16 +63,7 @@ async fn each_due_runs_once_across_replicas_through_a_kill_and_a_handover() {
         .into_iter()
         .find(|n| *n != killed && *n != leader)
         .unwrap();
-    let out = pg_elector(&db)
-        .args(["handover", "jobs/tick", "--to", target])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    handover_to(&db, "jobs/tick", target, &[]);
     std::thread::sleep(Duration::from_millis(2000));
     for (name, replica) in replicas.iter_mut().filter(|(n, _)| **n != killed) {
         replica.signal("TERM");
@@ -137,6 +128,19 @@ async fn the_commands_status_is_the_runs_outcome() {
         error.contains("the command exited with status 4"),
         "{error}"
     );
+    // `status` shows the job, its next due and its last run's outcome.
+    let (out, _) = output_within(
+        pg_elector(&db).args(["status", "--json"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job = &doc["jobs"][0];
+    assert_eq!(job["job"], "jobs/tick", "{doc}");
+    assert_eq!(job["schedule"], "cron * * * * * * UTC", "{doc}");
+    assert_eq!(job["last_run"]["outcome"], "failed", "{doc}");
+    assert_eq!(job["last_run"]["by"], "a", "{doc}");
+    assert!(job["next_due"].is_string(), "{doc}");
 }
 
 #[tokio::test]

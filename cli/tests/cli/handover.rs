@@ -26,20 +26,8 @@ async fn a_handover_moves_the_lead_to_the_named_standby() {
     // Both standbys live: they tried the lock at least once.
     std::thread::sleep(3 * I);
     let asked = Instant::now();
-    let out = pg_elector(&db)
-        .args(["handover", "jobs/move", "--to", "c", "--stay-away", "1m"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "jobs/move: the lead goes to c\n"
-    );
+    let said = handover_to(&db, "jobs/move", "c", &["--stay-away", "1m"]);
+    assert_eq!(said, "jobs/move: the lead goes to c\n");
     let log = scratch.wait_for_lines("log", 3, Duration::from_secs(5));
     assert_eq!(log, ["start a", "term a", "start c"]);
     // Seen at a's next check, drained, then c's next try or its waiting session.

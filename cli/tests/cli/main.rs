@@ -4,6 +4,7 @@
 mod common;
 mod cron;
 mod handover;
+mod partition;
 mod run;
 mod status;
 mod statuses;

@@ -36,22 +36,6 @@ fn all_gone(pids: &[i32]) -> bool {
     pids.iter().all(|&pid| !alive(pid))
 }
 
-/// Waits until `name` stands by on the lock (its waiting session is in `pg_locks`).
-async fn waits(db: &pg_elector_testkit::TestDb, key: &str) {
-    let client = db.connect().await.unwrap();
-    let key = LockKey::from_name(key);
-    for _ in 0..200 {
-        let sessions = pg_elector_testkit::server::sql::lock_sessions(&client, key)
-            .await
-            .unwrap();
-        if sessions.iter().any(|s| !s.granted) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("no standby waits on the lock");
-}
-
 /// The command is told its key, its replica and its term's epoch; when it ends on its own,
 /// `run` gives the lead up and exits with its status, and the standby's command starts.
 #[tokio::test]

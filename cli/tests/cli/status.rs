@@ -48,8 +48,8 @@ async fn the_table_and_the_json_show_leader_standby_and_candidates_by_name() {
         &["--preference", "1"],
         RECORDER,
     );
-    // b has tried, written its row, and waits (fast takeover).
-    std::thread::sleep(3 * I);
+    // b waits (fast takeover) and has written its row (at its first try, before it waits).
+    waits(&db, "jobs/status").await;
 
     let table = status(&db, &["jobs/status", "jobs/none"]);
     let lines: Vec<&str> = table.lines().collect();
@@ -103,12 +103,15 @@ async fn watch_prints_each_change_of_leader_and_stops_at_sigterm() {
     let _timing = timing();
     let (db, scratch) = (database().await, Scratch::new("status-watch"));
     let out = std::fs::File::create(scratch.path("watch.out")).unwrap();
-    let mut watch = pg_elector(&db)
-        .args(["status", "jobs/watched", "--watch", "--interval", "50ms"])
-        .stdout(out)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed when the test ends, however it ends.
+    let mut watch = Replica {
+        child: pg_elector(&db)
+            .args(["status", "jobs/watched", "--watch", "--interval", "50ms"])
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    };
     let changes = |n: usize| {
         wait_until(Duration::from_secs(10), || {
             let lines: Vec<String> = scratch
@@ -129,13 +132,24 @@ async fn watch_prints_each_change_of_leader_and_stops_at_sigterm() {
         "{first:?}"
     );
     let _b = Replica::start(&db, &scratch, "jobs/watched", "b", &[], RECORDER);
-    std::thread::sleep(3 * I);
+    waits(&db, "jobs/watched").await;
     a.signal("KILL");
-    let both = changes(2);
+    // b's waiting session takes the lock within milliseconds; a 50 ms read may still see
+    // nobody in between.
+    let both = wait_until(Duration::from_secs(10), || {
+        let lines = changes(2);
+        lines
+            .last()
+            .unwrap()
+            .contains(" -> b (pid ")
+            .then_some(lines)
+    })
+    .unwrap_or_else(|| panic!("no change to b: {:?}", scratch.lines("watch.out")));
     assert!(
-        both[1].contains("leader a (pid ") && both[1].contains(" -> b (pid "),
-        "{both:?}"
+        both[1].contains("jobs/watched: leader a (pid "),
+        "a's end is the next change: {both:?}"
     );
+    assert!(both.len() <= 3, "at most a -> nobody -> b: {both:?}");
     // The table is drawn again after each change: its header is there more than once.
     let headers = scratch
         .lines("watch.out")
@@ -144,14 +158,12 @@ async fn watch_prints_each_change_of_leader_and_stops_at_sigterm() {
         .count();
     assert!(headers >= 3, "{:?}", scratch.lines("watch.out"));
 
-    let pid = watch.id().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = wait_until(Duration::from_secs(5), || watch.try_wait().unwrap());
-    assert_eq!(status.and_then(|s| s.code()), Some(0), "exit 0 at SIGTERM");
+    watch.signal("TERM");
+    assert_eq!(
+        watch.exit_within(Duration::from_secs(5)),
+        Some(0),
+        "exit 0 at SIGTERM"
+    );
 }
 
 #[tokio::test]
