@@ -407,6 +407,16 @@ mod e16 {
         let db = fresh_db().await;
         let bouncer = block_in_place(|| Pgbouncer::start(server, PoolMode::Session, 10))
             .unwrap_or_else(|e| panic!("{e}"));
+        // The pooler's first server connection to this fresh database is logged in before the
+        // replicas start: on a loaded machine that first login (the database's first backend
+        // builds its caches) took longer than I, and the bound below is on the election.
+        drop(
+            bouncer
+                .pool_for(&db, 1)
+                .get()
+                .await
+                .expect("a connection through the pooler"),
+        );
         let key = LockKey::new(16, 4);
         let capture = Capture::default();
         let mut replicas: Vec<Replica> = (0..3)
