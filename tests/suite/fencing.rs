@@ -262,7 +262,18 @@ mod f3 {
         let app = db.pool(4);
         let proxy = shared_server_proxy().await;
         let slow = 10 * I;
-        let a = Replica::run(fenced_elector(db.pool_via(proxy.addr(), 2), key, "a", slow));
+        let elector = fenced_elector(db.pool_via(proxy.addr(), 2), key, "a", slow);
+        // The epoch table made beforehand, as a migration would: the first term's grant
+        // then bumps an existing row (on a loaded machine, a PG 18 run's first term spent
+        // longer than 3·I creating the table, and the next try is 10·I later).
+        let ddl = elector.fencing_ddl().expect("a fenced elector has a table");
+        db.connect()
+            .await
+            .unwrap()
+            .batch_execute(&ddl)
+            .await
+            .unwrap();
+        let a = Replica::run(elector);
         wait_for(3 * I, || a.elector.is_leader())
             .await
             .expect("a leads at its first try");
