@@ -27,6 +27,23 @@ fn replica(db: &TestDb, key: LockKey, identity: &str, preference: u64, fast: boo
     Replica::run(elector)
 }
 
+/// A session of the application's, named `plain`, holding `key` with a plain advisory lock.
+async fn plain_holder(db: &TestDb, key: LockKey) -> tokio_postgres::Client {
+    let plain = db.connect().await.unwrap();
+    plain
+        .batch_execute("SET application_name = 'plain'")
+        .await
+        .unwrap();
+    plain
+        .execute(
+            "SELECT pg_advisory_lock($1, $2)",
+            &[&key.class(), &key.object()],
+        )
+        .await
+        .unwrap();
+    plain
+}
+
 /// The status of `key`, which must be listed once.
 fn of(keys: &[KeyStatus], key: LockKey) -> &KeyStatus {
     let found: Vec<_> = keys.iter().filter(|k| k.key == key).collect();
@@ -59,18 +76,7 @@ async fn each_key_shows_its_leader_waiting_standbys_candidates_and_request() {
         .expect("the first replica leads");
     let waits = replica(&db, elected, "waits", 5, true);
     let polls = replica(&db, elected, "polls", 1, false);
-    let plain = db.connect().await.unwrap();
-    plain
-        .batch_execute("SET application_name = 'plain'")
-        .await
-        .unwrap();
-    plain
-        .execute(
-            "SELECT pg_advisory_lock($1, $2)",
-            &[&held.class(), &held.object()],
-        )
-        .await
-        .unwrap();
+    let _plain = plain_holder(&db, held).await;
     let asked = replica(&db, held, "asked", 2, false);
     // Every standby has written its row, and the fast one waits.
     let written = async {
@@ -169,18 +175,7 @@ async fn a_request_the_leader_would_ignore_is_not_pending() {
     let db = fresh_db().await;
     let client = db.connect().await.unwrap();
     let key = LockKey::new(-7, 4);
-    let plain = db.connect().await.unwrap();
-    plain
-        .batch_execute("SET application_name = 'plain'")
-        .await
-        .unwrap();
-    plain
-        .execute(
-            "SELECT pg_advisory_lock($1, $2)",
-            &[&key.class(), &key.object()],
-        )
-        .await
-        .unwrap();
+    let _plain = plain_holder(&db, key).await;
     let target = replica(&db, key, "target", 2, false);
     let _other = replica(&db, key, "other", 1, false);
     tokio::time::sleep(2 * I).await;
