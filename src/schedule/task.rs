@@ -398,7 +398,11 @@ impl JobTask {
             match self.take(due, RunKind::Scheduled).await {
                 // A run given up comes back from `take` as run.
                 Taken::Ran | Taken::GaveUp => ran = true,
-                Taken::NotOurs => {}
+                // Not ours (another term's run in the way, claimed already, or the lead
+                // gone): no later due is claimed in this pass. A later claim would move the
+                // row past this due, which then never runs, should the run in the way end
+                // meanwhile; the next pass plans again from the row.
+                Taken::NotOurs => break,
                 // Not settled: this due (and those after it) are tried again at the next
                 // poll, still on time.
                 Taken::Failed => failed = true,

@@ -632,3 +632,109 @@ mod tables {
         assert!(ran.is_some(), "the jobs run once the long query ended");
     }
 }
+
+/// Counts the scheduled claims (the statement that moves the job's `last_due`) in a sequence,
+/// which no rollback undoes, and holds the second one for 0.5 s before it reads the tables.
+const COUNT_CLAIMS: &str = "CREATE SEQUENCE claims_tried; \
+     CREATE FUNCTION count_claims() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN \
+       IF current_query() LIKE '%SET last_due = $3, claimed_by%' \
+          AND nextval('claims_tried') = 2 THEN \
+         PERFORM pg_sleep(0.5); \
+       END IF; \
+       RETURN NULL; \
+     END $$; \
+     CREATE TRIGGER count_claims BEFORE UPDATE ON pg_elector_jobs \
+       FOR EACH STATEMENT EXECUTE FUNCTION count_claims()";
+
+mod f5 {
+    use super::*;
+
+    /// No due is lost (F5, with `CatchUp::All`) when another term's run that held the job back
+    /// ends while a pass is claiming the missed dues. The pass found the run in the way at the
+    /// first claims and went on to the next dues; the run ended, a later due's claim went
+    /// through, and the job's row moved past the dues before it: they never ran. (Seen once
+    /// after a database failover, where the run in the way was the crashed primary's.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_in_the_way_ending_mid_pass_loses_no_due() {
+        let _timing = timing();
+        let period = Duration::from_millis(100);
+        let db = fresh_db().await;
+        let admin = db.connect().await.unwrap();
+        let job = || Job::every("tick", period).catch_up(pg_elector::schedule::CatchUp::All);
+        let (starts, _, sched) = leading_schedule(db.pool(2), job(), Duration::ZERO);
+        wait_for(Duration::from_secs(5), || starts.lock().unwrap().len() >= 2)
+            .await
+            .expect("the job runs");
+        sched.stop().await;
+        let last: SystemTime = admin
+            .query_one(
+                "SELECT last_due FROM pg_elector_jobs WHERE job = 'tick'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        // Another term's run, alive (it promised a beat an hour), holds the job back.
+        admin
+            .batch_execute(
+                "INSERT INTO pg_elector_job_runs (namespace, job, due, attempt, kind, \
+                 claimed_by, claimed_term, started_at, heartbeat_at, heartbeat_period, outcome) \
+                 VALUES ('local', 'tick', '2000-01-01', 1, 'scheduled', 'elsewhere', \
+                 'elsewhere/1/0/0', clock_timestamp(), clock_timestamp(), '1 hour', 'running')",
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(10 * period).await;
+        admin.batch_execute(COUNT_CLAIMS).await.unwrap();
+        let (starts, _, sched) = leading_schedule(db.pool(2), job(), Duration::ZERO);
+        // The second claim is held: the run in the way ends meanwhile.
+        let tried = wait_for_async(Duration::from_secs(5), || async {
+            let row = admin
+                .query_one(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM claims_tried",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0) >= 2
+        })
+        .await;
+        admin
+            .batch_execute(
+                "UPDATE pg_elector_job_runs SET outcome = 'succeeded', \
+                 finished_at = clock_timestamp() WHERE claimed_term = 'elsewhere/1/0/0'",
+            )
+            .await
+            .unwrap();
+        let ended = SystemTime::now();
+        let caught_up = wait_for(Duration::from_secs(10), || {
+            starts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| s.1 > ended + 3 * period)
+        })
+        .await;
+        sched.stop().await;
+        tried.expect("the pass tried to claim two dues while the run was in the way");
+        caught_up.expect("the job runs once the run in the way ended");
+        let ran: Vec<SystemTime> = starts.lock().unwrap().iter().map(|s| s.1).collect();
+        let mut lost = Vec::new();
+        let mut due = last + period;
+        while due <= *ran.iter().max().unwrap() {
+            if !ran.contains(&due) {
+                lost.push(due);
+            }
+            due += period;
+        }
+        assert!(
+            lost.is_empty(),
+            "dues that never ran: {lost:?} (ran: {ran:?})"
+        );
+        let mut sorted = ran.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, ran, "each due ran once, in order");
+    }
+}
