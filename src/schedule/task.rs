@@ -21,6 +21,18 @@ use crate::Term;
 use crate::background::TickOutcome;
 use crate::sync::lock;
 
+/// What became of the dues a pass claimed in turn.
+enum Claims {
+    /// Each was run (`ran`: at least one), found handled by another term, or left for the
+    /// next pass (not this term's to claim yet).
+    Settled { ran: bool },
+    /// A claim failed: that due and those after it are tried again at the next poll, still
+    /// on time.
+    Failed,
+    /// The term is ending.
+    Stopped,
+}
+
 /// One job in one term: register it, report an abandoned run, catch up, then run each due.
 pub(super) struct JobTask {
     ctx: Arc<Context>,
@@ -387,34 +399,49 @@ impl JobTask {
         if plan.catching_up {
             tracing::info!(job = self.name(), runs = plan.run.len(), policy = ?job.catch_up, "catching up on missed dues");
         }
-        let mut ran = false;
-        for &due in &plan.run {
-            if self.stop.is_cancelled() {
-                return Pass::End(Restart::Stop);
-            }
-            if failed {
-                break;
-            }
-            match self.take(due, RunKind::Scheduled).await {
-                // A run given up comes back from `take` as run.
-                Taken::Ran | Taken::GaveUp => ran = true,
-                // Not ours (another term's run in the way, claimed already, or the lead
-                // gone): no later due is claimed in this pass. A later claim would move the
-                // row past this due, which then never runs, should the run in the way end
-                // meanwhile; the next pass plans again from the row.
-                Taken::NotOurs => break,
-                // Not settled: this due (and those after it) are tried again at the next
-                // poll, still on time.
-                Taken::Failed => failed = true,
-            }
-        }
         if failed {
             return Pass::Wait(self.ctx.poll);
         }
+        let ran = match self.claim_in_turn(&plan.run).await {
+            Claims::Settled { ran } => ran,
+            Claims::Failed => return Pass::Wait(self.ctx.poll),
+            Claims::Stopped => return Pass::End(Restart::Stop),
+        };
         // Settled up to `now`; dues that came while a run of this pass went on were overrun
         // by it.
         *on_time_from = if ran { Timestamp::now() } else { now };
         Pass::Wait(self.until_next(spec, (*on_time_from).max(last)))
+    }
+
+    /// Claims and runs `dues` in turn, oldest first, as far as they are this term's.
+    async fn claim_in_turn(&self, dues: &[Timestamp]) -> Claims {
+        let mut ran = false;
+        for &due in dues {
+            if self.stop.is_cancelled() {
+                return Claims::Stopped;
+            }
+            match self.take(due, RunKind::Scheduled).await {
+                // A run given up comes back from `take` as run.
+                Taken::Ran | Taken::GaveUp => ran = true,
+                // Claimed or skipped by another term already: nothing is lost, on to the next.
+                Taken::NotOurs if self.handled_elsewhere(due).await => {}
+                // Not ours otherwise (another term's run in the way, or the lead gone): no
+                // later due is claimed in this pass. A later claim would move the row past
+                // this due, which then never runs, should the run in the way end meanwhile;
+                // the next pass plans again from the row.
+                Taken::NotOurs => break,
+                Taken::Failed => return Claims::Failed,
+            }
+        }
+        Claims::Settled { ran }
+    }
+
+    /// Whether the job's row has moved to `due` or past it (another term claimed or skipped
+    /// it), so that a claim refused for that reason loses nothing.
+    async fn handled_elsewhere(&self, due: Timestamp) -> bool {
+        let (ctx, name) = (&self.ctx, self.name());
+        let row = ctx.query(async |client| ctx.store.load(client, &ctx.namespace, name).await);
+        matches!(row.await, Ok(Some(row)) if row.last_due.is_some_and(|last| last >= due))
     }
 
     /// How long until the job's next due after `after`, at most a poll.

@@ -634,13 +634,19 @@ mod tables {
 }
 
 /// Counts the scheduled claims (the statement that moves the job's `last_due`) in a sequence,
-/// which no rollback undoes, and holds the second one for 0.5 s before it reads the tables.
+/// which no rollback undoes, and holds the second one (at most 5 s) until the run in the way
+/// has ended. The held claim read the tables before (its snapshot is taken before the trigger
+/// fires): the claims after it see the run ended.
 const COUNT_CLAIMS: &str = "CREATE SEQUENCE claims_tried; \
      CREATE FUNCTION count_claims() RETURNS trigger LANGUAGE plpgsql AS $$ \
      BEGIN \
        IF current_query() LIKE '%SET last_due = $3, claimed_by%' \
           AND nextval('claims_tried') = 2 THEN \
-         PERFORM pg_sleep(0.5); \
+         FOR i IN 1..500 LOOP \
+           EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_elector_job_runs \
+             WHERE claimed_term = 'elsewhere/1/0/0' AND outcome = 'running'); \
+           PERFORM pg_sleep(0.01); \
+         END LOOP; \
        END IF; \
        RETURN NULL; \
      END $$; \
@@ -688,7 +694,8 @@ mod f5 {
         tokio::time::sleep(10 * period).await;
         admin.batch_execute(COUNT_CLAIMS).await.unwrap();
         let (starts, _, sched) = leading_schedule(db.pool(2), job(), Duration::ZERO);
-        // The second claim is held: the run in the way ends meanwhile.
+        // The second claim is held: the run in the way ends meanwhile, and the claims after
+        // it see it ended.
         let tried = wait_for_async(Duration::from_secs(5), || async {
             let row = admin
                 .query_one(
@@ -700,6 +707,7 @@ mod f5 {
             row.get::<_, i64>(0) >= 2
         })
         .await;
+        let ran_in_the_way = starts.lock().unwrap().len();
         admin
             .batch_execute(
                 "UPDATE pg_elector_job_runs SET outcome = 'succeeded', \
@@ -718,6 +726,7 @@ mod f5 {
         .await;
         sched.stop().await;
         tried.expect("the pass tried to claim two dues while the run was in the way");
+        assert_eq!(ran_in_the_way, 0, "no due ran beside the run in the way");
         caught_up.expect("the job runs once the run in the way ended");
         let ran: Vec<SystemTime> = starts.lock().unwrap().iter().map(|s| s.1).collect();
         let mut lost = Vec::new();
@@ -736,5 +745,96 @@ mod f5 {
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted, ran, "each due ran once, in order");
+    }
+}
+
+/// Once made, the first scheduled claim fails after 350 ms (an error: the dues that came
+/// meanwhile stay on time, for the next pass), and the second is held (at most 5 s) until the
+/// job's `last_due` has moved, as another term's claim moves it; counted in `claims_held`.
+const HOLD_CLAIM: &str = "CREATE SEQUENCE claims_held; \
+     CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     DECLARE before timestamptz; n bigint; \
+     BEGIN \
+       IF current_query() NOT LIKE '%SET last_due = $3, claimed_by%' THEN RETURN NULL; END IF; \
+       n := nextval('claims_held'); \
+       IF n = 1 THEN \
+         PERFORM pg_sleep(0.35); \
+         RAISE EXCEPTION 'a claim that failed'; \
+       ELSIF n = 2 THEN \
+         SELECT last_due INTO before FROM pg_elector_jobs WHERE job = 'tick'; \
+         FOR i IN 1..500 LOOP \
+           EXIT WHEN (SELECT last_due FROM pg_elector_jobs WHERE job = 'tick') > before; \
+           PERFORM pg_sleep(0.01); \
+         END LOOP; \
+       END IF; \
+       RETURN NULL; \
+     END $$; \
+     CREATE TRIGGER hold_claim BEFORE UPDATE ON pg_elector_jobs \
+       FOR EACH STATEMENT EXECUTE FUNCTION hold_claim()";
+
+mod f5_overlap {
+    use super::*;
+
+    /// A claim refused because another term had claimed that due already (two leaders at
+    /// once, unfenced) loses nothing, and the dues after it came on time (a failed claim held
+    /// the pass back while they came): they run in the same pass, even with `CatchUp::Skip`,
+    /// rather than counting as missed at the next one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_due_another_term_claimed_first_does_not_make_the_next_ones_late() {
+        let _timing = timing();
+        let period = Duration::from_millis(100);
+        let db = fresh_db().await;
+        let admin = db.connect().await.unwrap();
+        let job = Job::every("tick", period).catch_up(pg_elector::schedule::CatchUp::Skip);
+        let (starts, _, sched) = leading_schedule(db.pool(2), job, Duration::ZERO);
+        wait_for(Duration::from_secs(5), || starts.lock().unwrap().len() >= 3)
+            .await
+            .expect("the job runs");
+        admin.batch_execute(HOLD_CLAIM).await.unwrap();
+        let held = wait_for_async(Duration::from_secs(5), || async {
+            let row = admin
+                .query_one(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM claims_held",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0) >= 2
+        })
+        .await;
+        // Three more dues came while the first claim failed: the next pass plans four, on
+        // time. "Another term" claims the first of them while its claim is held: the row
+        // moves to it.
+        let taken: SystemTime = admin
+            .query_one(
+                "UPDATE pg_elector_jobs SET last_due = last_due + interval '100 milliseconds' \
+                 WHERE job = 'tick' RETURNING last_due",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let later = wait_for(Duration::from_secs(5), || {
+            starts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| s.1 > taken + 6 * period)
+        })
+        .await;
+        sched.stop().await;
+        held.expect("a claim failed and the next was held");
+        later.expect("the job runs on");
+        let ran: Vec<SystemTime> = starts.lock().unwrap().iter().map(|s| s.1).collect();
+        assert!(!ran.contains(&taken), "the due claimed elsewhere ran here");
+        // The three that came while the first claim failed were planned on time with it.
+        let missing: Vec<SystemTime> = (1..=3)
+            .map(|n| taken + n * period)
+            .filter(|due| !ran.contains(due))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "dues planned on time after the one claimed elsewhere did not run: {missing:?}"
+        );
     }
 }
