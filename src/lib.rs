@@ -23,6 +23,7 @@ mod postgres;
 pub mod schedule;
 pub mod shards;
 mod state;
+pub mod status;
 mod sync;
 mod term;
 
@@ -36,6 +37,5 @@ pub use metrics::{
     SHARDS_HELD_UNOWNED_NAME, SHARDS_OWNED_NAME,
 };
 pub use pool::pool_from_url;
-pub use postgres::status;
 pub use postgres::{HandoverTo, LeaderInfo, current_leader, request_handover, request_handover_in};
 pub use term::{Leadership, LossCause, Term, TermEnd};

@@ -41,7 +41,6 @@ pub(crate) mod session;
 mod session_error;
 pub(crate) mod settings;
 pub(crate) mod standby;
-pub mod status;
 mod waiter;
 
 pub(crate) use candidates::CandidatesTable;

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::Shards;
 use super::assign::MAX_SHARDS;
-use super::group::{Inner, MEMBER_OBJECT};
+use super::group::{Inner, MEMBER_OBJECT, group_class};
 use crate::elector::{Elector, Mode};
 use crate::{ElectorBuilder, Error, LockKey};
 
@@ -149,9 +149,4 @@ impl ShardsBuilder {
             }),
         })
     }
-}
-
-/// The class of every key of `group`.
-fn group_class(group: &str) -> i32 {
-    LockKey::from_name(&format!("pg_elector/shards/{group}")).class()
 }

@@ -10,6 +10,11 @@ use crate::{Elector, LockKey};
 /// `0..count`.
 pub(crate) const MEMBER_OBJECT: i32 = -1;
 
+/// The class of every key of `group`.
+pub(crate) fn group_class(group: &str) -> i32 {
+    LockKey::from_name(&format!("pg_elector/shards/{group}")).class()
+}
+
 /// The object of a member's live mark, a second shared lock of the group's class that a
 /// member takes once its first check passed: only members holding it count in the
 /// assignment, once they have been seen to start another statement after it. Its object

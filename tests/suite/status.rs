@@ -285,3 +285,73 @@ async fn a_schedules_job_shows_its_last_run_outcome_and_next_due() {
     assert_eq!(job.next_due, Some(due + period), "the next due on the grid");
     assert_eq!((job.skipped, job.reruns_owed), (0, 0));
 }
+
+/// `status::groups`: a group of shards with two live members shows once, by its class, with
+/// its count, each member's session and the shards it owns (every shard once), none unowned;
+/// a plain shared lock of another class is no group. The shards' keys show in `read` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_shards_shows_its_members_and_their_shards() {
+    use common::shards::Member;
+    use pg_elector::shards::Shards;
+    let _timing = timing();
+    let db = fresh_db().await;
+    let count = 8;
+    let member = |identity: &str| {
+        Member::build(
+            Shards::builder(db.pool(2), "status/tenants", count)
+                .check_interval(I)
+                .identity(identity),
+        )
+    };
+    let (a, b) = (member("a"), member("b"));
+    let other = db.connect().await.unwrap();
+    other
+        .execute("SELECT pg_advisory_lock_shared(5, -3)", &[])
+        .await
+        .unwrap();
+    let client = db.connect().await.unwrap();
+    // The handles say a shard is owned once its term began, after its lock's grant.
+    let balanced = wait_for_async(Duration::from_secs(10), || async {
+        let groups = status::groups(&client).await.unwrap();
+        a.shards.owned().len() == 4
+            && b.shards.owned().len() == 4
+            && groups.len() == 1
+            && groups[0].members.len() == 2
+            && groups[0].members.iter().all(|m| m.owned.len() == 4)
+    })
+    .await;
+    let groups = status::groups(&client).await.unwrap();
+    let keys = status::read(&client).await.unwrap();
+    let (a_owns, b_owns) = (a.shards.owned(), b.shards.owned());
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+    balanced.unwrap_or_else(|| panic!("two members with four shards each: {groups:?}"));
+
+    let group = &groups[0];
+    assert_eq!(group.class, status::group_class("status/tenants"));
+    assert_eq!((group.count, group.unowned.clone()), (count, vec![]));
+    let mut members: Vec<_> = group
+        .members
+        .iter()
+        .map(|m| (m.session.identity.as_str(), m.count, m.owned.clone()))
+        .collect();
+    members.sort();
+    let indexes = |owned: Vec<pg_elector::shards::ShardId>| {
+        let mut indexes: Vec<u32> = owned.iter().map(|s| s.index()).collect();
+        indexes.sort_unstable();
+        indexes
+    };
+    assert_eq!(
+        members,
+        [
+            ("a", Some(count), indexes(a_owns)),
+            ("b", Some(count), indexes(b_owns))
+        ],
+        "each member's shards, as its own handle says"
+    );
+    let shard_keys = keys
+        .iter()
+        .filter(|k| k.key.class() == group.class && k.key.object() >= 0)
+        .count();
+    assert_eq!(shard_keys, count as usize, "the shards' keys in read");
+}

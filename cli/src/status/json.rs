@@ -1,5 +1,6 @@
 //! The JSON for scripts: `{"at": …, "keys": [{"name", "class", "object", "leader",
-//! "waiting", "candidates", "handover"}], "jobs": [{"namespace", "job", "schedule",
+//! "waiting", "candidates", "handover"}], "groups": [{"name", "class", "count", "members":
+//! [{"identity", "pid", "client_addr", "count", "owned"}], "unowned"}], "jobs": [{"namespace", "job", "schedule",
 //! "next_due", "last_run", "skipped", "reruns_owed"}]}`, times in RFC 3339 (UTC), durations
 //! in milliseconds, `null` where there is nothing.
 
@@ -9,13 +10,14 @@ use serde_json::{Value, json};
 
 use pg_elector::status::JobStatus;
 
-use super::{Shown, Snapshot};
+use super::{Group, Shown, Snapshot};
 
 /// The document, indented for one read, or on one line for `--watch`.
 pub(crate) fn document(snapshot: &Snapshot, now: SystemTime, pretty: bool) -> String {
     let doc = json!({
         "at": time(now),
         "keys": snapshot.keys.iter().map(key).collect::<Vec<_>>(),
+        "groups": snapshot.groups.iter().map(group).collect::<Vec<_>>(),
         "jobs": snapshot.jobs.iter().map(job).collect::<Vec<_>>(),
     });
     if pretty {
@@ -85,6 +87,30 @@ fn key(shown: &Shown) -> Value {
     })
 }
 
+fn group(group: &Group) -> Value {
+    let members: Vec<Value> = group
+        .status
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "identity": m.session.identity,
+                "pid": m.session.pid,
+                "client_addr": m.session.client_addr.map(|a| a.to_string()),
+                "count": m.count,
+                "owned": m.owned,
+            })
+        })
+        .collect();
+    json!({
+        "name": group.name,
+        "class": group.status.class,
+        "count": group.status.count,
+        "members": members,
+        "unowned": group.status.unowned,
+    })
+}
+
 fn job(job: &JobStatus) -> Value {
     let last = job.last_run.as_ref().map(|l| {
         json!({
@@ -120,6 +146,7 @@ mod tests {
                 key: LockKey::new(-3, 7),
                 status: None,
             }],
+            groups: Vec::new(),
             jobs: Vec::new(),
         };
         let at = SystemTime::UNIX_EPOCH;
@@ -132,6 +159,7 @@ mod tests {
                     "name": "billing/sweep", "class": -3, "object": 7, "leader": null,
                     "waiting": [], "candidates": [], "handover": null,
                 }],
+                "groups": [],
                 "jobs": [],
             })
         );

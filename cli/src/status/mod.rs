@@ -1,5 +1,6 @@
 //! `pg-elector status [NAME…] [--json] [--watch]`: who leads each key of the database, who
-//! waits, the candidates and a pending handover, as a table or JSON, once or every interval.
+//! waits, the candidates and a pending handover; each group of shards, its members and their
+//! shards; each job of the stored schedules; as tables or JSON, once or every interval.
 
 mod json;
 mod table;
@@ -9,7 +10,7 @@ use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use pg_elector::LockKey;
-use pg_elector::status::{JobStatus, KeyStatus};
+use pg_elector::status::{GroupStatus, JobStatus, KeyStatus, group_class};
 
 use crate::connect;
 use crate::exit::{self, Failure};
@@ -18,8 +19,9 @@ use crate::exit::{self, Failure};
 #[derive(Debug, clap::Args)]
 pub(crate) struct StatusArgs {
     /// Names of keys (as the replicas name them: `run NAME`, `LockKey::from_name`), shown by
-    /// name, and listed even while nobody holds them. PostgreSQL keeps only a key's two
-    /// numbers: a key whose name is not given shows as CLASS/OBJECT.
+    /// name, and listed even while nobody holds them; and of groups of shards (as
+    /// `Shards::builder` names them), shown by name. PostgreSQL keeps only a key's two
+    /// numbers: a key whose name is not given shows as CLASS/OBJECT, a group as CLASS/*.
     names: Vec<String>,
     /// One JSON document (with --watch, one line per change) instead of the table.
     #[arg(long)]
@@ -36,11 +38,35 @@ pub(crate) struct StatusArgs {
     timeout: Duration,
 }
 
-/// What one read found: every key, and every job of the stored schedules.
+/// What one read found: every key (a group's shards left out), every group of shards, and
+/// every job of the stored schedules.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Snapshot {
     pub(crate) keys: Vec<Shown>,
+    pub(crate) groups: Vec<Group>,
     pub(crate) jobs: Vec<JobStatus>,
+}
+
+/// One group of shards as shown: the name given for it, if any, and what the database shows.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Group {
+    pub(crate) name: Option<String>,
+    pub(crate) status: GroupStatus,
+}
+
+impl Group {
+    /// The name given for the group, or CLASS/*.
+    pub(crate) fn label(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("{}/*", self.status.class))
+    }
+
+    /// Whether `key` is one of the group's shards.
+    fn has_shard(&self, key: LockKey) -> bool {
+        key.class() == self.status.class
+            && u32::try_from(key.object()).is_ok_and(|i| i < self.status.count)
+    }
 }
 
 /// One key as shown: the name given for it, if any, and what the database shows of it
@@ -97,10 +123,11 @@ async fn read(pool: &deadpool_postgres::Pool, args: &StatusArgs) -> Result<Snaps
         .map_err(|e| Failure::new(exit::UNREACHABLE, format!("cannot reach the database: {e}")))?;
     let both = async {
         let keys = pg_elector::status::read(&client).await?;
+        let groups = pg_elector::status::groups(&client).await?;
         let jobs = pg_elector::status::jobs(&client).await?;
-        Ok::<_, pg_elector::Error>((keys, jobs))
+        Ok::<_, pg_elector::Error>((keys, groups, jobs))
     };
-    let (keys, jobs) = match tokio::time::timeout(args.timeout, both).await {
+    let (keys, groups, jobs) = match tokio::time::timeout(args.timeout, both).await {
         Ok(read) => {
             read.map_err(|e| Failure::new(exit::INTERNAL, format!("cannot read the status: {e}")))?
         }
@@ -109,8 +136,31 @@ async fn read(pool: &deadpool_postgres::Pool, args: &StatusArgs) -> Result<Snaps
             return Err(no_answer());
         }
     };
+    let groups: Vec<Group> = groups
+        .into_iter()
+        .map(|status| Group {
+            name: args
+                .names
+                .iter()
+                .find(|name| group_class(name) == status.class)
+                .cloned(),
+            status,
+        })
+        .collect();
+    let keys = keys
+        .into_iter()
+        .filter(|k| !groups.iter().any(|g| g.has_shard(k.key)))
+        .collect();
+    let group_names: Vec<String> = groups.iter().filter_map(|g| g.name.clone()).collect();
+    let key_names: Vec<String> = args
+        .names
+        .iter()
+        .filter(|name| !group_names.contains(name))
+        .cloned()
+        .collect();
     Ok(Snapshot {
-        keys: named(keys, &args.names),
+        keys: named(keys, &key_names),
+        groups,
         jobs,
     })
 }
@@ -150,6 +200,10 @@ fn render(snapshot: &Snapshot, args: &StatusArgs, now: SystemTime) -> String {
         return json::document(snapshot, now, !args.watch);
     }
     let mut text = table::render(&snapshot.keys, now);
+    if !snapshot.groups.is_empty() {
+        text.push_str("\n\n");
+        text.push_str(&table::groups(&snapshot.groups));
+    }
     if !snapshot.jobs.is_empty() {
         text.push_str("\n\n");
         text.push_str(&table::jobs(&snapshot.jobs, now));

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use pg_elector::status::{JobStatus, KeyStatus};
 
-use super::Shown;
+use super::{Group, Shown};
 
 const HEADER: [&str; 9] = [
     "KEY",
@@ -29,6 +29,62 @@ const JOB_HEADER: [&str; 9] = [
     "SKIPPED",
     "RERUNS",
 ];
+
+const GROUP_HEADER: [&str; 6] = ["GROUP", "SHARDS", "MEMBER", "PID", "OWNS", "INDEXES"];
+
+/// Every group of shards, one line per member, and one for the shards nobody owns (if any).
+pub(crate) fn groups(groups: &[Group]) -> String {
+    let mut rows = Vec::new();
+    for group in groups {
+        let (label, count) = (group.label(), group.status.count.to_string());
+        for member in &group.status.members {
+            let identity = match member.count {
+                Some(c) if c != group.status.count => {
+                    format!("{} (runs {c})", member.session.identity)
+                }
+                Some(_) => member.session.identity.clone(),
+                None => format!("{} (not live)", member.session.identity),
+            };
+            rows.push([
+                label.clone(),
+                count.clone(),
+                identity,
+                member.session.pid.to_string(),
+                member.owned.len().to_string(),
+                ranges(&member.owned),
+            ]);
+        }
+        if !group.status.unowned.is_empty() {
+            rows.push([
+                label.clone(),
+                count.clone(),
+                "(nobody)".into(),
+                "-".into(),
+                group.status.unowned.len().to_string(),
+                ranges(&group.status.unowned),
+            ]);
+        }
+    }
+    aligned(GROUP_HEADER, rows)
+}
+
+/// Ascending indexes as runs: `0-3,7,9-10`; `-` for none.
+fn ranges(indexes: &[u32]) -> String {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &i in indexes {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == i => *end = i,
+            _ => runs.push((i, i)),
+        }
+    }
+    list(runs.into_iter().map(|(start, end)| {
+        if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        }
+    }))
+}
 
 /// `shown` as aligned columns under a header; `-` where there is nothing to show.
 pub(crate) fn render(shown: &[Shown], now: SystemTime) -> String {
@@ -160,6 +216,13 @@ pub(crate) fn age(now: SystemTime, since: SystemTime) -> String {
 mod tests {
     use super::*;
     use pg_elector::LockKey;
+
+    #[test]
+    fn indexes_as_runs() {
+        assert_eq!(ranges(&[]), "-");
+        assert_eq!(ranges(&[0, 1, 2, 3, 7, 9, 10]), "0-3,7,9-10");
+        assert_eq!(ranges(&[5]), "5");
+    }
 
     #[test]
     fn ages_as_kubectl_writes_them() {

@@ -188,3 +188,81 @@ async fn a_bad_environment_has_its_status() {
     );
     assert_eq!(out.status.code(), Some(78));
 }
+
+/// `pg-elector status ARGS…` run off the runtime's threads: its stdout, after checking it
+/// exited 0 within 10 s.
+async fn status_async(db: &pg_elector_testkit::TestDb, args: &[&str]) -> String {
+    let url = db.url();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let (out, _) = output_within(
+            std::process::Command::new(env!("CARGO_BIN_EXE_pg-elector"))
+                .env("DATABASE_URL", url)
+                .env_remove("PG_ELECTOR_LOG")
+                .arg("status")
+                .args(args),
+            Duration::from_secs(10),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        String::from_utf8(out.stdout).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// A group of shards shows as a group (its members and their shards), named as given, and its
+/// shards' keys not as keys of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_shards_shows_its_members_not_its_shard_keys() {
+    use pg_elector::shards::Shards;
+    let _timing = timing();
+    let db = database().await;
+    let shards = Shards::builder(db.pool(2), "billing/tenants", 4)
+        .check_interval(I)
+        .identity("m1")
+        .build()
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = shards.spawn(shutdown.clone());
+    let mut owned = 0;
+    for _ in 0..1000 {
+        owned = shards.owned().len();
+        if owned == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let json = status_async(&db, &["--json", "billing/tenants"]).await;
+    let table = status_async(&db, &["billing/tenants"]).await;
+    shutdown.cancel();
+    let _ = task.await;
+    assert_eq!(owned, 4, "the lone member owns the four shards within 10 s");
+
+    let doc: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        doc["keys"],
+        Value::Array(vec![]),
+        "no shard as a key: {doc}"
+    );
+    let group = &doc["groups"][0];
+    assert_eq!(group["name"], "billing/tenants", "{doc}");
+    assert_eq!(group["count"], 4, "{doc}");
+    assert_eq!(group["members"][0]["identity"], "m1", "{doc}");
+    assert_eq!(
+        group["members"][0]["owned"],
+        serde_json::json!([0, 1, 2, 3]),
+        "{doc}"
+    );
+    assert_eq!(group["unowned"], serde_json::json!([]), "{doc}");
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("billing/tenants"))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        cells,
+        ["billing/tenants", "4", "m1", cells[3], "4", "0-3"],
+        "{table}"
+    );
+}

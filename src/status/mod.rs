@@ -3,6 +3,9 @@
 //! alive, and a handover asked. Read-only: four statements in all, whatever the number of
 //! keys.
 //!
+//! [`groups`] reads the groups of shards: each member, the shards it owns, the shards nobody
+//! owns (one statement).
+//!
 //! With the `schedule` feature, `jobs` reads the stored schedules: each job's next due,
 //! its last run and outcome, its skipped dues.
 //!
@@ -34,6 +37,10 @@ use crate::{CurrentLeaderError, Error, LeaderInfo, LockKey};
 
 #[cfg(feature = "schedule")]
 pub use crate::schedule::status::{JobStatus, LastRun, jobs};
+
+mod groups;
+
+pub use groups::{GroupStatus, Member, group_class, groups};
 
 /// One key of the database as [`read`] found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,7 +203,7 @@ async fn read_all(
 
 /// The key of a row whose first two columns are the key's numbers, as `pg_locks` (oids) or
 /// the candidates table (int4) has them.
-fn key_of(class: i64, object: i64) -> LockKey {
+pub(super) fn key_of(class: i64, object: i64) -> LockKey {
     // An oid is the int4 read as unsigned: the cast takes the same 32 bits back.
     LockKey::new(class as u32 as i32, object as u32 as i32)
 }
