@@ -196,6 +196,9 @@ fn spawn(command: &[OsString]) -> Result<std::process::Child, i32> {
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     // Should the keeper itself be killed, its command does not run on unseen.
     os::die_with_parent_std(&mut cmd, os::SIGKILL);
+    // The keeper blocks the signals it waits for, and exec keeps a mask: a command started
+    // with SIGTERM blocked never sees the graceful end, only the SIGKILL after the grace.
+    os::unblock_signals_std(&mut cmd);
     cmd.spawn().map_err(|e| {
         let program = program.to_string_lossy();
         if e.kind() == std::io::ErrorKind::NotFound {

@@ -106,7 +106,8 @@ fn keeper_set() -> libc::sigset_t {
 }
 
 /// Blocks the signals the keeper waits for, so that they stay pending until
-/// [`wait_for_signal`] takes them (a child's spawn unblocks them again before its exec).
+/// [`wait_for_signal`] takes them (the command's spawn unblocks them again before its exec:
+/// [`unblock_signals_std`]).
 pub(crate) fn block_keeper_signals() -> io::Result<()> {
     let set = keeper_set();
     // SAFETY: sigprocmask(2) reads a valid set; the old mask is not wanted.
@@ -140,6 +141,26 @@ pub(crate) fn die_with_parent_std(command: &mut std::process::Command, signal: i
     // SAFETY: as in `die_with_parent`.
     unsafe {
         command.pre_exec(move || parent_death_signal(signal));
+    }
+}
+
+/// Makes `command`'s process start with no signal blocked, whatever the mask of the thread
+/// that starts it.
+pub(crate) fn unblock_signals_std(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only makes sigemptyset(3) and
+    // sigprocmask(2) calls on a set of its own, both async-signal-safe; it allocates nothing
+    // and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            if libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
     }
 }
 

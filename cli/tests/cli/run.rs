@@ -256,3 +256,50 @@ async fn a_frozen_leader_kills_its_command_when_it_runs_again() {
     assert!(gone.is_some(), "the group outlived the thaw");
     assert!(took < 5 * I, "gone {took:?} after the thaw");
 }
+
+/// A command that is no shell (a shell clears the signal mask it was started with; most
+/// programs do not) gets the graceful end too: `sleep` ends at SIGTERM, long before the
+/// grace. It used to start with SIGTERM blocked, the keeper's mask, and to be killed only
+/// when the grace ran out.
+#[tokio::test]
+async fn a_command_that_is_no_shell_ends_at_sigterm() {
+    let _timing = timing();
+    let db = database().await;
+    let mut a = pg_elector(&db)
+        .args(["run", "jobs/plain", "--interval", "200ms", "--grace", "10s"])
+        .args(["--", "sleep", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = db.connect().await.unwrap();
+    let key = LockKey::from_name("jobs/plain");
+    let mut leads = false;
+    for _ in 0..500 {
+        let sessions = pg_elector_testkit::server::sql::lock_sessions(&client, key)
+            .await
+            .unwrap();
+        if sessions.iter().any(|s| s.granted) {
+            leads = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(leads, "pg-elector leads within 10 s");
+    // The command is started right after the grant.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &a.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = wait_until(Duration::from_secs(15), || a.try_wait().unwrap());
+    let took = asked.elapsed();
+    let _ = a.kill();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "a clean stop");
+    assert!(
+        took < Duration::from_secs(3),
+        "pg-elector stopped {took:?} after SIGTERM: the command waited for the 10 s grace"
+    );
+}
