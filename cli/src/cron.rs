@@ -85,7 +85,7 @@ pub(crate) async fn cron(url: Option<&str>, args: CronArgs) -> Result<i32, Failu
     let election = elector.spawn(shutdown.clone());
     let (command, grace, name) = (
         Arc::new(args.command),
-        args.replica.grace,
+        [args.replica.grace, args.replica.interval],
         Arc::new(args.name),
     );
     let body_elector = elector.clone();
@@ -116,12 +116,12 @@ pub(crate) async fn cron(url: Option<&str>, args: CronArgs) -> Result<i32, Failu
 /// A run the schedule cuts off (its future dropped) kills the group.
 async fn run_once(
     command: &[OsString],
-    grace: Duration,
+    [grace, interval]: [Duration; 2],
     env: &[(&str, String)],
     run: &JobRun,
 ) -> Result<(), String> {
-    let mut group =
-        Group::start(command, grace, env).map_err(|e| format!("cannot start the command: {e}"))?;
+    let mut group = Group::start(command, [grace, interval], env)
+        .map_err(|e| format!("cannot start the command: {e}"))?;
     let status = tokio::select! {
         status = group.wait() => status,
         () = run.term.cancelled() => {
@@ -129,7 +129,9 @@ async fn run_once(
             return Err(format!("stopped at the end of the term (status {status})"));
         }
     };
-    if status == 0 {
+    if group.killed_for_stop() {
+        Err("killed: pg-elector was stopped (SIGSTOP) for two intervals".into())
+    } else if status == 0 {
         Ok(())
     } else {
         Err(format!("the command exited with status {status}"))

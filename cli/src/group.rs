@@ -17,15 +17,18 @@ pub(crate) struct Group {
     pid: i32,
     /// Whether the keeper's exit was seen: the group is gone.
     gone: bool,
+    /// Whether the keeper killed the group because `pg-elector` was stopped.
+    killed_for_stop: bool,
 }
 
 impl Group {
-    /// Starts `command` under a keeper that gives its group `grace` to end, with `env` added
-    /// to its environment. Call it from the thread that lives as long as the process (the
+    /// Starts `command` under a keeper that gives its group `grace` to end, and kills it
+    /// should this process be seen stopped for two check `interval`s; with `env` added to its
+    /// environment. Call it from the thread that lives as long as the process (the
     /// parent-death signal follows the thread that forked).
     pub(crate) fn start(
         command: &[OsString],
-        grace: Duration,
+        [grace, interval]: [Duration; 2],
         env: &[(&str, String)],
     ) -> io::Result<Self> {
         // This binary, even if it was replaced on disk since it started.
@@ -34,6 +37,8 @@ impl Group {
             .arg("__keeper")
             .arg("--grace-ms")
             .arg(grace.as_millis().to_string())
+            .arg("--stop-limit-ms")
+            .arg((2 * interval).as_millis().to_string())
             .arg("--parent")
             .arg(os::own_pid().to_string())
             .arg("--")
@@ -52,14 +57,21 @@ impl Group {
             keeper,
             pid,
             gone: false,
+            killed_for_stop: false,
         })
     }
 
-    /// The command's status once its group is gone (the keeper's exit status).
+    /// The command's status once its group is gone (the keeper's exit status; SIGKILL's
+    /// when the keeper killed it because this process was stopped).
     pub(crate) async fn wait(&mut self) -> i32 {
+        use std::os::unix::process::ExitStatusExt;
         match self.keeper.wait().await {
             Ok(status) => {
                 self.gone = true;
+                if status.signal() == Some(os::SIGUSR2) {
+                    self.killed_for_stop = true;
+                    return 128 + os::SIGKILL;
+                }
                 shell_status(status)
             }
             Err(e) => {
@@ -67,6 +79,12 @@ impl Group {
                 crate::exit::INTERNAL
             }
         }
+    }
+
+    /// Whether the keeper killed the group because this process was stopped (SIGSTOP) for
+    /// two check intervals.
+    pub(crate) fn killed_for_stop(&self) -> bool {
+        self.killed_for_stop
     }
 
     /// Asks the group to end: SIGTERM, then SIGKILL after the grace.

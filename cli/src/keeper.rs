@@ -8,7 +8,11 @@
 //! - SIGTERM, SIGINT or SIGHUP (from `pg-elector` at a graceful end): SIGTERM to the command's
 //!   group, SIGKILL after the grace;
 //! - the command ends: SIGTERM to what it left behind in its group, SIGKILL after the grace;
-//! - SIGUSR1 (the lead is lost, or `pg-elector` died): SIGKILL to the group at once.
+//! - SIGUSR1 (the lead is lost, or `pg-elector` died): SIGKILL to the group at once;
+//! - `pg-elector` found stopped (SIGSTOP, a debugger) for two check intervals: SIGKILL to
+//!   the group, before the server can free the lock of a leader that went silent (four
+//!   intervals after its last check), since a stopped `pg-elector` can end nothing. The
+//!   keeper then ends by SIGUSR2, for `pg-elector` to tell this end from the command's own.
 //!
 //! A process that left the group (`setsid`, a daemon's double fork) is still the keeper's
 //! descendant, and comes to the keeper when its parent dies: each signal to the group goes to
@@ -26,6 +30,10 @@ use crate::os::{self, Reaped};
 
 /// How often the keeper sends SIGKILL again while processes are left after one.
 const AFTER_KILL: Duration = Duration::from_secs(1);
+
+/// How many looks at `pg-elector`'s state per stop limit: a stop is seen within a quarter of
+/// the limit of its start.
+const LOOKS_PER_LIMIT: u32 = 4;
 
 /// What the keeper does next.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,17 +60,41 @@ struct Keeper {
     killed: Option<Instant>,
     /// How many times it was killed.
     kills: u32,
+    /// How long `pg-elector` may be seen stopped before the group is killed.
+    stop_limit: Duration,
+    /// Since when `pg-elector` has been seen stopped.
+    stopped_since: Option<Instant>,
+    /// Whether the group was killed because `pg-elector` was stopped.
+    killed_for_stop: bool,
 }
 
 impl Keeper {
-    fn new(grace: Duration) -> Self {
+    fn new(grace: Duration, stop_limit: Duration) -> Self {
         Self {
             grace,
             status: None,
             terminated: None,
             killed: None,
             kills: 0,
+            stop_limit,
+            stopped_since: None,
+            killed_for_stop: false,
         }
+    }
+
+    /// `pg-elector` was seen stopped (`true`) or running at `now`: stopped for the limit,
+    /// the group is killed.
+    fn parent_seen(&mut self, stopped: bool, now: Instant) -> Action {
+        if !stopped {
+            self.stopped_since = None;
+            return Action::Wait;
+        }
+        let since = *self.stopped_since.get_or_insert(now);
+        if now < since + self.stop_limit || self.killed.is_some() {
+            return Action::Wait;
+        }
+        self.killed_for_stop = true;
+        self.kill(now)
     }
 
     /// The command ended with `status`: what it left in its group is asked to end too.
@@ -121,20 +153,29 @@ impl Keeper {
         self.status.unwrap_or(128 + os::SIGKILL)
     }
 
-    /// How long to wait for a signal before the next [`tick`](Self::tick).
-    fn next_deadline(&self, now: Instant) -> Option<Duration> {
+    /// How long to wait for a signal before the next [`tick`](Self::tick): until the
+    /// next kill or the grace's end, and at most a look at `pg-elector`'s state away until the
+    /// group is killed.
+    fn next_deadline(&self, now: Instant) -> Duration {
+        let look = self.stop_limit / LOOKS_PER_LIMIT;
         let at = match (self.terminated, self.killed) {
-            (_, Some(killed)) => killed + AFTER_KILL,
+            (_, Some(killed)) => return (killed + AFTER_KILL).saturating_duration_since(now),
             (Some(asked), None) => asked + self.grace,
-            (None, None) => return None,
+            (None, None) => return look,
         };
-        Some(at.saturating_duration_since(now))
+        at.saturating_duration_since(now).min(look)
     }
 }
 
-/// The keeper's main: starts `command`, keeps its group, exits with its status. `parent` is
-/// the `pg-elector` that started it (gone already: the group is killed at once).
-pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
+/// The keeper's main: starts `command`, keeps its group, exits with its status (or ends by
+/// SIGUSR2 when it killed the group because `pg-elector` was stopped for `stop_limit`).
+/// `parent` is the `pg-elector` that started it (gone already: the group is killed at once).
+pub(crate) fn main(
+    grace: Duration,
+    stop_limit: Duration,
+    parent: i32,
+    command: &[OsString],
+) -> i32 {
     if let Err(e) = os::block_keeper_signals().and_then(|()| os::become_subreaper()) {
         eprintln!("pg-elector: cannot keep the command's processes: {e}");
         return exit::INTERNAL;
@@ -148,13 +189,13 @@ pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
         group,
         empty: false,
     };
-    let mut keeper = Keeper::new(grace);
+    let mut keeper = Keeper::new(grace, stop_limit);
     // The parent may have died before the parent-death signal was set.
     if os::parent_pid() != parent {
         target.act(keeper.kill(Instant::now()));
     }
     loop {
-        let signal = os::wait_for_signal(keeper.next_deadline(Instant::now()));
+        let signal = os::wait_for_signal(Some(keeper.next_deadline(Instant::now())));
         let now = Instant::now();
         let action = match signal {
             Some(os::SIGUSR1) => keeper.kill(now),
@@ -162,6 +203,12 @@ pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
             _ => Action::Wait,
         };
         target.act(action);
+        if keeper.parent_seen(os::is_stopped(parent), now) == Action::Kill {
+            eprintln!(
+                "pg-elector: pg-elector was stopped for {stop_limit:?}: killing the command's group, since another replica may lead soon"
+            );
+            target.act(Action::Kill);
+        }
         let children_left = loop {
             match os::reap_one() {
                 Reaped::Child(pid, status) if pid == group => {
@@ -173,6 +220,7 @@ pub(crate) fn main(grace: Duration, parent: i32, command: &[OsString]) -> i32 {
             }
         };
         match keeper.tick(children_left, Instant::now()) {
+            Action::Exit(_) if keeper.killed_for_stop => return os::end_by_sigusr2(),
             Action::Exit(status) => return status,
             Action::Kill if keeper.killed_again() => {
                 eprintln!(
@@ -249,20 +297,25 @@ mod tests {
     use super::*;
 
     const GRACE: Duration = Duration::from_secs(10);
+    const STOP_LIMIT: Duration = Duration::from_millis(400);
 
     #[test]
     fn a_command_that_ends_alone_is_reported_with_its_status() {
-        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
         assert_eq!(keeper.command_ended(3, now), Action::Terminate);
         assert_eq!(keeper.tick(false, now), Action::Exit(3));
     }
 
     #[test]
     fn what_the_command_left_behind_gets_the_grace_then_a_kill() {
-        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
         assert_eq!(keeper.command_ended(0, now), Action::Terminate);
         assert_eq!(keeper.tick(true, now + GRACE / 2), Action::Wait);
-        assert_eq!(keeper.next_deadline(now + GRACE / 2), Some(GRACE / 2));
+        assert_eq!(
+            keeper.next_deadline(now + GRACE / 2),
+            STOP_LIMIT / LOOKS_PER_LIMIT,
+            "the next look at pg-elector's state comes before the grace's end"
+        );
         assert_eq!(keeper.tick(true, now + GRACE), Action::Kill);
         assert_eq!(keeper.tick(true, now + GRACE), Action::Wait);
         assert_eq!(keeper.tick(false, now + GRACE), Action::Exit(0));
@@ -270,8 +323,8 @@ mod tests {
 
     #[test]
     fn a_graceful_end_terminates_once_and_kills_after_the_grace() {
-        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
-        assert_eq!(keeper.next_deadline(now), None);
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
+        assert_eq!(keeper.next_deadline(now), STOP_LIMIT / LOOKS_PER_LIMIT);
         assert_eq!(keeper.terminate(now), Action::Terminate);
         assert_eq!(
             keeper.terminate(now),
@@ -284,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_lost_lead_kills_at_once_and_again_while_processes_are_left() {
-        let (mut keeper, now) = (Keeper::new(GRACE), Instant::now());
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
         assert_eq!(keeper.kill(now), Action::Kill);
         assert!(!keeper.killed_again());
         assert_eq!(keeper.terminate(now), Action::Wait);
@@ -293,5 +346,30 @@ mod tests {
         assert!(keeper.killed_again());
         assert_eq!(keeper.tick(true, now + AFTER_KILL), Action::Wait);
         assert_eq!(keeper.tick(false, now + AFTER_KILL), Action::Exit(137));
+    }
+
+    #[test]
+    fn a_stopped_pg_elector_gets_its_group_killed_after_the_limit() {
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
+        assert_eq!(keeper.parent_seen(true, now), Action::Wait);
+        assert_eq!(
+            keeper.parent_seen(false, now + STOP_LIMIT / 2),
+            Action::Wait,
+            "running again: the stop is forgotten"
+        );
+        let stopped = now + STOP_LIMIT;
+        assert_eq!(keeper.parent_seen(true, stopped), Action::Wait);
+        assert_eq!(
+            keeper.parent_seen(true, stopped + STOP_LIMIT / 2),
+            Action::Wait
+        );
+        assert_eq!(keeper.parent_seen(true, stopped + STOP_LIMIT), Action::Kill);
+        assert!(keeper.killed_for_stop);
+        assert_eq!(
+            keeper.parent_seen(true, stopped + 2 * STOP_LIMIT),
+            Action::Wait,
+            "killed once; the kill repeats as any kill does"
+        );
+        assert_eq!(keeper.next_deadline(stopped + STOP_LIMIT), AFTER_KILL);
     }
 }

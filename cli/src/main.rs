@@ -39,7 +39,8 @@ enum Command {
     /// to pg-elector) everything the command started gets SIGTERM (its process group, and what
     /// left it with setsid), then SIGKILL after --grace; when the lead is lost it gets SIGKILL
     /// at once, since another replica may already lead. The lock is given up only once it is
-    /// all gone. If pg-elector itself dies, it is all killed with it.
+    /// all gone. If pg-elector itself dies, it is all killed with it; if it is stopped
+    /// (SIGSTOP) for two intervals, it is all killed too, before the server frees the lock.
     #[command(after_help = exit::HELP)]
     Run(run::RunArgs),
     /// Run a command at each due of a cron schedule, once across every replica that runs the
@@ -73,6 +74,8 @@ enum Command {
         #[arg(long)]
         grace_ms: u64,
         #[arg(long)]
+        stop_limit_ms: u64,
+        #[arg(long)]
         parent: i32,
         #[arg(last = true, required = true)]
         command: Vec<OsString>,
@@ -94,12 +97,14 @@ fn main() {
     };
     if let Command::Keeper {
         grace_ms,
+        stop_limit_ms,
         parent,
         command,
     } = &cli.command
     {
         std::process::exit(keeper::main(
             Duration::from_millis(*grace_ms),
+            Duration::from_millis(*stop_limit_ms),
             *parent,
             command,
         ));

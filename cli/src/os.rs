@@ -6,7 +6,7 @@
 use std::io;
 use std::time::Duration;
 
-pub(crate) use libc::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
+pub(crate) use libc::{SIGCHLD, SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1, SIGUSR2};
 
 /// Sends `signal` to every process of the group `pgid`. `Ok(false)`: the group is empty.
 pub(crate) fn signal_group(pgid: i32, signal: i32) -> io::Result<bool> {
@@ -18,6 +18,32 @@ pub(crate) fn signal_group(pgid: i32, signal: i32) -> io::Result<bool> {
         e if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
         e => Err(e),
     }
+}
+
+/// Whether the process `pid` is stopped (SIGSTOP, or a debugger's stop), as `/proc` says;
+/// `false` when it cannot be read.
+pub(crate) fn is_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command's name, which is in parentheses.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+    })
+}
+
+/// Ends this process by SIGUSR2 (its default action ends it), which no blocked mask delays:
+/// the keeper's way to say that it killed the group because `pg-elector` was stopped.
+pub(crate) fn end_by_sigusr2() -> i32 {
+    // SAFETY: signal(2), sigprocmask(2) and raise(3) with plain integers and a set of our
+    // own: SIGUSR2's default action, unblocked, then raised.
+    unsafe {
+        libc::signal(libc::SIGUSR2, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR2);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(libc::SIGUSR2);
+    }
+    crate::exit::INTERNAL
 }
 
 /// Sends `signal` to the process `pid`.

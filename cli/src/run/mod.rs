@@ -107,7 +107,8 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
     loop {
         tracing::info!(key = %args.name, epoch = ?term.epoch(), "leading: starting the command");
         let started = tokio::time::Instant::now();
-        let mut group = match Group::start(&args.command, args.replica.grace, &env) {
+        let limits = [args.replica.grace, args.replica.interval];
+        let mut group = match Group::start(&args.command, limits, &env) {
             Ok(group) => group,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start the command's keeper");
@@ -119,6 +120,17 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
             () = term.cancelled() => return Lead::Ended(group.stop_for(term).await),
             status = group.wait() => status,
         };
+        if group.killed_for_stop() {
+            // Killed while this process was stopped: the lead goes on if the term does (the
+            // library's lease says so), and the command with it.
+            if !term.is_leader() {
+                return Lead::Ended(status);
+            }
+            tracing::warn!(
+                "the command was killed while pg-elector was stopped: starting it again"
+            );
+            continue;
+        }
         let Some(pause) = backoff.after(args.restart, status, started.elapsed()) else {
             tracing::info!(status, "the command ended: giving the lead up");
             return Lead::Finished(status);

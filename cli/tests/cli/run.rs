@@ -223,38 +223,78 @@ async fn once_leaves_after_the_first_term() {
     );
 }
 
-/// A frozen `pg-elector` (SIGSTOP) cannot stop its command: when the server ends its session
-/// meanwhile, the standby leads while that command still runs (the exception the README
-/// names); the command is killed as soon as `pg-elector` runs again.
+/// A frozen `pg-elector` (SIGSTOP) cannot end its command, so its keeper does: once it has
+/// seen `pg-elector` stopped for two intervals, it kills the group, before the server frees
+/// the silent leader's lock (four intervals after its last check): the standby's command
+/// starts only after it, never beside it. Thawed, `pg-elector` stands by again.
 #[tokio::test]
-async fn a_frozen_leader_kills_its_command_when_it_runs_again() {
+async fn a_frozen_leaders_command_is_killed_before_the_standby_leads() {
     let _timing = timing();
     let (db, scratch) = (database().await, Scratch::new("frozen"));
-    let a = Replica::start(&db, &scratch, "jobs/frozen", "a", &[], RECORDER);
+    let mut a = Replica::start(&db, &scratch, "jobs/frozen", "a", &[], RECORDER);
     let (child, grandchild, escapee) = family(&scratch, "a");
     let _b = Replica::start(&db, &scratch, "jobs/frozen", "b", &[], RECORDER);
     waits(&db, "jobs/frozen").await;
     a.signal("STOP");
+    let stopped = Instant::now();
+    let mut gone = None;
+    let b_started = loop {
+        if gone.is_none() && all_gone(&[child, grandchild, escapee]) {
+            gone = Some(stopped.elapsed());
+        }
+        if scratch
+            .lines("log")
+            .iter()
+            .any(|l| l.starts_with("start b"))
+        {
+            break stopped.elapsed();
+        }
+        assert!(stopped.elapsed() < 20 * I, "b never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    a.signal("CONT");
+    eprintln!(
+        "the frozen leader's group gone {gone:?}, b's command started {b_started:?} after the stop"
+    );
+    let gone = gone.expect("the frozen leader's command ran beside b's");
+    // Two intervals seen stopped, looked at every half interval: I of slack.
+    assert!(gone < 3 * I, "the group was gone {gone:?} after the stop");
+    tokio::time::sleep(3 * I).await;
+    assert_eq!(a.exit_within(Duration::ZERO), None, "a stands by again");
+}
+
+/// Should the server end a frozen leader's session at once (`pg_terminate_backend`), the
+/// standby leads at once, and the frozen leader's command runs beside it until its keeper
+/// has seen `pg-elector` stopped for two intervals (the exception the README names).
+#[tokio::test]
+async fn a_frozen_leaders_command_ends_two_intervals_into_the_stop() {
+    let _timing = timing();
+    let (db, scratch) = (database().await, Scratch::new("frozen-ended"));
+    let a = Replica::start(&db, &scratch, "jobs/frozen-ended", "a", &[], RECORDER);
+    let (child, grandchild, escapee) = family(&scratch, "a");
+    let _b = Replica::start(&db, &scratch, "jobs/frozen-ended", "b", &[], RECORDER);
+    waits(&db, "jobs/frozen-ended").await;
+    a.signal("STOP");
+    let stopped = Instant::now();
     let client = db.connect().await.unwrap();
-    let holder = holders(&client, LockKey::from_name("jobs/frozen"))
+    let holder = holders(&client, LockKey::from_name("jobs/frozen-ended"))
         .await
         .unwrap();
     terminate(&client, holder[0]).await.unwrap();
     let log = scratch.wait_for_lines("log", 2, Duration::from_secs(5));
     assert!(log[1].starts_with("start b"), "{log:?}");
-    assert!(
-        alive(child) && alive(grandchild),
-        "the frozen leader's command runs on"
-    );
-    a.signal("CONT");
-    let thawed = Instant::now();
     let gone = wait_until(Duration::from_secs(5), || {
         all_gone(&[child, grandchild, escapee]).then_some(())
     });
-    let took = thawed.elapsed();
-    eprintln!("the frozen leader's group was gone {took:?} after it ran again");
-    assert!(gone.is_some(), "the group outlived the thaw");
-    assert!(took < 5 * I, "gone {took:?} after the thaw");
+    let took = stopped.elapsed();
+    a.signal("CONT");
+    eprintln!("the frozen leader's group was gone {took:?} after the stop");
+    assert!(gone.is_some(), "the group outlived the stop");
+    assert!(
+        took >= 2 * I,
+        "killed {took:?} into the stop, before two intervals"
+    );
+    assert!(took < 3 * I, "gone {took:?} after the stop");
 }
 
 /// A command that is no shell (a shell clears the signal mask it was started with; most
