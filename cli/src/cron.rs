@@ -85,7 +85,7 @@ pub(crate) async fn cron(url: Option<&str>, args: CronArgs) -> Result<i32, Failu
     let election = elector.spawn(shutdown.clone());
     let (command, grace, name) = (
         Arc::new(args.command),
-        [args.replica.grace, args.replica.interval],
+        [args.replica.grace, args.replica.check_interval()],
         Arc::new(args.name),
     );
     let body_elector = elector.clone();

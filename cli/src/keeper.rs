@@ -31,9 +31,12 @@ use crate::os::{self, Reaped};
 /// How often the keeper sends SIGKILL again while processes are left after one.
 const AFTER_KILL: Duration = Duration::from_secs(1);
 
-/// How many looks at `pg-elector`'s state per stop limit: a stop is seen within a quarter of
-/// the limit of its start.
-const LOOKS_PER_LIMIT: u32 = 4;
+/// How many looks at `pg-elector`'s state per stop limit: the kill comes at most a
+/// sixteenth of the limit after it (an eighth of an interval).
+const LOOKS_PER_LIMIT: u32 = 16;
+
+/// The least time between two looks at `pg-elector`'s state.
+const LEAST_LOOK: Duration = Duration::from_millis(5);
 
 /// What the keeper does next.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,8 +65,11 @@ struct Keeper {
     kills: u32,
     /// How long `pg-elector` may be seen stopped before the group is killed.
     stop_limit: Duration,
-    /// Since when `pg-elector` has been seen stopped.
+    /// Since when `pg-elector` has been seen stopped without running in between.
     stopped_since: Option<Instant>,
+    /// Its scheduler counters at the last look, to tell a process that ran between two
+    /// looks (stopped and continued, as a CPU limiter does) from one that stayed stopped.
+    ran: Option<String>,
     /// Whether the group was killed because `pg-elector` was stopped.
     killed_for_stop: bool,
 }
@@ -78,19 +84,26 @@ impl Keeper {
             kills: 0,
             stop_limit,
             stopped_since: None,
+            ran: None,
             killed_for_stop: false,
         }
     }
 
-    /// `pg-elector` was seen stopped (`true`) or running at `now`: stopped for the limit,
-    /// the group is killed.
-    fn parent_seen(&mut self, stopped: bool, now: Instant) -> Action {
+    /// `pg-elector` was seen stopped or not at `now`, with its scheduler counters `ran`:
+    /// stopped for the limit without running in between, the command is killed (unless it
+    /// ended already).
+    fn parent_seen(&mut self, (stopped, ran): (bool, Option<String>), now: Instant) -> Action {
+        let ran_since = ran.is_some() && self.ran.is_some() && ran != self.ran;
+        self.ran = ran;
         if !stopped {
             self.stopped_since = None;
             return Action::Wait;
         }
+        if ran_since {
+            self.stopped_since = Some(now);
+        }
         let since = *self.stopped_since.get_or_insert(now);
-        if now < since + self.stop_limit || self.killed.is_some() {
+        if now < since + self.stop_limit || self.killed.is_some() || self.status.is_some() {
             return Action::Wait;
         }
         self.killed_for_stop = true;
@@ -157,7 +170,7 @@ impl Keeper {
     /// next kill or the grace's end, and at most a look at `pg-elector`'s state away until the
     /// group is killed.
     fn next_deadline(&self, now: Instant) -> Duration {
-        let look = self.stop_limit / LOOKS_PER_LIMIT;
+        let look = (self.stop_limit / LOOKS_PER_LIMIT).max(LEAST_LOOK);
         let at = match (self.terminated, self.killed) {
             (_, Some(killed)) => return (killed + AFTER_KILL).saturating_duration_since(now),
             (Some(asked), None) => asked + self.grace,
@@ -203,7 +216,7 @@ pub(crate) fn main(
             _ => Action::Wait,
         };
         target.act(action);
-        if keeper.parent_seen(os::is_stopped(parent), now) == Action::Kill {
+        if keeper.parent_seen(os::stopped_state(parent), now) == Action::Kill {
             eprintln!(
                 "pg-elector: pg-elector was stopped for {stop_limit:?}: killing the command's group, since another replica may lead soon"
             );
@@ -351,25 +364,61 @@ mod tests {
     #[test]
     fn a_stopped_pg_elector_gets_its_group_killed_after_the_limit() {
         let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
-        assert_eq!(keeper.parent_seen(true, now), Action::Wait);
+        let stopped = |ran: &str| (true, Some(ran.to_owned()));
+        assert_eq!(keeper.parent_seen(stopped("1 0 1"), now), Action::Wait);
         assert_eq!(
-            keeper.parent_seen(false, now + STOP_LIMIT / 2),
+            keeper.parent_seen((false, Some("2 0 2".into())), now + STOP_LIMIT / 2),
             Action::Wait,
             "running again: the stop is forgotten"
         );
-        let stopped = now + STOP_LIMIT;
-        assert_eq!(keeper.parent_seen(true, stopped), Action::Wait);
+        let at = now + STOP_LIMIT;
+        assert_eq!(keeper.parent_seen(stopped("3 0 3"), at), Action::Wait);
         assert_eq!(
-            keeper.parent_seen(true, stopped + STOP_LIMIT / 2),
+            keeper.parent_seen(stopped("3 0 3"), at + STOP_LIMIT / 2),
             Action::Wait
         );
-        assert_eq!(keeper.parent_seen(true, stopped + STOP_LIMIT), Action::Kill);
+        assert_eq!(
+            keeper.parent_seen(stopped("3 0 3"), at + STOP_LIMIT),
+            Action::Kill
+        );
         assert!(keeper.killed_for_stop);
         assert_eq!(
-            keeper.parent_seen(true, stopped + 2 * STOP_LIMIT),
+            keeper.parent_seen(stopped("3 0 3"), at + 2 * STOP_LIMIT),
             Action::Wait,
             "killed once; the kill repeats as any kill does"
         );
-        assert_eq!(keeper.next_deadline(stopped + STOP_LIMIT), AFTER_KILL);
+        assert_eq!(keeper.next_deadline(at + STOP_LIMIT), AFTER_KILL);
+    }
+
+    #[test]
+    fn a_pg_elector_stopped_at_each_look_but_running_between_is_not_killed() {
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
+        for n in 0..10u32 {
+            let ran = format!("{n} 0 {n}");
+            assert_eq!(
+                keeper.parent_seen((true, Some(ran)), now + n * STOP_LIMIT / 2),
+                Action::Wait,
+                "look {n}: it ran since the last one (a CPU limiter's stops)"
+            );
+        }
+    }
+
+    #[test]
+    fn a_command_that_ended_is_not_reported_killed_for_a_stop() {
+        let (mut keeper, now) = (Keeper::new(GRACE, STOP_LIMIT), Instant::now());
+        assert_eq!(keeper.command_ended(0, now), Action::Terminate);
+        keeper.parent_seen((true, None), now);
+        assert_eq!(
+            keeper.parent_seen((true, None), now + STOP_LIMIT),
+            Action::Wait
+        );
+        assert!(!keeper.killed_for_stop);
+        assert_eq!(keeper.tick(false, now + STOP_LIMIT), Action::Exit(0));
+    }
+
+    #[test]
+    fn the_looks_have_a_floor() {
+        let keeper = Keeper::new(GRACE, Duration::ZERO);
+        assert_eq!(keeper.next_deadline(Instant::now()), LEAST_LOOK);
     }
 }

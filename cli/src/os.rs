@@ -20,14 +20,17 @@ pub(crate) fn signal_group(pgid: i32, signal: i32) -> io::Result<bool> {
     }
 }
 
-/// Whether the process `pid` is stopped (SIGSTOP, or a debugger's stop), as `/proc` says;
-/// `false` when it cannot be read.
-pub(crate) fn is_stopped(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+/// Whether the process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger's stop), as `/proc`
+/// says (`false` when it cannot be read); and its scheduler counters (`/proc/PID/schedstat`:
+/// time on a CPU, time waiting, timeslices), which change whenever it ran.
+pub(crate) fn stopped_state(pid: i32) -> (bool, Option<String>) {
+    let stopped = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         // The state follows the command's name, which is in parentheses.
         stat.rsplit_once(')')
             .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
-    })
+    });
+    let ran = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok();
+    (stopped, ran)
 }
 
 /// Ends this process by SIGUSR2 (its default action ends it), which no blocked mask delays:
@@ -124,7 +127,8 @@ fn keeper_set() -> libc::sigset_t {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for signal in [SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR1] {
+        // SIGUSR2 too: blocked, so that only the keeper's own ends it (`end_by_sigusr2`).
+        for signal in [SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2] {
             libc::sigaddset(&mut set, signal);
         }
         set

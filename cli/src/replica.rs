@@ -37,6 +37,15 @@ pub(crate) struct ReplicaArgs {
 }
 
 impl ReplicaArgs {
+    /// The check interval the elector uses: `--interval`, or the library's default for 0.
+    pub(crate) fn check_interval(&self) -> Duration {
+        if self.interval.is_zero() {
+            pg_elector::DEFAULT_CHECK_INTERVAL
+        } else {
+            self.interval
+        }
+    }
+
     /// The elector of the key `name`, its drain long enough for a command's group to end.
     pub(crate) fn elector(&self, pool: Pool, name: &str) -> Result<Elector, Failure> {
         let mut builder = Elector::builder(pool, LockKey::from_name(name))

@@ -25,11 +25,11 @@ pub(crate) fn live_object(count: u32) -> i32 {
 }
 
 /// The shard count a live mark's `object` tells ([`live_object`]); `None` for an object that
-/// is no live mark.
+/// is no live mark (a count beyond what a group may have is someone else's lock).
 pub(crate) fn count_of_live(object: i32) -> Option<u32> {
     u32::try_from(-1i64 - i64::from(object))
         .ok()
-        .filter(|&c| c > 0)
+        .filter(|&c| c > 0 && c <= crate::shards::assign::MAX_SHARDS)
 }
 
 /// One shard of a group: its index (`0..count`) and its lock key.
@@ -132,5 +132,6 @@ mod tests {
         }
         assert_eq!(count_of_live(MEMBER_OBJECT), None);
         assert_eq!(count_of_live(0), None);
+        assert_eq!(count_of_live(i32::MIN), None, "a count no group can have");
     }
 }

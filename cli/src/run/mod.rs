@@ -107,7 +107,7 @@ async fn lead_term(elector: &Elector, term: &Term, args: &RunArgs, backoff: &mut
     loop {
         tracing::info!(key = %args.name, epoch = ?term.epoch(), "leading: starting the command");
         let started = tokio::time::Instant::now();
-        let limits = [args.replica.grace, args.replica.interval];
+        let limits = [args.replica.grace, args.replica.check_interval()];
         let mut group = match Group::start(&args.command, limits, &env) {
             Ok(group) => group,
             Err(e) => {

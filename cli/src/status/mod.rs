@@ -151,18 +151,12 @@ async fn read(pool: &deadpool_postgres::Pool, args: &StatusArgs) -> Result<Snaps
         .into_iter()
         .filter(|k| !groups.iter().any(|g| g.has_shard(k.key)))
         .collect();
-    let group_names: Vec<String> = groups.iter().filter_map(|g| g.name.clone()).collect();
-    let key_names: Vec<String> = args
-        .names
-        .iter()
-        .filter(|name| !group_names.contains(name))
-        .cloned()
-        .collect();
-    Ok(Snapshot {
-        keys: named(keys, &key_names),
-        groups,
-        jobs,
-    })
+    let mut keys = named(keys, &args.names);
+    // A name given for a group has no line of its own among the keys while its key is free.
+    keys.retain(|k| {
+        k.status.is_some() || !groups.iter().any(|g| g.name.is_some() && g.name == k.name)
+    });
+    Ok(Snapshot { keys, groups, jobs })
 }
 
 /// `keys` with the names of those in `names`, and a line for each name whose key is not there.

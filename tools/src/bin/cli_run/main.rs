@@ -188,7 +188,8 @@ async fn round(pair: &mut Pair, fault: Fault, timeline: &Timeline, interval: Dur
         panic!("no command runs before the {fault:?}");
     };
     let at = pair.inject(fault, &old.name).await;
-    let within = if fault == Fault::Stop {
+    // After a stop (already over when `inject` returns), a few intervals tell.
+    let within = if matches!(fault, Fault::Stop | Fault::ShortStop) {
         3 * interval
     } else {
         30 * interval

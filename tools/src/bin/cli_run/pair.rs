@@ -24,7 +24,10 @@ pub(crate) enum Fault {
     Reset,
     /// Its proxy drops everything, both ways, until healed.
     Partition,
-    /// SIGSTOP for five intervals, then SIGCONT: the server sees nothing, nobody takes over.
+    /// SIGSTOP for one interval, then SIGCONT: too short for anything to change.
+    ShortStop,
+    /// SIGSTOP for five intervals, then SIGCONT: the server frees the silent leader's lock
+    /// four intervals after its last check, and the standby takes over.
     Stop,
     /// `pg-elector handover KEY --to` the standby.
     Handover,
@@ -32,11 +35,12 @@ pub(crate) enum Fault {
 
 impl Fault {
     /// Every fault, in the order the bench puts them.
-    pub(crate) const ALL: [Fault; 6] = [
+    pub(crate) const ALL: [Fault; 7] = [
         Fault::Kill,
         Fault::Terminate,
         Fault::Reset,
         Fault::Partition,
+        Fault::ShortStop,
         Fault::Stop,
         Fault::Handover,
     ];
@@ -48,6 +52,7 @@ impl Fault {
             Fault::Terminate => "`pg_terminate_backend` of its lock session",
             Fault::Reset => "its connections reset (proxy RST)",
             Fault::Partition => "partition (proxy blackhole)",
+            Fault::ShortStop => "SIGSTOP for 1·I, then SIGCONT",
             Fault::Stop => "SIGSTOP for 5·I, then SIGCONT",
             Fault::Handover => "`pg-elector handover --to` the standby",
         }
@@ -175,10 +180,11 @@ impl Pair {
                 self.replicas[i].proxy.blackhole();
                 at
             }
-            Fault::Stop => {
+            Fault::ShortStop | Fault::Stop => {
                 let at = unix_us();
                 let _ = kill_process(pid, Signal::STOP);
-                tokio::time::sleep(5 * self.interval).await;
+                let intervals = if fault == Fault::Stop { 5 } else { 1 };
+                tokio::time::sleep(intervals * self.interval).await;
                 let _ = kill_process(pid, Signal::CONT);
                 at
             }
