@@ -41,13 +41,12 @@ pub(crate) fn run_command(log: &Path) {
     record(log, &format!("end {name} {pid} {}", unix_us()));
 }
 
-/// `cron`'s command: `due DUE NAME START_US END_US` once its 300 ms of work are done.
+/// `cron`'s command: `due DUE NAME` at its start, `done DUE NAME` once its 300 ms of work are
+/// done (a run cut off by a kill or a handover's SIGTERM has no `done`).
 pub(crate) fn cron_command(log: &Path) {
-    let start = unix_us();
-    std::thread::sleep(Duration::from_millis(300));
     let due = std::env::var("PG_ELECTOR_DUE").unwrap_or_else(|_| "?".into());
-    record(
-        log,
-        &format!("due {due} {} {start} {}", identity(), unix_us()),
-    );
+    let name = identity();
+    record(log, &format!("due {due} {name}"));
+    std::thread::sleep(Duration::from_millis(300));
+    record(log, &format!("done {due} {name}"));
 }

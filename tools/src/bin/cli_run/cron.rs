@@ -1,5 +1,7 @@
 //! `pg-elector cron` across three replicas, the one running the dues SIGKILLed and the lead
-//! handed over in turn: every due from the first to the last runs once.
+//! handed over in turn: every due from the first to the last starts once (`--catch-up all`:
+//! the dues a new leader finds missed run late rather than being skipped; a run cut off by a
+//! SIGKILL holds the job back until it is found abandoned, three seconds at least).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,7 +19,14 @@ fn spawn(db: &TestDb, bin: &Path, log: &Path, name: &str, interval: Duration) ->
     Command::new(bin)
         .env("DATABASE_URL", db.url())
         .env_remove("PG_ELECTOR_LOG")
-        .args(["cron", "bench/cron", "--schedule", "* * * * * *"])
+        .args([
+            "cron",
+            "bench/cron",
+            "--schedule",
+            "* * * * * *",
+            "--catch-up",
+            "all",
+        ])
         .args([
             "--interval",
             &interval,
@@ -30,24 +39,35 @@ fn spawn(db: &TestDb, bin: &Path, log: &Path, name: &str, interval: Duration) ->
         .args([crate::CRON_CHILD, &log.to_string_lossy()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log.with_file_name(format!("cron-{name}.err")))
+                .map_or_else(|_| Stdio::null(), Stdio::from),
+        )
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e}", bin.display()))
 }
 
-/// `(due, replica)` of every run recorded in `log`.
-fn runs(log: &Path) -> Vec<(String, String)> {
+/// `(due, replica)` of every line of `kind` (`due`: a run's start, `done`: its end) in `log`.
+fn lines(log: &Path, kind: &str) -> Vec<(String, String)> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
         .filter_map(|line| {
             let words: Vec<&str> = line.split(' ').collect();
             match words[..] {
-                ["due", due, name, ..] => Some((due.to_owned(), name.to_owned())),
+                [k, due, name] if k == kind => Some((due.to_owned(), name.to_owned())),
                 _ => None,
             }
         })
         .collect()
+}
+
+/// `(due, replica)` of every run started, in `log`.
+fn runs(log: &Path) -> Vec<(String, String)> {
+    lines(log, "due")
 }
 
 /// Runs the three replicas for `span` and prints what ran.
@@ -90,11 +110,13 @@ pub(crate) async fn bench(db: &TestDb, bin: &Path, log: &Path, span: Duration, i
     for process in replicas.values_mut() {
         let _ = process.wait();
     }
-    report(&runs(log), kills, handovers);
+    let cut_off = runs(log).len().saturating_sub(lines(log, "done").len());
+    report(&runs(log), kills, handovers, cut_off);
 }
 
-/// Prints the dues that ran, twice, and those missed between the first and the last.
-fn report(runs: &[(String, String)], kills: usize, handovers: usize) {
+/// Prints the dues that started, twice, those missed between the first and the last, and the
+/// runs cut off (a kill, or a handover's SIGTERM).
+fn report(runs: &[(String, String)], kills: usize, handovers: usize, cut_off: usize) {
     let mut by_due: BTreeMap<SystemTime, Vec<&str>> = BTreeMap::new();
     for (due, name) in runs {
         let Ok(due) = humantime::parse_rfc3339(due) else {
@@ -110,14 +132,30 @@ fn report(runs: &[(String, String)], kills: usize, handovers: usize) {
     };
     let expected = last.duration_since(*first).unwrap_or_default().as_secs() + 1;
     let missed = expected.saturating_sub(by_due.len() as u64);
+    let mut gaps = Vec::new();
+    let dues: Vec<&SystemTime> = by_due.keys().collect();
+    for pair in dues.windows(2) {
+        let gap = pair[1]
+            .duration_since(*pair[0])
+            .unwrap_or_default()
+            .as_secs();
+        if gap > 1 {
+            let after = pair[0].duration_since(*first).unwrap_or_default().as_secs();
+            gaps.push(format!("{} missing after +{after} s", gap - 1));
+        }
+    }
+    if !gaps.is_empty() {
+        println!("cron: missed dues: {}", gaps.join(", "));
+    }
     let mut per_replica: BTreeMap<&str, usize> = BTreeMap::new();
     for by in by_due.values().flatten() {
         *per_replica.entry(by).or_default() += 1;
     }
     println!(
-        "\ncron, three replicas, every second: {} dues ran through {kills} SIGKILLs of the \
-         replica running them and {handovers} handovers; run twice: {twice}; missed between \
-         the first and the last: {missed}; by replica: {per_replica:?}",
+        "\ncron, three replicas, every second: {} dues started through {kills} SIGKILLs of the \
+         replica running them and {handovers} handovers; started twice: {twice}; missed \
+         between the first and the last: {missed}; runs cut off: {cut_off}; by replica: \
+         {per_replica:?}",
         by_due.len()
     );
 }
