@@ -25,6 +25,9 @@
 //! `--cron-seconds` (default 60), the replica running the dues SIGKILLed (and started again)
 //! and the lead handed over, in turn, every 5 s: every due from the first to the last started
 //! exactly once; the runs a kill or a handover's SIGTERM cut off are counted.
+//!
+//! The logs (the commands' and the cron replicas' stderr) are in a scratch directory under
+//! the temporary directory, removed at the end unless `CLI_RUN_KEEP` is set.
 
 mod child;
 mod cron;
