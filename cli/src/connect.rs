@@ -22,6 +22,7 @@ pub(crate) async fn pool(url: Option<&str>, bound: Duration) -> Result<Pool, Fai
             "no database given: pass --url or set DATABASE_URL",
         )
     })?;
+    refuse_tls(url)?;
     let pool = pg_elector::pool_from_url(url)
         .map_err(|e| Failure::new(exit::BAD_URL, format!("the database URL: {e}")))?;
     let answered = tokio::time::timeout(bound, async {
@@ -42,6 +43,20 @@ pub(crate) async fn pool(url: Option<&str>, bound: Duration) -> Result<Pool, Fai
             exit::UNREACHABLE,
             format!("cannot reach the database: no answer within {bound:?}"),
         )),
+    }
+}
+
+/// A URL that requires TLS (`sslmode=require`) is refused with its reason: the command line
+/// connects without TLS for now, and the connection would fail as if the server were down.
+fn refuse_tls(url: &str) -> Result<(), Failure> {
+    use deadpool_postgres::tokio_postgres::config::{Config, SslMode};
+    match url.parse::<Config>() {
+        Ok(config) if config.get_ssl_mode() == SslMode::Require => Err(Failure::new(
+            exit::BAD_URL,
+            "the database URL asks for TLS (sslmode=require), which pg-elector does not speak \
+             yet: use sslmode=prefer or disable, or the library with a TLS connector",
+        )),
+        _ => Ok(()),
     }
 }
 

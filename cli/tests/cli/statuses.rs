@@ -38,6 +38,9 @@ async fn bad_input_and_bad_environments_each_have_a_status() {
     check(&out, took, 78, "the database URL");
     let (out, took) = pg_elector_with(&db, Some("postgres://nobody@127.0.0.1:1/db"), &run);
     check(&out, took, 68, "cannot reach the database");
+    let tls = format!("{}?sslmode=require", db.url().split('?').next().unwrap());
+    let (out, took) = pg_elector_with(&db, Some(&tls), &run);
+    check(&out, took, 78, "sslmode=require");
     let url = db.url();
     let (out, took) = pg_elector_with(&db, Some(&url), &["run", "jobs/statuses"]);
     check(&out, took, 64, "CMD");
