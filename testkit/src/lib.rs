@@ -68,10 +68,12 @@ pub type Replicas = replicas::Members<replicas::Replica>;
 /// Start them with [`ShardMembers::builder`](replicas::Members::builder).
 pub type ShardMembers = replicas::Members<replicas::ShardMember>;
 
-/// The database side of a test, beyond [`PgServer`] and [`TestDb`]: how a server stops, a
-/// failover, a pooler, what the server says about a key, and connection settings.
+/// The database side of a test, beyond [`PgServer`] and [`TestDb`]: how a server stops, its
+/// TLS certificates, a failover, a pooler, what the server says about a key, and connection
+/// settings.
 pub mod server {
     pub use crate::pg_server::ShutdownMode;
+    pub use crate::private_server::TlsFiles;
 
     /// A database failover: a primary and a standby with clients that follow a promotion
     /// ([`Cluster`](crate::server::failover::Cluster)).

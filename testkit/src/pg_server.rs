@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::config::Host;
 
-use crate::private_server::PrivateServer;
+use crate::private_server::{PrivateServer, TlsFiles};
 use crate::{KitError, runtime};
 
 /// The connect timeout put on every configuration the harness hands out.
@@ -185,6 +185,24 @@ impl PgServer {
     /// Avoid on the shared server: other tests use it.
     pub fn restart(&self, mode: ShutdownMode) -> Result<(), KitError> {
         self.private()?.restart(mode)
+    }
+
+    /// Turns TLS on (private server only; [`KitError::NotPrivate`] otherwise), for tests of a
+    /// client that speaks it: makes a test CA and certificates with the `openssl` command
+    /// (install it with `apt-get install openssl`; what they are is in [`TlsFiles`]), sets
+    /// `ssl = on` with the server's certificate and key and the CA as `ssl_ca_file` (so `cert`
+    /// lines of `pg_hba.conf` accept the client certificate), puts the `hba` lines (e.g.
+    /// `"hostssl all tls_client 127.0.0.1/32 cert"`) at the top of `pg_hba.conf`, before the
+    /// `trust` lines, then restarts the server (`pg_ctl restart -m fast`: every connection is
+    /// cut) and returns once it accepts connections again. Blocking.
+    ///
+    /// Plain connections still work unless `hba` refuses them, and the harness needs one:
+    /// it checks the server is up as `postgres` on 127.0.0.1 without TLS, so leave that open.
+    /// TLS stays on across [`restart`](Self::restart) and [`stop`](Self::stop) +
+    /// [`start_again`](Self::start_again). Calling it again makes new certificates and adds
+    /// `hba` on top of the earlier lines.
+    pub fn enable_tls(&self, hba: &[&str]) -> Result<TlsFiles, KitError> {
+        self.private()?.enable_tls(hba)
     }
 
     /// `pg_ctl stop -m <mode>` (waits until the server is down, at most

@@ -1,9 +1,14 @@
 //! A private PostgreSQL server's life: a temp dir, `initdb`, `pg_ctl` start, stop and restart,
 //! its log, and a watchdog that cleans up even if the test process is killed. Copying it into a
 //! standby is in `private_server/standby_copy.rs`; what it needs from the host (the `postgres`
-//! user, a temp dir, a free port) in `host.rs`.
+//! user, a temp dir, a free port) in `host.rs`; its TLS in `private_server/tls.rs` (and the
+//! certificates' paths in `private_server/tls_files.rs`).
 
 mod standby_copy;
+mod tls;
+mod tls_files;
+
+pub use tls_files::TlsFiles;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::process::CommandExt;
@@ -192,10 +197,11 @@ impl PrivateServer {
             .map_err(|e| KitError::io("writing postgresql.conf", e))
     }
 
-    /// Writes the harness settings, including the port.
+    /// Writes the harness settings, including the port, and the TLS settings once
+    /// `enable_tls` made the certificates (so that rewriting the settings keeps TLS on).
     fn write_settings(&self, port: u16) -> Result<(), KitError> {
         let path = self.data_dir.join("harness.conf");
-        let settings = format!(
+        let mut settings = format!(
             "listen_addresses = '127.0.0.1'\n\
              port = {port}\n\
              unix_socket_directories = ''\n\
@@ -209,6 +215,7 @@ impl PrivateServer {
              log_connections = on\n\
              log_line_prefix = '%m [%p] %q%u@%d '\n"
         );
+        settings.push_str(&self.tls_settings());
         std::fs::write(&path, settings).map_err(|e| KitError::io("writing harness.conf", e))?;
         if let Some(RunAs { uid, gid }) = self.run_as {
             std::os::unix::fs::chown(&path, Some(uid), Some(gid))
