@@ -10,7 +10,8 @@ pub(crate) const OK: i32 = 0;
 pub(crate) const USAGE: i32 = 64;
 /// `cron`: the schedule cannot be read (a bad cron expression, an unknown time zone).
 pub(crate) const BAD_SCHEDULE: i32 = 65;
-/// The database could not be reached, or refused the login.
+/// The database could not be reached, or refused the login (TLS included: the server's
+/// certificate did not check out, or the server speaks no TLS where it is required).
 pub(crate) const UNREACHABLE: i32 = 68;
 /// The handover was refused: nobody leads the key.
 pub(crate) const NO_LEADER: i32 = 69;
@@ -20,7 +21,8 @@ pub(crate) const NO_SUCH_STANDBY: i32 = 67;
 pub(crate) const INTERNAL: i32 = 70;
 /// No answer in time: the handover may or may not have been asked.
 pub(crate) const TIMEOUT: i32 = 75;
-/// The database URL is missing or cannot be read.
+/// The database URL is missing or cannot be read, or its TLS settings cannot be carried out
+/// (a certificate file that cannot be read, no root certificate for `verify-full`).
 pub(crate) const BAD_URL: i32 = 78;
 /// `run`: the command was found but cannot be run (as a shell says).
 pub(crate) const CANNOT_RUN: i32 = 126;
@@ -35,11 +37,13 @@ Exit statuses:
   64   the command line cannot be read
   65   cron: the schedule cannot be read (a bad cron expression, an unknown time zone)
   67   handover refused: no live standby with that identity (or none at all)
-  68   the database cannot be reached, or refused the login
+  68   the database cannot be reached, or refused the login (TLS too: a certificate
+       that does not check out, a server without TLS under sslmode=require)
   69   handover refused: nobody leads the key
   70   a query failed, or an error inside pg-elector
   75   no answer in time (a handover may or may not have been asked)
-  78   the database URL is missing or cannot be read
+  78   the database URL is missing or cannot be read, or names a certificate file that
+       cannot be read (or none where sslmode=verify-ca or verify-full needs one)
   126  run, cron: the command cannot be run
   127  run, cron: the command was not found
   run exits with its command's own status when the command ends while leading

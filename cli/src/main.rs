@@ -23,7 +23,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "pg-elector", version, after_help = exit::HELP)]
 struct Cli {
-    /// The database, as a URL (postgres://user@host/db) or key=value pairs.
+    /// The database, as a URL (postgres://user@host/db) or key=value pairs. TLS as libpq's
+    /// settings say: sslmode=disable|allow|prefer (the default)|require|verify-ca|verify-full,
+    /// sslrootcert=FILE|system, sslcert=FILE, sslkey=FILE.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     url: Option<String>,
     #[command(subcommand)]

@@ -8,3 +8,4 @@ mod partition;
 mod run;
 mod status;
 mod statuses;
+mod tls;

@@ -13,6 +13,8 @@ fn pg_elector_with(
     args: &[&str],
 ) -> (Output, Duration) {
     let mut command = pg_elector(db);
+    // No ~/.postgresql/root.crt of the machine's user decides what a URL without roots does.
+    command.env("HOME", "/nonexistent");
     match url {
         Some(url) => command.env("DATABASE_URL", url),
         None => command.env_remove("DATABASE_URL"),
@@ -40,7 +42,13 @@ async fn bad_input_and_bad_environments_each_have_a_status() {
     check(&out, took, 68, "cannot reach the database");
     let tls = format!("{}?sslmode=require", db.url().split('?').next().unwrap());
     let (out, took) = pg_elector_with(&db, Some(&tls), &run);
-    check(&out, took, 78, "sslmode=require");
+    check(&out, took, 68, "server does not support TLS");
+    let verify = format!(
+        "{}?sslmode=verify-full",
+        db.url().split('?').next().unwrap()
+    );
+    let (out, took) = pg_elector_with(&db, Some(&verify), &run);
+    check(&out, took, 78, "no root certificate");
     let url = db.url();
     let (out, took) = pg_elector_with(&db, Some(&url), &["run", "jobs/statuses"]);
     check(&out, took, 64, "CMD");

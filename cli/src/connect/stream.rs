@@ -1,0 +1,100 @@
+//! rustls under tokio-postgres: the three traits through which it starts TLS on a socket. The
+//! server's name is read when TLS starts, not when the connection is planned, so that a Unix
+//! socket (no name) connects as before.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use deadpool_postgres::tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// TLS for every connection of a pool, as one rustls configuration says.
+#[derive(Debug, Clone)]
+pub(crate) struct MakeTls(pub(crate) Arc<ClientConfig>);
+
+/// TLS for one connection to `host`.
+#[derive(Debug)]
+pub(crate) struct Connect {
+    config: Arc<ClientConfig>,
+    host: String,
+}
+
+/// A TLS session over a socket.
+#[derive(Debug)]
+pub(crate) struct Stream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S> MakeTlsConnect<S> for MakeTls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = Stream<S>;
+    type TlsConnect = Connect;
+    type Error = std::convert::Infallible;
+
+    fn make_tls_connect(&mut self, host: &str) -> Result<Connect, Self::Error> {
+        let (config, host) = (self.0.clone(), host.to_owned());
+        Ok(Connect { config, host })
+    }
+}
+
+impl<S> TlsConnect<S> for Connect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = Stream<S>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Stream<S>>> + Send>>;
+
+    fn connect(self, socket: S) -> Self::Future {
+        Box::pin(async move {
+            let name = ServerName::try_from(self.host).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("the host's name: {e}"))
+            })?;
+            let connector = tokio_rustls::TlsConnector::from(self.config);
+            Ok(Stream(connector.connect(name, socket).await?))
+        })
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> deadpool_postgres::tokio_postgres::tls::TlsStream
+    for Stream<S>
+{
+    /// None: SCRAM's channel binding needs the hash of the server's certificate by its
+    /// signature's algorithm; `channel_binding=prefer` (the default) goes without it.
+    fn channel_binding(&self) -> ChannelBinding {
+        ChannelBinding::none()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
