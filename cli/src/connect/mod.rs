@@ -1,6 +1,7 @@
 //! The database connection of every command: a pool from `--url` or `DATABASE_URL`, checked
 //! once before anything else so that a wrong address is a clear failure, not a quiet retry.
 
+mod binding;
 mod params;
 mod stream;
 mod tls;
@@ -72,15 +73,42 @@ fn pool_of(url: &str, size: usize) -> Result<Pool, Failure> {
         (split.rest.parse()).map_err(|e| bad_url(format!("the database URL: {e}")))?;
     let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
     let plan = tls::plan(&split.tls, home.as_deref(), &|file| file.exists()).map_err(bad_url)?;
-    config.ssl_mode(plan.wire);
-    let tls = MakeTls(Arc::new(tls::client_config(&plan).map_err(bad_url)?));
+    // Read once now, so that a file that cannot be read is a bad URL at the start, not a retry.
+    tls::client_config(&plan).map_err(bad_url)?;
+    settle(&mut config, &plan).map_err(bad_url)?;
     let recycling_method = RecyclingMethod::Fast;
+    let tls = MakeTls(Arc::new(plan));
     let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method });
     (Pool::builder(manager)
         .max_size(size)
         .runtime(Runtime::Tokio1)
         .build())
     .map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))
+}
+
+/// What tokio-postgres is told of TLS: the plan's mode, except on Unix sockets (which libpq
+/// connects without TLS whatever `sslmode` says); and a `hostaddr` without a `host` as the
+/// host, so that TLS has a name to check (tokio-postgres refuses TLS without one).
+fn settle(config: &mut Config, plan: &tls::Plan) -> Result<(), String> {
+    use deadpool_postgres::tokio_postgres::config::{Host, SslMode};
+    // Every sslmode was taken out of the URL: one that tokio-postgres still read is one the
+    // split missed, and setting the plan's over it would weaken what the URL asked.
+    if config.get_ssl_mode() != SslMode::Prefer {
+        return Err("the database URL: an sslmode where pg-elector cannot read it".to_owned());
+    }
+    if config.get_hosts().is_empty() {
+        for address in config.get_hostaddrs().to_vec() {
+            config.host(address.to_string());
+        }
+    }
+    let hosts = config.get_hosts();
+    let sockets_only = !hosts.is_empty() && hosts.iter().all(|h| matches!(h, Host::Unix(_)));
+    config.ssl_mode(if sockets_only {
+        SslMode::Disable
+    } else {
+        plan.wire
+    });
+    Ok(())
 }
 
 /// A pool's error without deadpool's "Error occurred while creating a new object" in front,
@@ -102,4 +130,42 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         cause = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use deadpool_postgres::tokio_postgres::config::{Host, SslMode};
+
+    use super::*;
+
+    fn settled(url: &str) -> Result<Config, String> {
+        let split = params::split(url)?;
+        let mut config: Config = split.rest.parse().map_err(|e| format!("{e}"))?;
+        let plan = tls::plan(&split.tls, None, &|_| false)?;
+        settle(&mut config, &plan)?;
+        Ok(config)
+    }
+
+    #[test]
+    fn a_hostaddr_alone_names_the_host_and_sockets_go_without_tls() {
+        let by_address = settled("hostaddr=127.0.0.1 user=u sslmode=require").unwrap();
+        assert_eq!(by_address.get_hosts(), [Host::Tcp("127.0.0.1".into())]);
+        assert_eq!(by_address.get_ssl_mode(), SslMode::Require);
+        let socket = settled("host=/var/run/postgresql user=u sslmode=require").unwrap();
+        assert_eq!(socket.get_ssl_mode(), SslMode::Disable);
+        let full = settled("postgres://u@db/app?sslmode=verify-full&sslrootcert=/ca").unwrap();
+        assert_eq!(full.get_ssl_mode(), SslMode::Require);
+        assert_eq!(
+            settled("postgres://u@db/app").unwrap().get_ssl_mode(),
+            SslMode::Prefer
+        );
+    }
+
+    #[test]
+    fn an_sslmode_the_split_missed_is_refused_not_weakened() {
+        let mut config: Config = "host=db sslmode=require".parse().unwrap();
+        let plan = tls::plan(&Default::default(), None, &|_| false).unwrap();
+        let refused = settle(&mut config, &plan).unwrap_err();
+        assert!(refused.contains("sslmode"), "{refused}");
+    }
 }

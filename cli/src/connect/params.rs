@@ -43,12 +43,17 @@ pub(crate) fn split(url: &str) -> Result<Split, String> {
 
 fn split_url(url: &str) -> Result<Split, String> {
     let mut tls = TlsParams::default();
-    let Some((base, query)) = url.split_once('?') else {
+    // Where tokio-postgres finds the query: after the credentials (up to the first `@`, so a
+    // password may hold a `?`), at the first `?`.
+    let after_scheme = url.find("://").map_or(0, |at| at + 3);
+    let from = (url[after_scheme..].find('@')).map_or(after_scheme, |at| after_scheme + at + 1);
+    let Some(mark) = url[from..].find('?').map(|at| from + at) else {
         return Ok(Split {
             rest: url.to_owned(),
             tls,
         });
     };
+    let (base, query) = (&url[..mark], &url[mark + 1..]);
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -118,7 +123,12 @@ fn read_value(text: &str) -> Option<(String, usize)> {
     let mut chars = text.char_indices().skip(usize::from(quoted));
     while let Some((i, c)) = chars.next() {
         match c {
-            '\\' => value.push(chars.next()?.1),
+            // A backslash at the very end escapes nothing (tokio-postgres drops it too).
+            '\\' => match chars.next() {
+                Some((_, next)) => value.push(next),
+                None if !quoted => return Some((value, text.len())),
+                None => return None,
+            },
             '\'' if quoted => return Some((value, i + 1)),
             c if !quoted && c.is_whitespace() => return Some((value, i)),
             c => value.push(c),
@@ -219,6 +229,20 @@ mod tests {
         let open = split_key_values("host=db password='open sslmode=disable").unwrap();
         assert_eq!(open.rest, "host=db password='open sslmode=disable");
         assert_eq!(open.tls.mode, None);
+    }
+
+    /// Found where tokio-postgres finds them, so that none is left for it to read (it would
+    /// read `require` and the pool would then set `prefer`).
+    #[test]
+    fn a_question_mark_in_the_password_or_a_last_backslash_hides_no_setting() {
+        let got = split("postgres://u:pa?ss@db/app?sslmode=require").unwrap();
+        assert_eq!(got.rest, "postgres://u:pa?ss@db/app");
+        assert_eq!(got.tls.mode, Some(SslMode::Require));
+        let got = split("host=db sslmode=require\\").unwrap();
+        assert_eq!(
+            (got.rest.as_str(), got.tls.mode),
+            ("host=db", Some(SslMode::Require))
+        );
     }
 
     #[test]

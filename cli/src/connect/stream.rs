@@ -13,9 +13,13 @@ use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// TLS for every connection of a pool, as one rustls configuration says.
+use super::tls::{Plan, client_config};
+
+/// TLS for every connection of a pool, as the URL's settings say. The files are read again for
+/// each connection, as libpq reads them: a certificate renewed while `run` leads for weeks
+/// serves its next connection.
 #[derive(Debug, Clone)]
-pub(crate) struct MakeTls(pub(crate) Arc<ClientConfig>);
+pub(crate) struct MakeTls(pub(crate) Arc<Plan>);
 
 /// TLS for one connection to `host`.
 #[derive(Debug)]
@@ -34,10 +38,11 @@ where
 {
     type Stream = Stream<S>;
     type TlsConnect = Connect;
-    type Error = std::convert::Infallible;
+    type Error = String;
 
-    fn make_tls_connect(&mut self, host: &str) -> Result<Connect, Self::Error> {
-        let (config, host) = (self.0.clone(), host.to_owned());
+    fn make_tls_connect(&mut self, host: &str) -> Result<Connect, String> {
+        let config = Arc::new(client_config(&self.0)?);
+        let host = host.to_owned();
         Ok(Connect { config, host })
     }
 }
@@ -64,10 +69,18 @@ where
 impl<S: AsyncRead + AsyncWrite + Unpin> deadpool_postgres::tokio_postgres::tls::TlsStream
     for Stream<S>
 {
-    /// None: SCRAM's channel binding needs the hash of the server's certificate by its
-    /// signature's algorithm; `channel_binding=prefer` (the default) goes without it.
+    /// `tls-server-end-point`, from the server's certificate (none where it has no binding).
     fn channel_binding(&self) -> ChannelBinding {
-        ChannelBinding::none()
+        let certificate = self
+            .0
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first());
+        match certificate.and_then(|c| super::binding::server_end_point(c)) {
+            Some(hash) => ChannelBinding::tls_server_end_point(hash),
+            None => ChannelBinding::none(),
+        }
     }
 }
 

@@ -52,7 +52,13 @@ pub(crate) fn plan(
     home: Option<&Path>,
     exists: &dyn Fn(&Path) -> bool,
 ) -> Result<Plan, String> {
-    let mode = params.mode.unwrap_or(SslMode::Prefer);
+    // libpq 16: trusting the system's roots defaults to checking names.
+    let system = params.root_cert.as_deref() == Some("system");
+    let mode = (params.mode).unwrap_or(if system {
+        SslMode::VerifyFull
+    } else {
+        SslMode::Prefer
+    });
     let wire = match mode {
         SslMode::Disable => WireMode::Disable,
         SslMode::Allow | SslMode::Prefer => WireMode::Prefer,
@@ -334,6 +340,11 @@ mod tests {
         assert!(e.contains("verify-full"), "{e}");
         let system = plan_of(&params(Some(SslMode::VerifyFull), Some("system")), &[]).unwrap();
         assert_eq!(system.roots, Some(Roots::System));
+        let system = plan_of(&params(None, Some("system")), &[]).unwrap();
+        assert_eq!(
+            (system.check, system.roots),
+            (Check::ChainAndName, Some(Roots::System))
+        );
     }
 
     #[test]

@@ -18,8 +18,10 @@ pub(crate) async fn database() -> TestDb {
 /// The binary, told to reach `db`.
 pub(crate) fn pg_elector(db: &TestDb) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pg-elector"));
+    // No ~/.postgresql file of the machine's user decides how the tests connect.
     command
         .env("DATABASE_URL", db.url())
+        .env("HOME", "/nonexistent")
         .env_remove("PG_ELECTOR_LOG");
     command
 }

@@ -13,8 +13,6 @@ fn pg_elector_with(
     args: &[&str],
 ) -> (Output, Duration) {
     let mut command = pg_elector(db);
-    // No ~/.postgresql/root.crt of the machine's user decides what a URL without roots does.
-    command.env("HOME", "/nonexistent");
     match url {
         Some(url) => command.env("DATABASE_URL", url),
         None => command.env_remove("DATABASE_URL"),

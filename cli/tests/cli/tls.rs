@@ -3,12 +3,15 @@
 //! certificate names `localhost` only, and one user logs in by client certificate.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use pg_elector::LockKey;
 use pg_elector_testkit::PgServer;
+use pg_elector_testkit::replicas::timing;
 use pg_elector_testkit::server::TlsFiles;
+use pg_elector_testkit::server::sql::{holders, terminate};
 
 use crate::common::*;
 
@@ -16,6 +19,8 @@ use crate::common::*;
 const TLS_ONLY: &str = "tls_only";
 /// A user that logs in by client certificate (the kit's client certificate names it).
 const BY_CERT: &str = "tls_client";
+/// A user that logs in by password (SCRAM), over TLS only.
+const BY_PASSWORD: &str = "tls_scram";
 
 struct TlsServer {
     server: PgServer,
@@ -38,8 +43,9 @@ fn tls_server() -> &'static TlsServer {
         });
         let files = server
             .enable_tls(&[
-                &format!("hostnossl all {TLS_ONLY},{BY_CERT} 127.0.0.1/32 reject"),
+                &format!("hostnossl all {TLS_ONLY},{BY_CERT},{BY_PASSWORD} 127.0.0.1/32 reject"),
                 &format!("hostssl all {BY_CERT} 127.0.0.1/32 cert"),
+                &format!("hostssl all {BY_PASSWORD} 127.0.0.1/32 scram-sha-256"),
             ])
             .unwrap_or_else(|e| panic!("{e}"));
         TlsServer { server, files }
@@ -57,6 +63,11 @@ async fn add_users(server: &PgServer) {
         let sql = format!("CREATE ROLE {user} LOGIN SUPERUSER");
         client.batch_execute(&sql).await.unwrap();
     }
+    let sql = format!(
+        "SET password_encryption = 'scram-sha-256'; \
+         CREATE ROLE {BY_PASSWORD} LOGIN SUPERUSER PASSWORD 'secret'"
+    );
+    client.batch_execute(&sql).await.unwrap();
 }
 
 /// `postgres://USER@HOST:PORT/postgres?QUERY` on the module's server.
@@ -84,8 +95,8 @@ fn pg_elector_at(url: &str, home: &Path, args: &[&str]) -> Output {
     output
 }
 
-/// `pg-elector status` with `url` ends with `status`, its stderr saying `says`.
-fn status_is(url: &str, home: &Path, status: i32, says: &str) {
+/// `pg-elector status` with `url` ends with `status`, its stderr saying `says`; its stderr.
+fn status_is(url: &str, home: &Path, status: i32, says: &str) -> String {
     let out = pg_elector_at(url, home, &["status"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(status), "{url}: {stderr}");
@@ -94,6 +105,7 @@ fn status_is(url: &str, home: &Path, status: i32, says: &str) {
         "{url}: expected {says:?} in {stderr}"
     );
     assert!(!stderr.contains("panicked"), "{url}: {stderr}");
+    stderr.into_owned()
 }
 
 /// An empty home: no `~/.postgresql` files.
@@ -122,6 +134,27 @@ fn the_server_is_checked_as_sslmode_says() {
     status_is(&by_address, &home, 68, "not valid for name");
     let chain_only = url(TLS_ONLY, "127.0.0.1", &format!("sslmode=verify-ca&{ca}"));
     status_is(&chain_only, &home, 0, "");
+    let strange_chain = url(
+        TLS_ONLY,
+        "127.0.0.1",
+        &format!("sslmode=verify-ca&{stranger}"),
+    );
+    status_is(&strange_chain, &home, 68, "invalid peer certificate");
+    // An address alone (hostaddr, no host) is the name TLS checks.
+    let address_only = |mode: &str| {
+        format!(
+            "hostaddr=127.0.0.1 port={port} user={TLS_ONLY} dbname=postgres sslmode={mode} \
+             sslrootcert='{}'",
+            files.root_cert().display()
+        )
+    };
+    status_is(&address_only("verify-ca"), &home, 0, "");
+    status_is(
+        &address_only("verify-full"),
+        &home,
+        68,
+        "not valid for name",
+    );
     // require: encrypted without a root; with a root, the chain must lead to it.
     status_is(&url(TLS_ONLY, "127.0.0.1", "sslmode=require"), &home, 0, "");
     let strange = url(
@@ -188,6 +221,36 @@ fn a_client_certificate_logs_in_where_the_server_asks_for_one() {
     );
 }
 
+/// A password login binds itself to the TLS session (SCRAM-SHA-256-PLUS): with
+/// `channel_binding=require`, it logs in only if the binding from the server's certificate is
+/// the server's own.
+#[test]
+fn a_password_login_binds_to_the_tls_session() {
+    let (files, scratch) = (&tls_server().files, Scratch::new("tls-scram"));
+    let home = empty_home(&scratch);
+    let user = format!("{BY_PASSWORD}:secret");
+    let ca = root(&files.root_cert());
+    let bound = url(
+        &user,
+        "localhost",
+        &format!("sslmode=verify-full&{ca}&channel_binding=require"),
+    );
+    status_is(&bound, &home, 0, "");
+    let unchecked = url(
+        &user,
+        "127.0.0.1",
+        "sslmode=require&channel_binding=require",
+    );
+    status_is(&unchecked, &home, 0, "");
+    let wrong = url(
+        &format!("{BY_PASSWORD}:n0tit"),
+        "localhost",
+        &format!("sslmode=verify-full&{ca}"),
+    );
+    let said = status_is(&wrong, &home, 68, "password authentication failed");
+    assert!(!said.contains("n0tit"), "the password stays out: {said}");
+}
+
 /// `run` elects and runs its command over TLS (the user is refused without it): the lock
 /// session and the standby's checks go through the same pool.
 #[test]
@@ -215,4 +278,65 @@ fn run_leads_over_tls() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "the command's status: {stderr}");
     assert_eq!(scratch.lines("ran"), ["jobs/tls"], "{stderr}");
+}
+
+/// A lock session over TLS that the server ends: the command is killed at once, as over a
+/// plain connection (the end of the TLS session is the end of the socket).
+#[tokio::test]
+async fn a_lost_lock_session_over_tls_ends_the_command_at_once() {
+    let _timing = timing();
+    let (files, scratch) = (&tls_server().files, Scratch::new("tls-lost"));
+    let home = empty_home(&scratch);
+    let ca = root(&files.root_cert());
+    let full = url(TLS_ONLY, "localhost", &format!("sslmode=verify-full&{ca}"));
+    let pid_file = scratch.path("child");
+    let script = format!("echo $$ > {}; exec sleep 1000", pid_file.display());
+    let mut run = Command::new(env!("CARGO_BIN_EXE_pg-elector"))
+        .env("DATABASE_URL", &full)
+        .env("HOME", &home)
+        .args([
+            "run",
+            "jobs/tls-lost",
+            "--interval",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(scratch.path("run.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let child = pid_in(&pid_file, Duration::from_secs(10));
+    let (admin, connection) = tls_server()
+        .server
+        .config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let holder = holders(&admin, LockKey::from_name("jobs/tls-lost"))
+        .await
+        .unwrap();
+    assert_eq!(holder.len(), 1, "one lock session: {holder:?}");
+    let tls: bool = admin
+        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&holder[0]])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(tls, "the lock session speaks TLS");
+    terminate(&admin, holder[0]).await.unwrap();
+    let ended = Instant::now();
+    let gone = wait_until(Duration::from_secs(5), || (!alive(child)).then_some(()));
+    let took = ended.elapsed();
+    let _ = run.kill();
+    let _ = run.wait();
+    assert!(gone.is_some(), "the command outlived the lost lead");
+    // The session's end is seen within milliseconds; I of slack.
+    assert!(
+        took < I,
+        "the command was gone {took:?} after the session ended"
+    );
 }

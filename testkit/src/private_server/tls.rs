@@ -129,7 +129,11 @@ impl PrivateServer {
     /// Runs `openssl {args}` as the server's user in `dir`; an error carries its stderr.
     fn openssl(&self, exe: &Path, dir: &Path, args: &[&str], what: &str) -> Result<(), KitError> {
         let mut command = self.command_as(exe);
-        command.current_dir(dir).args(args);
+        // Our configuration for every command, so that the machine's openssl.cnf plays no part.
+        command
+            .current_dir(dir)
+            .env("OPENSSL_CONF", dir.join("openssl.cnf"))
+            .args(args);
         let out = output_within(command, COMMAND_TIMEOUT, what)?;
         if out.status.success() {
             return Ok(());
