@@ -6,8 +6,11 @@
 
 use ring::digest;
 
-/// The binding data for the certificate `der`; `None` for a signature algorithm the RFC leaves
-/// without one (Ed25519, RSA-PSS), where PostgreSQL offers no binding either.
+/// The binding data for the certificate `der`; `None` for other signature algorithms: RSA-PSS
+/// (whose hash is in the algorithm's parameters, and which a server built on an older OpenSSL
+/// refuses to bind) and Ed25519 (which the RFC leaves without a hash, and whose binding the
+/// server cannot compute). `None` logs in without binding (`channel_binding=prefer`, the
+/// default); `channel_binding=require` then fails with "server did not use channel binding".
 pub(crate) fn server_end_point(der: &[u8]) -> Option<Vec<u8>> {
     let algorithm = hash_of(signature_algorithm(der)?)?;
     Some(digest::digest(algorithm, der).as_ref().to_vec())

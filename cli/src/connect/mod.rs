@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use deadpool_postgres::tokio_postgres::Config;
+use deadpool_postgres::tokio_postgres::config::{Host, SslMode};
 
 use crate::exit::{self, Failure};
 use stream::MakeTls;
@@ -73,11 +74,10 @@ fn pool_of(url: &str, size: usize) -> Result<Pool, Failure> {
         (split.rest.parse()).map_err(|e| bad_url(format!("the database URL: {e}")))?;
     let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
     let plan = tls::plan(&split.tls, home.as_deref(), &|file| file.exists()).map_err(bad_url)?;
-    // Read once now, so that a file that cannot be read is a bad URL at the start, not a retry.
-    tls::client_config(&plan).map_err(bad_url)?;
-    settle(&mut config, &plan).map_err(bad_url)?;
+    let tls = tls::Tls::new(plan).map_err(bad_url)?;
+    settle(&mut config, tls.wire()).map_err(bad_url)?;
     let recycling_method = RecyclingMethod::Fast;
-    let tls = MakeTls(Arc::new(plan));
+    let tls = MakeTls(Arc::new(tls));
     let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method });
     (Pool::builder(manager)
         .max_size(size)
@@ -86,11 +86,11 @@ fn pool_of(url: &str, size: usize) -> Result<Pool, Failure> {
     .map_err(|e| Failure::new(exit::INTERNAL, e.to_string()))
 }
 
-/// What tokio-postgres is told of TLS: the plan's mode, except on Unix sockets (which libpq
-/// connects without TLS whatever `sslmode` says); and a `hostaddr` without a `host` as the
-/// host, so that TLS has a name to check (tokio-postgres refuses TLS without one).
-fn settle(config: &mut Config, plan: &tls::Plan) -> Result<(), String> {
-    use deadpool_postgres::tokio_postgres::config::{Host, SslMode};
+/// What tokio-postgres is told of TLS: `wire`, except for Unix sockets alone (which libpq
+/// connects without TLS whatever `sslmode` says; a socket host with a `hostaddr` is a TCP
+/// connection, and keeps `wire`); and a `hostaddr` without a `host` as the host, so that TLS
+/// has a name to check (tokio-postgres refuses TLS without one).
+fn settle(config: &mut Config, wire: SslMode) -> Result<(), String> {
     // Every sslmode was taken out of the URL: one that tokio-postgres still read is one the
     // split missed, and setting the plan's over it would weaken what the URL asked.
     if config.get_ssl_mode() != SslMode::Prefer {
@@ -102,12 +102,10 @@ fn settle(config: &mut Config, plan: &tls::Plan) -> Result<(), String> {
         }
     }
     let hosts = config.get_hosts();
-    let sockets_only = !hosts.is_empty() && hosts.iter().all(|h| matches!(h, Host::Unix(_)));
-    config.ssl_mode(if sockets_only {
-        SslMode::Disable
-    } else {
-        plan.wire
-    });
+    let sockets_only = config.get_hostaddrs().is_empty()
+        && !hosts.is_empty()
+        && hosts.iter().all(|h| matches!(h, Host::Unix(_)));
+    config.ssl_mode(if sockets_only { SslMode::Disable } else { wire });
     Ok(())
 }
 
@@ -134,15 +132,13 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use deadpool_postgres::tokio_postgres::config::{Host, SslMode};
-
     use super::*;
 
     fn settled(url: &str) -> Result<Config, String> {
         let split = params::split(url)?;
         let mut config: Config = split.rest.parse().map_err(|e| format!("{e}"))?;
         let plan = tls::plan(&split.tls, None, &|_| false)?;
-        settle(&mut config, &plan)?;
+        settle(&mut config, plan.wire)?;
         Ok(config)
     }
 
@@ -153,6 +149,12 @@ mod tests {
         assert_eq!(by_address.get_ssl_mode(), SslMode::Require);
         let socket = settled("host=/var/run/postgresql user=u sslmode=require").unwrap();
         assert_eq!(socket.get_ssl_mode(), SslMode::Disable);
+        let tcp = "host=/var/run/postgresql hostaddr=10.0.0.5 user=u sslmode=require";
+        assert_eq!(
+            settled(tcp).unwrap().get_ssl_mode(),
+            SslMode::Require,
+            "TCP after all"
+        );
         let full = settled("postgres://u@db/app?sslmode=verify-full&sslrootcert=/ca").unwrap();
         assert_eq!(full.get_ssl_mode(), SslMode::Require);
         assert_eq!(
@@ -165,7 +167,7 @@ mod tests {
     fn an_sslmode_the_split_missed_is_refused_not_weakened() {
         let mut config: Config = "host=db sslmode=require".parse().unwrap();
         let plan = tls::plan(&Default::default(), None, &|_| false).unwrap();
-        let refused = settle(&mut config, &plan).unwrap_err();
+        let refused = settle(&mut config, plan.wire).unwrap_err();
         assert!(refused.contains("sslmode"), "{refused}");
     }
 }

@@ -46,7 +46,17 @@ fn split_url(url: &str) -> Result<Split, String> {
     // Where tokio-postgres finds the query: after the credentials (up to the first `@`, so a
     // password may hold a `?`), at the first `?`.
     let after_scheme = url.find("://").map_or(0, |at| at + 3);
-    let from = (url[after_scheme..].find('@')).map_or(after_scheme, |at| after_scheme + at + 1);
+    let credentials_end = url[after_scheme..].find('@').map(|at| after_scheme + at);
+    // libpq ends the credentials at a `/` (the host's end) and tokio-postgres does not: an `@`
+    // in the path or the query would make them read different hosts and settings.
+    if credentials_end.is_some_and(|end| url[after_scheme..end].contains('/')) {
+        return Err(
+            "the database URL has an '@' after the host: write it as %40 (and a '/' \
+             in a user name or password as %2F)"
+                .to_owned(),
+        );
+    }
+    let from = credentials_end.map_or(after_scheme, |end| end + 1);
     let Some(mark) = url[from..].find('?').map(|at| from + at) else {
         return Ok(Split {
             rest: url.to_owned(),
@@ -75,7 +85,8 @@ fn decode(text: &str) -> Result<Cow<'_, str>, String> {
 }
 
 /// Splits the `key=value` form. Where the text stops making sense (no `=`, an open quote),
-/// the rest is kept as it is, for tokio-postgres to name the mistake.
+/// it is refused: tokio-postgres would stop reading there without a word, settings after it
+/// (an sslmode) unread.
 fn split_key_values(text: &str) -> Result<Split, String> {
     let mut tls = TlsParams::default();
     let mut kept = Vec::new();
@@ -87,7 +98,12 @@ fn split_key_values(text: &str) -> Result<Split, String> {
         at = end;
     }
     if !text[at..].trim().is_empty() {
-        kept.push(text[at..].trim_start());
+        // Not the text itself: it may hold a password.
+        return Err(format!(
+            "the database URL: cannot read its key=value pairs from character {} on (a key \
+             without '=', or a quote left open)",
+            text[..at].chars().count() + blanks(&text[at..]) + 1
+        ));
     }
     Ok(Split {
         rest: kept.join(" "),
@@ -222,13 +238,16 @@ mod tests {
     }
 
     #[test]
-    fn what_cannot_be_read_is_left_for_tokio_postgres_to_name() {
-        let got = split("host=db sslmode=require user").unwrap();
-        assert_eq!(got.rest, "host=db user");
-        assert_eq!(got.tls.mode, Some(SslMode::Require));
-        let open = split_key_values("host=db password='open sslmode=disable").unwrap();
-        assert_eq!(open.rest, "host=db password='open sslmode=disable");
-        assert_eq!(open.tls.mode, None);
+    fn what_cannot_be_read_is_refused_without_the_password() {
+        let e = split("host=db sslmode=require user").unwrap_err();
+        assert!(e.contains("character 25"), "{e}");
+        let e = split("host=db password='s3cret sslmode=verify-full").unwrap_err();
+        assert!(e.contains("character 9") && !e.contains("s3cret"), "{e}");
+        let e = split("host=db =x sslmode=verify-full").unwrap_err();
+        assert!(e.contains("character 9"), "{e}");
+        let e = split("postgres://db/app?sslmode=verify-full&application_name=a@b").unwrap_err();
+        assert!(e.contains("%40"), "{e}");
+        assert!(split("postgres://u:p%2Fw@db/app").is_ok());
     }
 
     /// Found where tokio-postgres finds them, so that none is left for it to read (it would

@@ -9,22 +9,21 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use deadpool_postgres::tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
-use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::tls::{Plan, client_config};
+use super::tls::Tls;
 
-/// TLS for every connection of a pool, as the URL's settings say. The files are read again for
-/// each connection, as libpq reads them: a certificate renewed while `run` leads for weeks
-/// serves its next connection.
+/// TLS for every connection of a pool, as the URL's settings say. The files are read again
+/// when a connection starts TLS, as libpq reads them: a certificate renewed while `run` leads
+/// for weeks serves its next connection.
 #[derive(Debug, Clone)]
-pub(crate) struct MakeTls(pub(crate) Arc<Plan>);
+pub(crate) struct MakeTls(pub(crate) Arc<Tls>);
 
 /// TLS for one connection to `host`.
 #[derive(Debug)]
 pub(crate) struct Connect {
-    config: Arc<ClientConfig>,
+    tls: Arc<Tls>,
     host: String,
 }
 
@@ -38,12 +37,11 @@ where
 {
     type Stream = Stream<S>;
     type TlsConnect = Connect;
-    type Error = String;
+    type Error = std::convert::Infallible;
 
-    fn make_tls_connect(&mut self, host: &str) -> Result<Connect, String> {
-        let config = Arc::new(client_config(&self.0)?);
-        let host = host.to_owned();
-        Ok(Connect { config, host })
+    fn make_tls_connect(&mut self, host: &str) -> Result<Connect, Self::Error> {
+        let (tls, host) = (self.0.clone(), host.to_owned());
+        Ok(Connect { tls, host })
     }
 }
 
@@ -60,7 +58,13 @@ where
             let name = ServerName::try_from(self.host).map_err(|e| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("the host's name: {e}"))
             })?;
-            let connector = tokio_rustls::TlsConnector::from(self.config);
+            // Files read off the command's one thread (a slow disk would stall the elector).
+            let tls = self.tls;
+            let config = tokio::task::spawn_blocking(move || tls.client_config())
+                .await
+                .map_err(io::Error::other)?
+                .map_err(io::Error::other)?;
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
             Ok(Stream(connector.connect(name, socket).await?))
         })
     }

@@ -121,70 +121,102 @@ fn no_key(cert: &Path) -> String {
     )
 }
 
-/// The rustls configuration that carries out `plan`. Errors name the file that could not be
-/// read.
-pub(crate) fn client_config(plan: &Plan) -> Result<ClientConfig, String> {
-    // ring, deprecated by rustls 0.23.48 for its lack of post-quantum key exchange: aws-lc-rs
-    // has it, at three times ring's build (CI's time budget). PostgreSQL's own TLS (OpenSSL)
-    // offers no post-quantum groups before OpenSSL 3.5 either.
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = verifier(plan, &provider)?;
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier);
-    let mut config = match &plan.client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let certs = certificates(cert, "sslcert")?;
-            let key = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("the database URL's sslkey {}: {e}", key.display()))?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| format!("the database URL's sslcert and sslkey: {e}"))?
-        }
-    };
-    // What PostgreSQL 17 asks of a direct TLS connection (sslnegotiation=direct), and what
-    // libpq offers every time; older servers ignore it.
-    config.alpn_protocols = vec![b"postgresql".to_vec()];
-    Ok(config)
+/// A plan, with the system's roots read once (each read parses a few hundred certificates: per
+/// connection, it would stall the command's one thread for milliseconds).
+#[derive(Debug)]
+pub(crate) struct Tls {
+    plan: Plan,
+    system: Option<Arc<RootCertStore>>,
 }
 
-fn verifier(
-    plan: &Plan,
-    provider: &Arc<CryptoProvider>,
-) -> Result<Arc<dyn ServerCertVerifier>, String> {
-    let Some(roots) = &plan.roots else {
-        return Ok(Arc::new(Unchecked(provider.clone())));
-    };
-    let store = Arc::new(root_store(roots)?);
-    let webpki = WebPkiServerVerifier::builder_with_provider(store, provider.clone())
-        .build()
-        .map_err(|e| format!("the database URL's sslrootcert: {e}"))?;
-    Ok(match plan.check {
-        Check::ChainAndName => webpki,
-        Check::Chain => Arc::new(ChainOnly(webpki)),
-        Check::Nothing => Arc::new(Unchecked(provider.clone())),
-    })
-}
-
-fn root_store(roots: &Roots) -> Result<RootCertStore, String> {
-    let mut store = RootCertStore::empty();
-    let certs = match roots {
-        Roots::File(file) => certificates(file, "sslrootcert")?,
-        Roots::System => rustls_native_certs::load_native_certs().certs,
-    };
-    let (added, _) = store.add_parsable_certificates(certs);
-    if added == 0 {
-        let what = match roots {
-            Roots::File(file) => format!("sslrootcert {}", file.display()),
-            Roots::System => "sslrootcert=system (the system's store)".to_owned(),
+impl Tls {
+    /// Reads every file of `plan` once (and the system's roots for good), so that one that
+    /// cannot be read is an error at the start rather than a retry at each connection.
+    pub(crate) fn new(plan: Plan) -> Result<Tls, String> {
+        let system = match plan.roots {
+            Some(Roots::System) => Some(Arc::new(system_roots()?)),
+            _ => None,
         };
-        return Err(format!("the database URL's {what}: no usable certificate"));
+        let tls = Tls { plan, system };
+        tls.client_config()?;
+        Ok(tls)
     }
-    Ok(store)
+
+    /// What tokio-postgres is told: no TLS, TLS when offered, or TLS only.
+    pub(crate) fn wire(&self) -> WireMode {
+        self.plan.wire
+    }
+
+    /// The rustls configuration that carries out the plan, its files read now (as libpq
+    /// reads them for each connection: a renewed certificate serves the next one). Errors
+    /// name the file that could not be read.
+    pub(crate) fn client_config(&self) -> Result<ClientConfig, String> {
+        // ring, deprecated by rustls 0.23.48 for its lack of post-quantum key exchange:
+        // aws-lc-rs has it, at three times ring's build (CI's time budget). PostgreSQL's own
+        // TLS (OpenSSL) offers no post-quantum groups before OpenSSL 3.5 either.
+        #[allow(deprecated)]
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = self.verifier(&provider)?;
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let mut config = match &self.plan.client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let certs = certificates(cert, "sslcert")?;
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("the database URL's sslkey {}: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| format!("the database URL's sslcert and sslkey: {e}"))?
+            }
+        };
+        // What PostgreSQL 17 asks of a direct TLS connection (sslnegotiation=direct), and
+        // what libpq offers every time; older servers ignore it.
+        config.alpn_protocols = vec![b"postgresql".to_vec()];
+        Ok(config)
+    }
+
+    fn verifier(
+        &self,
+        provider: &Arc<CryptoProvider>,
+    ) -> Result<Arc<dyn ServerCertVerifier>, String> {
+        let store = match (&self.plan.roots, &self.system) {
+            (None, _) => return Ok(Arc::new(Unchecked(provider.clone()))),
+            (Some(Roots::System), Some(system)) => system.clone(),
+            (Some(Roots::System), None) => Arc::new(system_roots()?),
+            (Some(Roots::File(file)), _) => Arc::new(file_roots(file)?),
+        };
+        let webpki = WebPkiServerVerifier::builder_with_provider(store, provider.clone())
+            .build()
+            .map_err(|e| format!("the database URL's sslrootcert: {e}"))?;
+        Ok(match self.plan.check {
+            Check::ChainAndName => webpki,
+            Check::Chain => Arc::new(ChainOnly(webpki)),
+            Check::Nothing => Arc::new(Unchecked(provider.clone())),
+        })
+    }
+}
+
+fn file_roots(file: &Path) -> Result<RootCertStore, String> {
+    let what = format!("sslrootcert {}", file.display());
+    store_of(certificates(file, "sslrootcert")?, &what)
+}
+
+fn system_roots() -> Result<RootCertStore, String> {
+    let what = "sslrootcert=system (the system's store)";
+    store_of(rustls_native_certs::load_native_certs().certs, what)
+}
+
+fn store_of(certs: Vec<CertificateDer<'static>>, what: &str) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    let (added, _) = store.add_parsable_certificates(certs);
+    match added {
+        0 => Err(format!("the database URL's {what}: no usable certificate")),
+        _ => Ok(store),
+    }
 }
 
 /// The certificates of a PEM file, at least one.
@@ -372,7 +404,7 @@ mod tests {
             roots: Some(Roots::File("/nonexistent/ca.pem".into())),
             client: None,
         };
-        let e = client_config(&plan).unwrap_err();
+        let e = Tls::new(plan).unwrap_err();
         assert!(e.contains("sslrootcert /nonexistent/ca.pem"), "{e}");
     }
 }
